@@ -1,0 +1,193 @@
+"""Gaussian diffusion for token heads (MAR's DiffLoss recipe), written for this project.
+
+Cosine noise schedule over ``train_steps`` (1000) steps, respaced to any number of sampling
+steps; the network predicts eps and a learned-range variance; classifier-free guidance mixes eps
+only. Every function takes its noise as an argument.
+
+Index conventions: ``t`` is a diffusion index into a (possibly respaced) :class:`Schedule`,
+``t = 0`` being the last, noise-free transition. The network is always called with the
+*original* timestep ``schedule.timestep_map[t]``, as MAR does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def cosine_betas(num_steps: int, max_beta: float = 0.999) -> np.ndarray:
+    """Betas of the cosine schedule (Nichol & Dhariwal), float64, shape (num_steps,)."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+
+    def alpha_bar(s: float) -> float:
+        return math.cos((s + 0.008) / 1.008 * math.pi / 2) ** 2
+
+    betas = [
+        min(1.0 - alpha_bar((i + 1) / num_steps) / alpha_bar(i / num_steps), max_beta)
+        for i in range(num_steps)
+    ]
+    return np.asarray(betas, dtype=np.float64)
+
+
+def respaced_timesteps(train_steps: int, sampling_steps: int) -> list[int]:
+    """Evenly spaced original timesteps kept for sampling (MAR/ADM's single-section striding)."""
+    if not 1 <= sampling_steps <= train_steps:
+        raise ValueError(f"head sampling steps must be in [1, {train_steps}], got {sampling_steps}")
+    if sampling_steps == 1:
+        return [0]
+    # Accumulated (not multiplied) stride and Python's round, so the kept steps equal MAR's exactly.
+    stride, pos, kept = (train_steps - 1) / (sampling_steps - 1), 0.0, []
+    for _ in range(sampling_steps):
+        kept.append(round(pos))
+        pos += stride
+    return kept
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Precomputed float64 coefficients of a (respaced) diffusion process, each of shape (T,)."""
+
+    betas: Tensor
+    alphas_cumprod: Tensor
+    alphas_cumprod_prev: Tensor
+    posterior_log_variance_clipped: Tensor
+    posterior_mean_coef1: Tensor
+    posterior_mean_coef2: Tensor
+    timestep_map: Tensor  # (T,) int64, original timestep given to the network
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.betas.shape[0])
+
+    @classmethod
+    def cosine(cls, train_steps: int = 1000, sampling_steps: int | None = None) -> Schedule:
+        base = cosine_betas(train_steps)
+        kept = respaced_timesteps(train_steps, sampling_steps or train_steps)
+        base_ac = np.cumprod(1.0 - base)
+        # Respacing keeps alpha_bar at the kept steps and recomputes betas between them.
+        ac = base_ac[kept]
+        betas = 1.0 - ac / np.append(1.0, ac[:-1])
+        return cls.from_betas(betas, kept)
+
+    @classmethod
+    def from_betas(cls, betas: np.ndarray, timestep_map: list[int]) -> Schedule:
+        betas = np.asarray(betas, dtype=np.float64)
+        ac = np.cumprod(1.0 - betas)
+        ac_prev = np.append(1.0, ac[:-1])
+        post_var = betas * (1.0 - ac_prev) / (1.0 - ac)
+        # The posterior variance is 0 at t = 0; MAR (like ADM) uses the t = 1 value there.
+        post_logvar = np.log(np.append(post_var[1], post_var[1:])) if len(betas) > 1 else np.log(betas)
+        f64 = lambda a: torch.as_tensor(a, dtype=torch.float64)  # noqa: E731
+        return cls(
+            betas=f64(betas),
+            alphas_cumprod=f64(ac),
+            alphas_cumprod_prev=f64(ac_prev),
+            posterior_log_variance_clipped=f64(post_logvar),
+            posterior_mean_coef1=f64(betas * np.sqrt(ac_prev) / (1.0 - ac)),
+            posterior_mean_coef2=f64((1.0 - ac_prev) * np.sqrt(1.0 - betas) / (1.0 - ac)),
+            timestep_map=torch.as_tensor(timestep_map, dtype=torch.long),
+        )
+
+
+def _at(coef: Tensor, t: int | Tensor, like: Tensor) -> Tensor:
+    """coef[t] cast to ``like``; an int t gives a scalar, a (n,) t a column that broadcasts over d."""
+    if isinstance(t, int):
+        return coef[t].to(device=like.device, dtype=like.dtype)
+    return coef.to(like.device)[t].to(like.dtype).unsqueeze(-1)
+
+
+def model_timesteps(schedule: Schedule, t: int | Tensor, rows: int, device: torch.device) -> Tensor:
+    """Original timesteps (rows,) to feed the network for diffusion index t."""
+    tmap = schedule.timestep_map.to(device)
+    if isinstance(t, int):
+        return tmap[t].expand(rows)
+    return tmap[t]
+
+
+def q_sample(schedule: Schedule, x0: Tensor, t: Tensor, noise: Tensor) -> Tensor:
+    """Forward process: x_t = sqrt(ab_t) x0 + sqrt(1 - ab_t) noise. x0, noise: (n, d); t: (n,)."""
+    ab = _at(schedule.alphas_cumprod, t, x0)
+    return ab.sqrt() * x0 + (1.0 - ab).sqrt() * noise
+
+
+def predict_x0(schedule: Schedule, x_t: Tensor, t: int | Tensor, eps: Tensor) -> Tensor:
+    ab = _at(schedule.alphas_cumprod, t, x_t)
+    return (1.0 / ab).sqrt() * x_t - (1.0 / ab - 1.0).sqrt() * eps
+
+
+def posterior_mean(schedule: Schedule, x0: Tensor, x_t: Tensor, t: int | Tensor) -> Tensor:
+    return _at(schedule.posterior_mean_coef1, t, x_t) * x0 + _at(schedule.posterior_mean_coef2, t, x_t) * x_t
+
+
+def learned_log_variance(schedule: Schedule, v: Tensor, t: int | Tensor) -> Tensor:
+    """Learned-range variance: v in [-1, 1] interpolates log beta_t and the clipped posterior log var."""
+    frac = (v + 1.0) / 2.0
+    max_log = _at(schedule.betas.log(), t, v)
+    min_log = _at(schedule.posterior_log_variance_clipped, t, v)
+    return frac * max_log + (1.0 - frac) * min_log
+
+
+def p_mean_logvar(
+    schedule: Schedule, x_t: Tensor, t: int | Tensor, eps: Tensor, v: Tensor, clip_x0: float | None = None
+) -> tuple[Tensor, Tensor]:
+    """Mean and log-variance of p(x_{t-1} | x_t) from the network's (eps, v). All (n, d)."""
+    x0 = predict_x0(schedule, x_t, t, eps)
+    if clip_x0 is not None:
+        # Bounded tokens (pixels): without the clip, eps errors at the noisiest step are
+        # amplified by 1/sqrt(alpha_bar) ~ 2e4 and tokens blow up.
+        x0 = x0.clamp(-clip_x0, clip_x0)
+    return posterior_mean(schedule, x0, x_t, t), learned_log_variance(schedule, v, t)
+
+
+def guide_eps(eps_cond: Tensor, eps_uncond: Tensor, scale: Tensor | float) -> Tensor:
+    """Classifier-free guidance on eps only; ``scale`` is a float or a per-row (n,) tensor."""
+    if isinstance(scale, Tensor):
+        scale = scale.to(eps_cond.dtype).unsqueeze(-1)
+    return eps_uncond + scale * (eps_cond - eps_uncond)
+
+
+# --- training loss -----------------------------------------------------------------------------
+
+
+def normal_kl(mean1: Tensor, logvar1: Tensor, mean2: Tensor, logvar2: Tensor) -> Tensor:
+    """KL(N(mean1, e^logvar1) || N(mean2, e^logvar2)) elementwise, in nats."""
+    return 0.5 * (-1.0 + logvar2 - logvar1 + (logvar1 - logvar2).exp() + (mean1 - mean2) ** 2 * (-logvar2).exp())
+
+
+def _approx_std_normal_cdf(x: Tensor) -> Tensor:
+    return 0.5 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
+def discretized_gaussian_log_likelihood(x: Tensor, mean: Tensor, log_scale: Tensor) -> Tensor:
+    """Log-likelihood (nats) of x in [-1, 1] under a Gaussian integrated over 8-bit bins."""
+    inv_std = torch.exp(-log_scale)
+    cdf_plus = _approx_std_normal_cdf(inv_std * (x - mean + 1.0 / 255.0))
+    cdf_min = _approx_std_normal_cdf(inv_std * (x - mean - 1.0 / 255.0))
+    log_cdf_plus = cdf_plus.clamp(min=1e-12).log()
+    log_one_minus_cdf_min = (1.0 - cdf_min).clamp(min=1e-12).log()
+    log_delta = (cdf_plus - cdf_min).clamp(min=1e-12).log()
+    return torch.where(x < -0.999, log_cdf_plus, torch.where(x > 0.999, log_one_minus_cdf_min, log_delta))
+
+
+def diffusion_loss(
+    schedule: Schedule, net_out: Tensor, x0: Tensor, x_t: Tensor, t: Tensor, noise: Tensor
+) -> Tensor:
+    """Per-row MAR loss: eps MSE + variational bound (bits/dim) that trains only the variance.
+
+    net_out: (n, 2d) network output at (x_t, t); x0, x_t, noise: (n, d); t: (n,). Returns (n,).
+    """
+    d = x0.shape[-1]
+    eps, v = net_out[:, :d], net_out[:, d:]
+    mse = ((noise - eps) ** 2).mean(-1)
+    # The bound sees a frozen mean so that it only shapes the variance (as in improved DDPM).
+    mean, logvar = p_mean_logvar(schedule, x_t, t, eps.detach(), v)
+    true_mean = posterior_mean(schedule, x0, x_t, t)
+    true_logvar = _at(schedule.posterior_log_variance_clipped, t, x0)
+    kl = normal_kl(true_mean, true_logvar, mean, logvar).mean(-1) / math.log(2.0)
+    nll = -discretized_gaussian_log_likelihood(x0, mean, 0.5 * logvar).mean(-1) / math.log(2.0)
+    return mse + torch.where(t == 0, nll, kl)

@@ -1,0 +1,176 @@
+"""MAR's token head: an MLP with AdaLN conditioning (``SimpleMLPAdaLN``) plus Gaussian diffusion.
+
+Parameter names follow the official checkpoints (``diffloss.net.*``) so they load unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from csd import diffusion as gd
+from csd.chain import HeadCondition
+
+
+def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    return x * (1 + scale) + shift
+
+
+def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
+    """Sinusoidal embedding of (n,) timesteps -> (n, dim), [cos | sin] halves."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = t[:, None].float() * freqs[None]
+    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+    if dim % 2:
+        emb = torch.cat([emb, torch.zeros_like(emb[:, :1])], dim=-1)
+    return emb
+
+
+class TimestepEmbedder(nn.Module):
+    def __init__(self, hidden: int, freq_dim: int = 256):
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.mlp = nn.Sequential(nn.Linear(freq_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+
+    def forward(self, t: Tensor) -> Tensor:
+        return self.mlp(timestep_embedding(t, self.freq_dim).to(self.mlp[0].weight.dtype))
+
+
+class ResBlock(nn.Module):
+    """LayerNorm -> AdaLN modulation -> MLP, gated residual."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.in_ln = nn.LayerNorm(width, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, width))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 3 * width))
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        shift, scale, gate = self.adaLN_modulation(y).chunk(3, dim=-1)
+        return x + gate * self.mlp(modulate(self.in_ln(x), shift, scale))
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, width: int, out_channels: int):
+        super().__init__()
+        self.norm_final = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
+        self.linear = nn.Linear(width, out_channels)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 2 * width))
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        shift, scale = self.adaLN_modulation(y).chunk(2, dim=-1)
+        return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+class MLPAdaLN(nn.Module):
+    """The head network: (x_t (n, d), t (n,), z (n, D)) -> (n, 2d) = [eps | variance value]."""
+
+    def __init__(self, token_dim: int, z_dim: int, width: int, depth: int):
+        super().__init__()
+        self.token_dim = token_dim
+        self.time_embed = TimestepEmbedder(width)
+        self.cond_embed = nn.Linear(z_dim, width)
+        self.input_proj = nn.Linear(token_dim, width)
+        self.res_blocks = nn.ModuleList(ResBlock(width) for _ in range(depth))
+        self.final_layer = FinalLayer(width, 2 * token_dim)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+        nn.init.normal_(self.time_embed.mlp[0].weight, std=0.02)
+        nn.init.normal_(self.time_embed.mlp[2].weight, std=0.02)
+        # Zero-initialised modulation and output: every block starts as the identity.
+        for block in self.res_blocks:
+            nn.init.zeros_(block.adaLN_modulation[-1].weight)
+            nn.init.zeros_(block.adaLN_modulation[-1].bias)
+        for p in (*self.final_layer.adaLN_modulation[-1].parameters(), *self.final_layer.linear.parameters()):
+            nn.init.zeros_(p)
+
+    def forward(self, x: Tensor, t: Tensor, z: Tensor) -> Tensor:
+        y = self.time_embed(t) + self.cond_embed(z)
+        h = self.input_proj(x)
+        for block in self.res_blocks:
+            h = block(h, y)
+        return self.final_layer(h, y)
+
+
+class DiffusionHead(nn.Module):
+    """MAR's DiffLoss: the network plus its diffusion process.
+
+    :meth:`chain` gives a :class:`~csd.chain.GaussianChain` view for a number of sampling steps;
+    views share the network and hold no mutable state, so concurrent users cannot disturb each
+    other by choosing different step counts.
+    """
+
+    def __init__(
+        self,
+        token_dim: int,
+        z_dim: int,
+        width: int,
+        depth: int,
+        sampling_steps: int = 100,
+        train_steps: int = 1000,
+        clip_x0: float | None = None,
+    ):
+        super().__init__()
+        self.token_dim = token_dim
+        self.net = MLPAdaLN(token_dim, z_dim, width, depth)
+        self.train_steps = train_steps
+        self.sampling_steps = sampling_steps
+        self.clip_x0 = clip_x0
+        self.train_schedule = gd.Schedule.cosine(train_steps)
+        self._schedules: dict[int, gd.Schedule] = {}
+
+    def chain(self, steps: int | None = None) -> DiffusionChain:
+        steps = self.sampling_steps if steps is None else steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= self.train_steps:
+            raise ValueError(f"head_steps must be an int in [1, {self.train_steps}], got {steps!r}")
+        if steps not in self._schedules:  # a benign race: both writers store equal schedules
+            self._schedules[steps] = gd.Schedule.cosine(self.train_steps, steps)
+        return DiffusionChain(self.net, self._schedules[steps], self.clip_x0)
+
+    # --- training ------------------------------------------------------------------------------
+
+    def loss(self, x0: Tensor, z: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Per-row training loss (n,) for tokens x0 (n, d) under conditions z (n, D)."""
+        n = x0.shape[0]
+        t = torch.randint(0, self.train_steps, (n,), generator=generator, device=x0.device)
+        noise = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+        x_t = gd.q_sample(self.train_schedule, x0, t, noise)
+        return gd.diffusion_loss(self.train_schedule, self.net(x_t, t, z), x0, x_t, t, noise)
+
+
+class DiffusionChain:
+    """A diffusion head at a fixed number of sampling steps, seen as a Gaussian chain."""
+
+    def __init__(self, net: MLPAdaLN, schedule: gd.Schedule, clip_x0: float | None):
+        self.net, self.schedule, self.clip_x0 = net, schedule, clip_x0
+        self.token_dim = net.token_dim
+
+    def num_steps(self) -> int:
+        return self.schedule.num_steps
+
+    def eps_and_var(self, y: Tensor, t: int | Tensor, cond: HeadCondition) -> tuple[Tensor, Tensor]:
+        """Guided eps and the (conditional) variance value at diffusion index t. All (n, d)."""
+        d = self.token_dim
+        tt = gd.model_timesteps(self.schedule, t, y.shape[0], y.device)
+        if cond.z_uncond is None:
+            out = self.net(y, tt, cond.z)
+            return out[:, :d], out[:, d:]
+        # One call for both branches; the chain state is shared, the variance is the conditional one.
+        out = self.net(torch.cat([y, y]), torch.cat([tt, tt]), torch.cat([cond.z, cond.z_uncond]))
+        out_c, out_u = out.chunk(2)
+        scale = cond.cfg if cond.cfg is not None else 1.0
+        return gd.guide_eps(out_c[:, :d], out_u[:, :d], scale), out_c[:, d:]
+
+    def transition(self, y: Tensor, step: int | Tensor, cond: HeadCondition) -> tuple[Tensor, Tensor]:
+        t = self.num_steps() - 1 - step  # transition k runs at diffusion index T-1-k
+        eps, v = self.eps_and_var(y, t, cond)
+        mean, logvar = gd.p_mean_logvar(self.schedule, y, t, eps, v, self.clip_x0)
+        return mean, (0.5 * logvar).exp()

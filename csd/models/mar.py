@@ -1,0 +1,261 @@
+"""MAR: masked autoregressive image model with a diffusion token head (Li et al., 2024).
+
+Same module tree and parameter names as the official implementation, so official
+``checkpoint-last.pth`` files load unchanged (see :mod:`csd.models.loading`). The model only
+computes; generation loops live in :mod:`csd.sampling` and :mod:`csd.speculative`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import torch
+from torch import Tensor, nn
+
+from csd.models.head import DiffusionHead
+from csd.models.transformer import Block
+
+
+@dataclass(frozen=True)
+class MARConfig:
+    """Architecture of a MAR model. ``token_channels`` is the tokenizer's channels per cell
+    (16 for KL-16 latents, 3 for pixels); a token is ``token_channels * patch_size**2`` wide."""
+
+    img_size: int = 256
+    vae_stride: int = 16
+    patch_size: int = 1
+    token_channels: int = 16
+    encoder_embed_dim: int = 1024
+    encoder_depth: int = 16
+    encoder_num_heads: int = 16
+    decoder_embed_dim: int = 1024
+    decoder_depth: int = 16
+    decoder_num_heads: int = 16
+    mlp_ratio: float = 4.0
+    class_num: int = 1000
+    buffer_size: int = 64
+    label_drop_prob: float = 0.1
+    attn_dropout: float = 0.1
+    proj_dropout: float = 0.1
+    mask_ratio_min: float = 0.7
+    diffloss_d: int = 3
+    diffloss_w: int = 1024
+    num_sampling_steps: int = 100
+    diffusion_batch_mul: int = 4
+    clip_x0: float | None = None  # clip predicted x0 to [-c, c]: for bounded (pixel) tokens only
+
+    def __post_init__(self) -> None:
+        positive = (
+            "img_size", "vae_stride", "patch_size", "token_channels", "encoder_embed_dim", "encoder_depth",
+            "encoder_num_heads", "decoder_embed_dim", "decoder_depth", "decoder_num_heads", "class_num",
+            "diffloss_d", "diffloss_w", "num_sampling_steps", "diffusion_batch_mul",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"MARConfig.{name} must be an int >= 1, got {value!r}")
+        if self.img_size % (self.vae_stride * self.patch_size):
+            raise ValueError(
+                f"MARConfig.img_size ({self.img_size}) must be a multiple of vae_stride * patch_size "
+                f"({self.vae_stride * self.patch_size})"
+            )
+        for name in ("encoder", "decoder"):
+            dim, heads = getattr(self, f"{name}_embed_dim"), getattr(self, f"{name}_num_heads")
+            if dim % heads:
+                raise ValueError(f"MARConfig.{name}_embed_dim ({dim}) must be divisible by {name}_num_heads ({heads})")
+        if self.buffer_size < 1:
+            raise ValueError(f"MARConfig.buffer_size must be >= 1 (it carries the class), got {self.buffer_size}")
+        for name in ("label_drop_prob", "attn_dropout", "proj_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"MARConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 < self.mask_ratio_min <= 1.0:
+            raise ValueError(f"MARConfig.mask_ratio_min must be in (0, 1], got {self.mask_ratio_min}")
+        if not 1 <= self.num_sampling_steps <= 1000:
+            raise ValueError(f"MARConfig.num_sampling_steps must be in [1, 1000], got {self.num_sampling_steps}")
+        if self.clip_x0 is not None and self.clip_x0 <= 0:
+            raise ValueError(f"MARConfig.clip_x0 must be > 0 or None, got {self.clip_x0}")
+
+    @property
+    def seq_side(self) -> int:
+        return self.img_size // self.vae_stride // self.patch_size
+
+    @property
+    def seq_len(self) -> int:
+        return self.seq_side**2
+
+    @property
+    def token_dim(self) -> int:
+        return self.token_channels * self.patch_size**2
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MARConfig:
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown MARConfig fields: {unknown}")
+        return cls(**data)
+
+
+def _vit(dim: int, depth: int, heads: int) -> dict:
+    return dict(
+        encoder_embed_dim=dim, encoder_depth=depth, encoder_num_heads=heads,
+        decoder_embed_dim=dim, decoder_depth=depth, decoder_num_heads=heads,
+    )
+
+
+# Official sizes (ImageNet 256, KL-16 latents); head depth x width as in the MAR README.
+MAR_CONFIGS: dict[str, MARConfig] = {
+    "mar_base": MARConfig(**_vit(768, 12, 12), diffloss_d=6, diffloss_w=1024),
+    "mar_large": MARConfig(**_vit(1024, 16, 16), diffloss_d=8, diffloss_w=1280),
+    "mar_huge": MARConfig(**_vit(1280, 20, 16), diffloss_d=12, diffloss_w=1536),
+    # A few-thousand-parameter model for unit tests (KL-16-like 16-channel tokens, 4x4 grid).
+    "mar_test": MARConfig(
+        img_size=64, **_vit(32, 1, 2), class_num=10, buffer_size=4, diffloss_d=1, diffloss_w=32,
+        num_sampling_steps=10,
+    ),
+}
+
+
+def mar_config(name: str, **overrides) -> MARConfig:
+    if name not in MAR_CONFIGS:
+        raise ValueError(f"unknown MAR config {name!r}; choose from {sorted(MAR_CONFIGS)}")
+    return replace(MAR_CONFIGS[name], **overrides)
+
+
+def truncated_normal_ratio(mask_ratio_min: float, generator: torch.Generator | None, device) -> float:
+    """MAR's training mask ratio: N(1, 0.25^2) truncated to [mask_ratio_min, 1] (inverse CDF)."""
+    lo = (mask_ratio_min - 1.0) / 0.25
+    cdf = lambda x: 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))  # noqa: E731
+    u = torch.rand((), generator=generator, device=device).item()
+    p = cdf(lo) + u * (cdf(0.0) - cdf(lo))
+    x = math.sqrt(2.0) * torch.erfinv(torch.tensor(2.0 * p - 1.0, dtype=torch.float64)).item()
+    return 1.0 + 0.25 * x
+
+
+class MAR(nn.Module):
+    def __init__(self, config: MARConfig):
+        super().__init__()
+        c = self.config = config
+        self.seq_len, self.token_dim = c.seq_len, c.token_dim
+        enc, dec = c.encoder_embed_dim, c.decoder_embed_dim
+
+        self.class_emb = nn.Embedding(c.class_num, enc)
+        self.fake_latent = nn.Parameter(torch.zeros(1, enc))  # the "no class" embedding for CFG
+
+        self.z_proj = nn.Linear(c.token_dim, enc)
+        self.z_proj_ln = nn.LayerNorm(enc, eps=1e-6)
+        self.encoder_pos_embed_learned = nn.Parameter(torch.zeros(1, c.seq_len + c.buffer_size, enc))
+        self.encoder_blocks = nn.ModuleList(
+            Block(enc, c.encoder_num_heads, c.mlp_ratio, c.attn_dropout, c.proj_dropout) for _ in range(c.encoder_depth)
+        )
+        self.encoder_norm = nn.LayerNorm(enc, eps=1e-6)
+
+        self.decoder_embed = nn.Linear(enc, dec)
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, dec))
+        self.decoder_pos_embed_learned = nn.Parameter(torch.zeros(1, c.seq_len + c.buffer_size, dec))
+        self.decoder_blocks = nn.ModuleList(
+            Block(dec, c.decoder_num_heads, c.mlp_ratio, c.attn_dropout, c.proj_dropout) for _ in range(c.decoder_depth)
+        )
+        self.decoder_norm = nn.LayerNorm(dec, eps=1e-6)
+        self.diffusion_pos_embed_learned = nn.Parameter(torch.zeros(1, c.seq_len, dec))
+        self._init_weights()
+
+        self.diffloss = DiffusionHead(
+            c.token_dim, dec, c.diffloss_w, c.diffloss_d, sampling_steps=c.num_sampling_steps, clip_x0=c.clip_x0
+        )
+
+    def _init_weights(self) -> None:
+        for p in (self.class_emb.weight, self.fake_latent, self.mask_token, self.encoder_pos_embed_learned,
+                  self.decoder_pos_embed_learned, self.diffusion_pos_embed_learned):
+            nn.init.normal_(p, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm) and m.elementwise_affine:
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    @property
+    def head(self) -> DiffusionHead:
+        return self.diffloss
+
+    # --- backbone ------------------------------------------------------------------------------
+
+    def class_embedding(self, labels: Tensor | None, batch: int | None = None) -> Tensor:
+        """(B, enc) embeddings of class ids; ``labels=None`` gives the unconditional embedding."""
+        if labels is None:
+            return self.fake_latent.expand(batch, -1)
+        if labels.numel() and (labels.min() < 0 or labels.max() >= self.config.class_num):
+            raise ValueError(f"class labels must be in [0, {self.config.class_num - 1}], got {labels.tolist()}")
+        return self.class_emb(labels)
+
+    def forward_mae_encoder(self, tokens: Tensor, mask: Tensor, class_emb: Tensor) -> Tensor:
+        """tokens (B, N, d), mask (B, N) True = unknown, class_emb (B, enc) -> (B, buffer + known, enc).
+
+        Every row must have the same number of known tokens (true for MAR's schedules)."""
+        b = tokens.shape[0]
+        x = self.z_proj(tokens)
+        buf = self.config.buffer_size
+        x = torch.cat([class_emb.unsqueeze(1).expand(b, buf, -1).to(x.dtype), x], dim=1)
+        x = self.z_proj_ln(x + self.encoder_pos_embed_learned)
+        keep = torch.cat([torch.ones(b, buf, dtype=torch.bool, device=x.device), ~mask], dim=1)
+        x = x[keep].reshape(b, -1, x.shape[-1])
+        for block in self.encoder_blocks:
+            x = block(x)
+        return self.encoder_norm(x)
+
+    def forward_mae_decoder(self, x: Tensor, mask: Tensor) -> Tensor:
+        """Encoder output and mask -> per-position conditions z (B, N, dec)."""
+        b = x.shape[0]
+        x = self.decoder_embed(x)
+        buf = self.config.buffer_size
+        keep = torch.cat([torch.ones(b, buf, dtype=torch.bool, device=x.device), ~mask], dim=1)
+        full = self.mask_token.to(x.dtype).expand(b, keep.shape[1], -1).clone()
+        full[keep] = x.reshape(-1, x.shape[-1])
+        x = full + self.decoder_pos_embed_learned
+        for block in self.decoder_blocks:
+            x = block(x)
+        return self.decoder_norm(x)[:, buf:] + self.diffusion_pos_embed_learned
+
+    def backbone(self, tokens: Tensor, mask: Tensor, class_emb: Tensor) -> Tensor:
+        """One backbone pass (encoder then decoder): per-position conditions z (B, N, dec)."""
+        return self.forward_mae_decoder(self.forward_mae_encoder(tokens, mask, class_emb), mask)
+
+    def conditions(self, tokens: Tensor, mask: Tensor, labels: Tensor, guided: bool) -> tuple[Tensor, Tensor | None]:
+        """Conditional z and, when ``guided``, unconditional z from one doubled-batch pass."""
+        b = tokens.shape[0]
+        cond = self.class_embedding(labels)
+        if not guided:
+            return self.backbone(tokens, mask, cond), None
+        z = self.backbone(torch.cat([tokens, tokens]), torch.cat([mask, mask]),
+                          torch.cat([cond, self.class_embedding(None, b)]))
+        return z[:b], z[b:]
+
+    # --- training ------------------------------------------------------------------------------
+
+    def forward(self, tokens: Tensor, labels: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """MAR training loss for clean tokens (B, N, d) and labels (B,): random order and mask ratio,
+        label dropout for CFG, diffusion loss on the masked tokens."""
+        b, n, _ = tokens.shape
+        dev = tokens.device
+        orders = torch.argsort(torch.rand((b, n), generator=generator, device=dev), dim=1)
+        num_masked = math.ceil(n * truncated_normal_ratio(self.config.mask_ratio_min, generator, dev))
+        mask = torch.zeros(b, n, dtype=torch.bool, device=dev)
+        mask.scatter_(1, orders[:, :num_masked], True)
+
+        class_emb = self.class_embedding(labels)
+        drop = torch.rand((b, 1), generator=generator, device=dev) < self.config.label_drop_prob
+        class_emb = torch.where(drop, self.fake_latent.expand(b, -1), class_emb)
+
+        z = self.backbone(tokens, mask, class_emb)
+        mul = self.config.diffusion_batch_mul
+        x0 = tokens.reshape(b * n, -1).repeat(mul, 1)
+        zz = z.reshape(b * n, -1).repeat(mul, 1)
+        weight = mask.reshape(b * n).repeat(mul).to(x0.dtype)
+        loss = self.diffloss.loss(x0, zz, generator)
+        return (loss * weight).sum() / weight.sum()

@@ -1,0 +1,52 @@
+"""MAR's AR schedule: random generation orders, cosine mask schedule, CFG schedule."""
+
+from __future__ import annotations
+
+import math
+
+CFG_SCHEDULES = ("linear", "constant")
+
+
+def step_sizes(num_tokens: int, num_steps: int) -> list[int]:
+    """Tokens predicted at each of ``num_steps`` AR steps (MaskGIT/MAR cosine schedule).
+
+    After step s, floor(N cos(pi/2 (s+1)/S)) tokens stay masked, but every step predicts at least
+    one token and leaves at least one for later; the last step predicts all that remain.
+    """
+    if num_tokens < 1:
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    if not isinstance(num_steps, int) or not 1 <= num_steps <= num_tokens:
+        raise ValueError(f"AR steps must be an int in [1, {num_tokens}] (the number of tokens), got {num_steps!r}")
+    sizes, masked = [], num_tokens
+    for s in range(num_steps):
+        if s == num_steps - 1:
+            sizes.append(masked)
+            break
+        target = math.floor(num_tokens * math.cos(math.pi / 2.0 * (s + 1) / num_steps))
+        keep = max(1, min(masked - 1, target))
+        sizes.append(masked - keep)
+        masked = keep
+    return sizes
+
+
+def cfg_scale_at(cfg: float, schedule: str, num_tokens: int, masked_after: int) -> float:
+    """Guidance scale of a step that leaves ``masked_after`` tokens masked (Muse's linear ramp)."""
+    if schedule == "constant":
+        return cfg
+    if schedule == "linear":
+        return 1.0 + (cfg - 1.0) * (num_tokens - masked_after) / num_tokens
+    raise ValueError(f"cfg_schedule must be one of {CFG_SCHEDULES}, got {schedule!r}")
+
+
+def step_cfg_scales(cfg: float, schedule: str, sizes: list[int]) -> list[float]:
+    """Per-step guidance scales for a schedule of step sizes.
+
+    MAR's linear ramp uses the clamped mask length, which at the last step is 1 rather than 0;
+    reproduced here so guidance equals the official sampler's."""
+    n = sum(sizes)
+    scales, masked = [], n
+    for i, k in enumerate(sizes):
+        masked -= k
+        masked_len = masked if i < len(sizes) - 1 else 1
+        scales.append(cfg_scale_at(cfg, schedule, n, masked_len))
+    return scales
