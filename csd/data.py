@@ -61,22 +61,17 @@ _LUMA = np.array([0.299, 0.587, 0.114])  # Rec. 601 weights; they sum to 1
 
 BACKGROUNDS = ("plain", "gradient", "textured")
 
-# Layout of each image's uniform draws; the texture noise grid follows them.
-_U_SIZE, _U_CX, _U_CY, _U_ROT, _U_FG, _U_JIT = 0, 1, 2, 3, 4, 5  # jitter: 5..7
-_U_BG_KIND, _U_SIDE, _U_Y1, _U_Y2, _U_DIR1, _U_SAT1, _U_DIR2, _U_SAT2, _U_ANGLE = (
-    8,
-    9,
-    10,
-    11,
-    12,
-    15,
-    16,
-    19,
-    20,
-)
+# Layout of each image's uniform draws (offsets into its row); the texture noise grid follows them.
+_U_SIZE, _U_CX, _U_CY, _U_ROT = 0, 1, 2, 3
+_U_FG, _U_JIT = 4, 5  # palette pick; per-channel jitter 5..7
+_U_BG_KIND, _U_SIDE, _U_Y1, _U_Y2 = 8, 9, 10, 11
+_U_DIR1, _U_SAT1, _U_DIR2, _U_SAT2 = 12, 15, 16, 19  # chroma directions take 3 draws each
+_U_ANGLE = 20
 _N_PARAMS = 21
 
-_CHUNK = 2048  # images rendered per numpy pass; bounds peak memory to a few tens of MB
+# Pixels rendered per numpy pass (1024 images at 32x32): large enough to amortise numpy overhead,
+# small enough to keep the float64 working set near 100 MB at any image size.
+_CHUNK_PIXELS = 1024 * 32 * 32
 
 
 @dataclass(frozen=True)
@@ -160,8 +155,9 @@ def make_dataset(
     config = config or ShapesConfig()
     images = torch.empty((n, 3, config.image_size, config.image_size), dtype=torch.float32)
     captions: list[str] = []
-    for start in range(0, n, _CHUNK):
-        chunk, chunk_captions = render_batch(labels_arr[start : start + _CHUNK], seed, config, start=start)
+    step = max(1, _CHUNK_PIXELS // config.image_size**2)
+    for start in range(0, n, step):
+        chunk, chunk_captions = render_batch(labels_arr[start : start + step], seed, config, start=start)
         images[start : start + len(chunk)] = chunk
         captions.extend(chunk_captions)
     return ShapesDataset(images, torch.from_numpy(labels_arr.astype(np.int64)), captions)
@@ -177,6 +173,8 @@ def render_batch(
 
     Returns images (B,3,H,W) float32 in [-1, 1] and their captions.
     """
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     config = config or ShapesConfig()
     labels_arr = _as_labels(labels)
     size = config.image_size
@@ -315,9 +313,7 @@ def _upsample(noise: np.ndarray, size: int) -> np.ndarray:
 # --- signed distances (negative inside) in the local frame, where each shape fits the unit circle ---
 
 
-def _shape(
-    name: str, x: np.ndarray, y: np.ndarray, px_per_unit: np.ndarray
-) -> tuple[np.ndarray, np.ndarray | None]:
+def _shape(name: str, x: np.ndarray, y: np.ndarray, px_per_unit: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """Signed distance of class ``name`` and, for the pattern classes, the fill pattern in [0, 1]."""
     if name == "circle":
         return np.hypot(x, y) - 0.88, None
@@ -447,10 +443,9 @@ def contact_sheet(
     """
     from PIL import Image, ImageDraw  # imported here: only the contact sheet needs Pillow
 
-    if isinstance(data, ShapesDataset):
-        images, labels = data.images, data.labels if labels is None else labels
-    else:
-        images = data
+    images = data.images if isinstance(data, ShapesDataset) else data
+    if labels is None and isinstance(data, ShapesDataset):
+        labels = data.labels
     if labels is None:
         raise ValueError("labels are required when images are passed as a tensor")
     labels_arr = _as_labels(labels)

@@ -27,10 +27,7 @@ def cosine_betas(num_steps: int, max_beta: float = 0.999) -> np.ndarray:
     def alpha_bar(s: float) -> float:
         return math.cos((s + 0.008) / 1.008 * math.pi / 2) ** 2
 
-    betas = [
-        min(1.0 - alpha_bar((i + 1) / num_steps) / alpha_bar(i / num_steps), max_beta)
-        for i in range(num_steps)
-    ]
+    betas = [min(1.0 - alpha_bar((i + 1) / num_steps) / alpha_bar(i / num_steps), max_beta) for i in range(num_steps)]
     return np.asarray(betas, dtype=np.float64)
 
 
@@ -174,9 +171,7 @@ def discretized_gaussian_log_likelihood(x: Tensor, mean: Tensor, log_scale: Tens
     return torch.where(x < -0.999, log_cdf_plus, torch.where(x > 0.999, log_one_minus_cdf_min, log_delta))
 
 
-def diffusion_loss(
-    schedule: Schedule, net_out: Tensor, x0: Tensor, x_t: Tensor, t: Tensor, noise: Tensor
-) -> Tensor:
+def diffusion_loss(schedule: Schedule, net_out: Tensor, x0: Tensor, x_t: Tensor, t: Tensor, noise: Tensor) -> Tensor:
     """Per-row MAR loss: eps MSE + variational bound (bits/dim) that trains only the variance.
 
     net_out: (n, 2d) network output at (x_t, t); x0, x_t, noise: (n, d); t: (n,). Returns (n,).

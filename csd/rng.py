@@ -56,3 +56,22 @@ class ImageStreams:
 
     def randperm(self, n: int) -> Tensor:
         return torch.stack([torch.randperm(n, generator=g, device=self.device) for g in self.generators])
+
+    def randn_rows(self, counts: Tensor, *shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        """``counts[i]`` rows of shape ``shape`` for image i, concatenated image by image: (sum, *shape).
+
+        Images with no rows draw nothing, so what an image gets never depends on the others."""
+        parts = [
+            torch.randn((int(c), *shape), generator=g, device=self.device, dtype=dtype)
+            for g, c in zip(self.generators, counts.tolist(), strict=True)
+            if c
+        ]
+        return torch.cat(parts) if parts else torch.empty((0, *shape), device=self.device, dtype=dtype)
+
+    def rand_rows(self, counts: Tensor, *shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        parts = [
+            torch.rand((int(c), *shape), generator=g, device=self.device, dtype=dtype)
+            for g, c in zip(self.generators, counts.tolist(), strict=True)
+            if c
+        ]
+        return torch.cat(parts) if parts else torch.empty((0, *shape), device=self.device, dtype=dtype)

@@ -47,9 +47,21 @@ class MARConfig:
 
     def __post_init__(self) -> None:
         positive = (
-            "img_size", "vae_stride", "patch_size", "token_channels", "encoder_embed_dim", "encoder_depth",
-            "encoder_num_heads", "decoder_embed_dim", "decoder_depth", "decoder_num_heads", "class_num",
-            "diffloss_d", "diffloss_w", "num_sampling_steps", "diffusion_batch_mul",
+            "img_size",
+            "vae_stride",
+            "patch_size",
+            "token_channels",
+            "encoder_embed_dim",
+            "encoder_depth",
+            "encoder_num_heads",
+            "decoder_embed_dim",
+            "decoder_depth",
+            "decoder_num_heads",
+            "class_num",
+            "diffloss_d",
+            "diffloss_w",
+            "num_sampling_steps",
+            "diffusion_batch_mul",
         )
         for name in positive:
             value = getattr(self, name)
@@ -102,8 +114,12 @@ class MARConfig:
 
 def _vit(dim: int, depth: int, heads: int) -> dict:
     return dict(
-        encoder_embed_dim=dim, encoder_depth=depth, encoder_num_heads=heads,
-        decoder_embed_dim=dim, decoder_depth=depth, decoder_num_heads=heads,
+        encoder_embed_dim=dim,
+        encoder_depth=depth,
+        encoder_num_heads=heads,
+        decoder_embed_dim=dim,
+        decoder_depth=depth,
+        decoder_num_heads=heads,
     )
 
 
@@ -114,7 +130,12 @@ MAR_CONFIGS: dict[str, MARConfig] = {
     "mar_huge": MARConfig(**_vit(1280, 20, 16), diffloss_d=12, diffloss_w=1536),
     # A few-thousand-parameter model for unit tests (KL-16-like 16-channel tokens, 4x4 grid).
     "mar_test": MARConfig(
-        img_size=64, **_vit(32, 1, 2), class_num=10, buffer_size=4, diffloss_d=1, diffloss_w=32,
+        img_size=64,
+        **_vit(32, 1, 2),
+        class_num=10,
+        buffer_size=4,
+        diffloss_d=1,
+        diffloss_w=32,
         num_sampling_steps=10,
     ),
 }
@@ -169,8 +190,14 @@ class MAR(nn.Module):
         )
 
     def _init_weights(self) -> None:
-        for p in (self.class_emb.weight, self.fake_latent, self.mask_token, self.encoder_pos_embed_learned,
-                  self.decoder_pos_embed_learned, self.diffusion_pos_embed_learned):
+        for p in (
+            self.class_emb.weight,
+            self.fake_latent,
+            self.mask_token,
+            self.encoder_pos_embed_learned,
+            self.decoder_pos_embed_learned,
+            self.diffusion_pos_embed_learned,
+        ):
             nn.init.normal_(p, std=0.02)
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -183,6 +210,10 @@ class MAR(nn.Module):
     @property
     def head(self) -> DiffusionHead:
         return self.diffloss
+
+    @property
+    def num_classes(self) -> int:
+        return self.config.class_num
 
     # --- backbone ------------------------------------------------------------------------------
 
@@ -232,8 +263,9 @@ class MAR(nn.Module):
         cond = self.class_embedding(labels)
         if not guided:
             return self.backbone(tokens, mask, cond), None
-        z = self.backbone(torch.cat([tokens, tokens]), torch.cat([mask, mask]),
-                          torch.cat([cond, self.class_embedding(None, b)]))
+        z = self.backbone(
+            torch.cat([tokens, tokens]), torch.cat([mask, mask]), torch.cat([cond, self.class_embedding(None, b)])
+        )
         return z[:b], z[b:]
 
     # --- training ------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ __all__ = [
 # Bounds applied to the posterior log-variance, as in the official model: keeps exp() finite.
 LOGVAR_MIN = -30.0
 LOGVAR_MAX = 20.0
+TRAINING_ONLY_PREFIX = "loss."
 
 
 def _check_int(name: str, value: object, low: int) -> None:
@@ -232,9 +233,7 @@ class _Level(nn.Module):
             _ResBlock(in_ch if i == 0 else out_ch, out_ch, groups, dropout) for i in range(n_blocks)
         )
         # Empty list when unused: keeps key indices (attn.<i>) aligned with block indices.
-        self.attn = nn.ModuleList(
-            _SpatialSelfAttention(out_ch, groups) for _ in range(n_blocks if use_attn else 0)
-        )
+        self.attn = nn.ModuleList(_SpatialSelfAttention(out_ch, groups) for _ in range(n_blocks if use_attn else 0))
         self._resample_name = resample_name
         if resample is not None:
             # Registered as "downsample" (encoder) or "upsample" (decoder), the checkpoint's names.
@@ -437,7 +436,8 @@ def _extract_state(obj: Mapping, source: str) -> dict[str, torch.Tensor]:
             f"checkpoint {source} is not a state dict: non-tensor entries for keys "
             f"{', '.join(not_tensors[:12])}{' ...' if len(not_tensors) > 12 else ''}"
         )
-    return dict(state)
+    # LDM training checkpoints may carry the perceptual/GAN loss ("loss.*"); the autoencoder ignores it.
+    return {k: v for k, v in state.items() if not str(k).startswith(TRAINING_ONLY_PREFIX)}
 
 
 def load_kl16(path: str | Path, config: VAEConfig | str = "kl16") -> KLAutoencoder:

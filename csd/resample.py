@@ -1,0 +1,103 @@
+"""Acceptance-rejection sampling from the modified distribution p'(x) = max(0, p(x) - q(x)) / Z.
+
+Proposal p with bound M = 1/Z (valid because max(0, p - q) <= p): draw x ~ p and keep it with
+probability alpha(x) = max(0, 1 - q(x)/p(x)). Expected tries: 1/Z. Output is exactly p'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from csd.gaussian import normal_logpdf
+
+
+@dataclass(frozen=True)
+class Resampled:
+    """x: (n, d) tokens; tries: (n,) proposals drawn; capped: (n,) True where no try was kept
+    (then x is the caller's fallback)."""
+
+    x: Tensor
+    tries: Tensor
+    capped: Tensor
+
+
+def keep_probability(log_q_over_p: Tensor) -> Tensor:
+    """alpha = max(0, 1 - q/p), computed without overflow for large log q/p."""
+    return -torch.expm1(log_q_over_p.clamp(max=0.0))
+
+
+def first_kept(keep: Tensor) -> tuple[Tensor, Tensor]:
+    """Index of the first True along the last dim and whether any is True. keep: (n, k)."""
+    any_kept = keep.any(-1)
+    return keep.to(torch.int8).argmax(-1), any_kept
+
+
+def resample_gaussian(
+    p_mean: Tensor,
+    p_std: Tensor,
+    q_mean: Tensor,
+    q_std: Tensor,
+    draws: Callable[[int, Tensor], tuple[Tensor, Tensor]],
+    fallback: Tensor,
+    max_tries: int,
+    log_weight: Tensor | None = None,
+    chunk: int = 4,
+) -> Resampled:
+    """Sample p' for Gaussian p = N(p_mean, p_std^2) and q = w N(q_mean, q_std^2), all (n, d).
+
+    log_weight: (n,) log w, the extra factor of q relative to p (for criterion (a), minus the
+    trajectory term); None means w = 1, two normalised densities.
+    draws(k, pending) -> (normal (m, k, d), uniform (m, k)) for the m rows where ``pending`` (n,)
+    is True: tries are drawn in chunks of ``chunk`` so that the common one-try case stays cheap.
+    fallback: (n, d) token taken where all ``max_tries`` are rejected.
+    """
+    n = p_mean.shape[0]
+    x = fallback.clone()
+    tries = torch.zeros(n, dtype=torch.long, device=p_mean.device)
+    pending = torch.ones(n, dtype=torch.bool, device=p_mean.device)
+    lw = torch.zeros(n, device=p_mean.device, dtype=p_mean.dtype) if log_weight is None else log_weight
+    used = 0
+    while used < max_tries and bool(pending.any()):
+        k = min(chunk, max_tries - used)
+        normal, uniform = draws(k, pending)  # (m, k, d), (m, k)
+        idx = pending.nonzero().squeeze(-1)
+        mp, sp, mq, sq = (a[idx].unsqueeze(1) for a in (p_mean, p_std, q_mean, q_std))
+        cand = mp + sp * normal  # (m, k, d)
+        log_q_over_p = lw[idx].unsqueeze(1) + normal_logpdf(cand, mq, sq) - normal_logpdf(cand, mp, sp)
+        first, kept = first_kept(uniform < keep_probability(log_q_over_p))
+        x[idx[kept]] = cand[kept, first[kept]]
+        tries[idx] += torch.where(kept, first + 1, torch.full_like(first, k))
+        pending[idx[kept]] = False
+        used += k
+    return Resampled(x=x, tries=tries, capped=pending)
+
+
+def resample_paths(
+    propose: Callable[[Tensor], tuple[Tensor, Tensor]],
+    uniforms: Callable[[Tensor], Tensor],
+    fallback: Tensor,
+    max_tries: int,
+) -> Resampled:
+    """Acceptance-rejection for path proposals (criterion (b)), one round per try.
+
+    propose(pending) -> (x (m, d), log q/p of the proposed path (m,)) for the m pending rows:
+    a fresh target path and the draft/target density ratio along it.
+    uniforms(pending) -> (m,) uniforms for those rows."""
+    n = fallback.shape[0]
+    x = fallback.clone()
+    tries = torch.zeros(n, dtype=torch.long, device=fallback.device)
+    pending = torch.ones(n, dtype=torch.bool, device=fallback.device)
+    for _ in range(max_tries):
+        if not bool(pending.any()):
+            break
+        idx = pending.nonzero().squeeze(-1)
+        cand, log_q_over_p = propose(pending)
+        kept = uniforms(pending) < keep_probability(log_q_over_p)
+        tries[idx] += 1
+        x[idx[kept]] = cand[kept]
+        pending[idx[kept]] = False
+    return Resampled(x=x, tries=tries, capped=pending)

@@ -1,0 +1,55 @@
+"""Image <-> token grids. MAR's patch order: a token is one cell's (C, p, p) block, row-major cells."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def patchify(x: Tensor, patch: int) -> Tensor:
+    """(B, C, H, W) -> (B, (H/p)(W/p), C p p)."""
+    b, c, h, w = x.shape
+    if h % patch or w % patch:
+        raise ValueError(f"image size {h}x{w} is not a multiple of the patch size {patch}")
+    x = x.reshape(b, c, h // patch, patch, w // patch, patch)
+    return torch.einsum("nchpwq->nhwcpq", x).reshape(b, (h // patch) * (w // patch), c * patch * patch)
+
+
+def unpatchify(tokens: Tensor, patch: int, channels: int) -> Tensor:
+    """(B, N, C p p) -> (B, C, H, W) for a square grid of N cells."""
+    b, n, _ = tokens.shape
+    side = int(round(n**0.5))
+    if side * side != n:
+        raise ValueError(f"token count {n} is not a square grid")
+    x = tokens.reshape(b, side, side, channels, patch, patch)
+    return torch.einsum("nhwcpq->nchpwq", x).reshape(b, channels, side * patch, side * patch)
+
+
+@dataclass(frozen=True)
+class PixelTokenizer:
+    """Raw pixel patches as continuous tokens (the embedded models): values in [-1, 1]."""
+
+    patch_size: int = 4
+    channels: int = 3
+
+    @property
+    def token_dim(self) -> int:
+        return self.channels * self.patch_size**2
+
+    def encode(self, images: Tensor) -> Tensor:
+        if images.dim() != 4 or images.shape[1] != self.channels:
+            raise ValueError(f"images must be (B, {self.channels}, H, W), got {tuple(images.shape)}")
+        if images.numel() and (images.min() < -1.0 or images.max() > 1.0):
+            raise ValueError("images must have values in [-1, 1]")
+        return patchify(images, self.patch_size)
+
+    def decode(self, tokens: Tensor) -> Tensor:
+        """Tokens -> images, clamped to [-1, 1] (sampled tokens may overshoot slightly)."""
+        return unpatchify(tokens, self.patch_size, self.channels).clamp(-1.0, 1.0)
+
+
+def to_uint8(images: Tensor) -> Tensor:
+    """(B, C, H, W) in [-1, 1] -> (B, H, W, C) uint8 for saving and display."""
+    return ((images.clamp(-1, 1) + 1.0) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()

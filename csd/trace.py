@@ -1,0 +1,128 @@
+"""The trace of a generation run: plain arrays that the figure builders consume (DESIGN.md section 7)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+
+class Maker(IntEnum):
+    """Who produced a token."""
+
+    PREFILL = 0  # the target, before drafting starts
+    ACCEPTED = 1  # the draft, accepted by the target
+    RESAMPLED = 2  # drawn from the modified distribution after a rejection
+    CAPPED = 3  # the resampler hit its try cap; the target's own aligned sample was taken
+    TARGET = 4  # target-only generation
+    DRAFT = 5  # draft-only generation
+
+
+@dataclass
+class Trace:
+    """Per token (arrays of shape (B, N), indexed by grid position) and per run.
+
+    Float arrays hold NaN where a quantity does not apply (e.g. acceptance of pre-filled tokens).
+    """
+
+    maker: np.ndarray  # int8, a Maker value
+    ar_step: np.ndarray  # int16, AR step that produced the token
+    block: np.ndarray  # int16, draft block index, -1 outside blocks
+    accept_prob: np.ndarray  # float32, min(1, r)
+    log_ratio_trajectory: np.ndarray  # float32, trajectory term of log r
+    log_ratio_final: np.ndarray  # float32, final-step term of log r
+    resample_tries: np.ndarray  # int32, proposals drawn by the resampler (0 if none)
+    distance_aligned: np.ndarray  # float32, ||x^q - x^p|| with shared noise
+    distance_independent: np.ndarray  # float32, ||x^q - x^p|| with independent noise
+    step_sizes: list[int]
+    target_passes: int = 0  # backbone passes (a CFG pass over a doubled batch counts once)
+    draft_passes: int = 0
+    times: dict[str, float] = field(default_factory=dict)  # seconds per phase
+    settings: dict = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, batch: int, num_tokens: int, step_sizes: list[int], settings: dict | None = None) -> Trace:
+        nan = lambda: np.full((batch, num_tokens), np.nan, dtype=np.float32)  # noqa: E731
+        return cls(
+            maker=np.full((batch, num_tokens), -1, dtype=np.int8),
+            ar_step=np.full((batch, num_tokens), -1, dtype=np.int16),
+            block=np.full((batch, num_tokens), -1, dtype=np.int16),
+            accept_prob=nan(),
+            log_ratio_trajectory=nan(),
+            log_ratio_final=nan(),
+            resample_tries=np.zeros((batch, num_tokens), dtype=np.int32),
+            distance_aligned=nan(),
+            distance_independent=nan(),
+            step_sizes=list(step_sizes),
+            settings=dict(settings or {}),
+        )
+
+    # --- summaries ---------------------------------------------------------------------------
+
+    @property
+    def batch(self) -> int:
+        return int(self.maker.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.maker.shape[1])
+
+    def count(self, maker: Maker) -> int:
+        return int((self.maker == maker).sum())
+
+    @property
+    def verified(self) -> np.ndarray:
+        """(B, N) bool: tokens that went through verification."""
+        return np.isin(self.maker, [Maker.ACCEPTED, Maker.RESAMPLED, Maker.CAPPED])
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Fraction of verified (drafted) tokens that were accepted; NaN when nothing was drafted."""
+        n = int(self.verified.sum())
+        return float("nan") if n == 0 else self.count(Maker.ACCEPTED) / n
+
+    @property
+    def mean_accept_prob(self) -> float:
+        v = self.accept_prob[self.verified]
+        return float("nan") if v.size == 0 else float(v.mean())
+
+    def per_step(self, values: np.ndarray, reduce=np.nanmean) -> np.ndarray:
+        """Reduce a (B, N) per-token array to (B, S) per image and AR step (NaN where empty)."""
+        out = np.full((self.batch, len(self.step_sizes)), np.nan, dtype=np.float64)
+        for s in range(len(self.step_sizes)):
+            sel = self.ar_step == s
+            for b in range(self.batch):
+                vals = values[b][sel[b]]
+                vals = vals[~np.isnan(vals)] if vals.dtype.kind == "f" else vals
+                if vals.size:
+                    out[b, s] = reduce(vals)
+        return out
+
+    def acceptance_per_step(self) -> np.ndarray:
+        """(B, S) fraction of verified tokens accepted at each AR step (NaN where none verified)."""
+        acc = np.where(self.verified, (self.maker == Maker.ACCEPTED).astype(np.float32), np.nan)
+        return self.per_step(acc)
+
+    def summary(self) -> dict:
+        """Scalars for tables and the app."""
+        tries = self.resample_tries[self.resample_tries > 0]
+        return {
+            "tokens": self.batch * self.num_tokens,
+            "prefill": self.count(Maker.PREFILL),
+            "accepted": self.count(Maker.ACCEPTED),
+            "resampled": self.count(Maker.RESAMPLED),
+            "capped": self.count(Maker.CAPPED),
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accept_prob": self.mean_accept_prob,
+            "mean_resample_tries": float(tries.mean()) if tries.size else float("nan"),
+            "distance_aligned": float(np.nanmean(self.distance_aligned))
+            if np.isfinite(self.distance_aligned).any()
+            else float("nan"),
+            "distance_independent": float(np.nanmean(self.distance_independent))
+            if np.isfinite(self.distance_independent).any()
+            else float("nan"),
+            "target_passes": self.target_passes,
+            "draft_passes": self.draft_passes,
+            "time_total": float(sum(self.times.values())),
+        }
