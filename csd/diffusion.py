@@ -52,6 +52,10 @@ class Schedule:
     betas: Tensor
     alphas_cumprod: Tensor
     alphas_cumprod_prev: Tensor
+    sqrt_alphas_cumprod: Tensor
+    sqrt_one_minus_alphas_cumprod: Tensor
+    sqrt_recip_alphas_cumprod: Tensor
+    sqrt_recipm1_alphas_cumprod: Tensor
     posterior_log_variance_clipped: Tensor
     posterior_mean_coef1: Tensor
     posterior_mean_coef2: Tensor
@@ -84,6 +88,11 @@ class Schedule:
             betas=f64(betas),
             alphas_cumprod=f64(ac),
             alphas_cumprod_prev=f64(ac_prev),
+            # In float64: at small t, 1/ab - 1 ~ 1e-5 loses most of its digits in float32.
+            sqrt_alphas_cumprod=f64(np.sqrt(ac)),
+            sqrt_one_minus_alphas_cumprod=f64(np.sqrt(1.0 - ac)),
+            sqrt_recip_alphas_cumprod=f64(np.sqrt(1.0 / ac)),
+            sqrt_recipm1_alphas_cumprod=f64(np.sqrt(1.0 / ac - 1.0)),
             posterior_log_variance_clipped=f64(post_logvar),
             posterior_mean_coef1=f64(betas * np.sqrt(ac_prev) / (1.0 - ac)),
             posterior_mean_coef2=f64((1.0 - ac_prev) * np.sqrt(1.0 - betas) / (1.0 - ac)),
@@ -108,13 +117,13 @@ def model_timesteps(schedule: Schedule, t: int | Tensor, rows: int, device: torc
 
 def q_sample(schedule: Schedule, x0: Tensor, t: Tensor, noise: Tensor) -> Tensor:
     """Forward process: x_t = sqrt(ab_t) x0 + sqrt(1 - ab_t) noise. x0, noise: (n, d); t: (n,)."""
-    ab = _at(schedule.alphas_cumprod, t, x0)
-    return ab.sqrt() * x0 + (1.0 - ab).sqrt() * noise
+    return _at(schedule.sqrt_alphas_cumprod, t, x0) * x0 + _at(schedule.sqrt_one_minus_alphas_cumprod, t, x0) * noise
 
 
 def predict_x0(schedule: Schedule, x_t: Tensor, t: int | Tensor, eps: Tensor) -> Tensor:
-    ab = _at(schedule.alphas_cumprod, t, x_t)
-    return (1.0 / ab).sqrt() * x_t - (1.0 / ab - 1.0).sqrt() * eps
+    return (
+        _at(schedule.sqrt_recip_alphas_cumprod, t, x_t) * x_t - _at(schedule.sqrt_recipm1_alphas_cumprod, t, x_t) * eps
+    )
 
 
 def posterior_mean(schedule: Schedule, x0: Tensor, x_t: Tensor, t: int | Tensor) -> Tensor:

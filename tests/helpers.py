@@ -1,0 +1,66 @@
+"""Small hand-made models for tests: linear-Gaussian token chains whose output law is known."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from csd.chain import HeadCondition
+
+
+class LinearGaussianChain:
+    """y_{k+1} = a_k y_k + b_k + z[:, :d] + c_k eps_k (k < T-1); x = a_{T-1} y + b_{T-1} + z[:, :d].
+
+    std at the last step is c_{T-1} (the "learned" std of the noise-free step)."""
+
+    def __init__(self, a: list[float], b: list[float], c: list[float], token_dim: int):
+        self.a, self.b, self.c = (torch.tensor(v, dtype=torch.float32) for v in (a, b, c))
+        self.token_dim = token_dim
+
+    def num_steps(self) -> int:
+        return len(self.a)
+
+    def transition(self, y: Tensor, step, cond: HeadCondition) -> tuple[Tensor, Tensor]:
+        pick = (lambda v: v[step]) if isinstance(step, int) else (lambda v: v.to(y.device)[step].unsqueeze(-1))
+        shift = cond.z[:, : self.token_dim]
+        mean = pick(self.a) * y + pick(self.b) + shift
+        return mean, (pick(self.c) * torch.ones_like(y))
+
+    def output_law(self, shift: float, temperature: float = 1.0) -> tuple[float, float]:
+        """Mean and variance of x given a condition shift, from y_0 ~ N(0, 1)."""
+        m, v = 0.0, 1.0
+        for k in range(self.num_steps()):
+            a, b, c = float(self.a[k]), float(self.b[k]), float(self.c[k])
+            m, v = a * m + b + shift, a * a * v + (0.0 if k == self.num_steps() - 1 else (temperature * c) ** 2)
+        return m, v
+
+
+class _Head:
+    def __init__(self, chain: LinearGaussianChain):
+        self._chain = chain
+
+    def chain(self, steps: int | None = None) -> LinearGaussianChain:
+        if steps not in (None, self._chain.num_steps()):
+            raise ValueError(f"head_steps must be {self._chain.num_steps()} for this test head")
+        return self._chain
+
+
+class ToyARModel(nn.Module):
+    """An ARModel whose condition is a per-class vector, whatever the context: tokens are i.i.d."""
+
+    def __init__(self, chain: LinearGaussianChain, seq_len: int = 4, num_classes: int = 3, shifts=None):
+        super().__init__()
+        self.seq_len, self.token_dim, self.num_classes = seq_len, chain.token_dim, num_classes
+        shifts = shifts if shifts is not None else [float(i) for i in range(num_classes)]
+        self.table = nn.Parameter(torch.tensor(shifts).unsqueeze(-1).repeat(1, chain.token_dim), requires_grad=False)
+        self.head = _Head(chain)
+
+    def conditions(self, tokens: Tensor, mask: Tensor, labels: Tensor, guided: bool):
+        z = self.table[labels].unsqueeze(1).expand(-1, self.seq_len, -1)
+        return z, (z if guided else None)
+
+
+def normal_cdf(x, mean: float, var: float):
+    return 0.5 * (1.0 + torch.special.erf((torch.as_tensor(x, dtype=torch.float64) - mean) / math.sqrt(2 * var)))

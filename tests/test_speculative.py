@@ -1,0 +1,178 @@
+"""End-to-end properties of target-only generation and continuous speculative decoding."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from csd.models.mar import MAR, mar_config
+from csd.sampling import SamplingConfig, generate
+from csd.speculative import CSDConfig, speculative_generate
+from csd.trace import Maker
+from tests.helpers import LinearGaussianChain, ToyARModel
+
+TARGET_CHAIN = LinearGaussianChain([0.9, 0.7, 1.0], [0.0, 0.2, 0.0], [0.6, 0.5, 0.05], token_dim=2)
+DRAFT_CHAIN = LinearGaussianChain([0.8, 0.7, 1.0], [0.1, 0.0, 0.0], [0.7, 0.45, 0.05], token_dim=2)
+
+
+def test_exact_criterion_reproduces_target_head_distribution():
+    target, draft = ToyARModel(TARGET_CHAIN), ToyARModel(DRAFT_CHAIN)
+    n_img = 1500
+    labels = [i % 3 for i in range(n_img)]
+    out = speculative_generate(
+        target,
+        draft,
+        labels,
+        list(range(n_img)),
+        SamplingConfig(num_steps=4),
+        CSDConfig(gamma=2, prefill=0.0, criterion="exact"),
+    )
+    lab = np.array(labels)
+    for c in range(3):
+        mean, var = TARGET_CHAIN.output_law(shift=float(c))
+        x = out.tokens[lab == c].reshape(-1).numpy()  # tokens and dims are i.i.d. under this toy model
+        assert stats.kstest(x, stats.norm(mean, math.sqrt(var)).cdf).pvalue > 0.001  # fixed seeds
+    assert out.trace.count(Maker.RESAMPLED) > 0 and out.trace.count(Maker.ACCEPTED) > 0
+
+
+def test_draft_alone_has_a_detectably_different_distribution():
+    # Power check for the test above: the draft's own law is rejected by the same KS test.
+    draft = ToyARModel(DRAFT_CHAIN)
+    out = generate(draft, [0] * 1500, list(range(1500)), SamplingConfig(num_steps=4))
+    mean, var = TARGET_CHAIN.output_law(shift=0.0)
+    assert stats.kstest(out.tokens.reshape(-1).numpy(), stats.norm(mean, math.sqrt(var)).cdf).pvalue < 1e-6
+
+
+@pytest.fixture(scope="module")
+def mar_pair() -> tuple[MAR, MAR]:
+    """A small MAR target and a slightly perturbed copy as the draft."""
+    torch.manual_seed(0)
+    cfg = mar_config("mar_test", clip_x0=1.0)
+    target = MAR(cfg).eval()
+    with torch.no_grad():
+        for p in target.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    draft = MAR(cfg).eval()
+    draft.load_state_dict(target.state_dict())
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return target, draft
+
+
+SAMPLING = SamplingConfig(num_steps=6, cfg_scale=2.0)
+
+
+def test_alignment_lowers_draft_target_distance(mar_pair):
+    target, draft = mar_pair
+    out = speculative_generate(target, draft, [1, 2, 3, 4], [0, 1, 2, 3], SAMPLING, CSDConfig(counterfactual=True))
+    s = out.trace.summary()
+    assert s["distance_aligned"] < 0.5 * s["distance_independent"]
+
+
+def test_same_seed_gives_the_same_tokens(mar_pair):
+    target, draft = mar_pair
+    a = speculative_generate(target, draft, [1, 2], [7, 8], SAMPLING, CSDConfig(gamma=2))
+    b = speculative_generate(target, draft, [1, 2], [7, 8], SAMPLING, CSDConfig(gamma=2))
+    assert torch.equal(a.tokens, b.tokens)
+    assert np.array_equal(a.trace.maker, b.trace.maker)
+
+
+def test_batch_invariance_image_matches_single_run(mar_pair):
+    target, draft = mar_pair
+    batch = speculative_generate(target, draft, [1, 2, 3], [10, 11, 12], SAMPLING, CSDConfig(gamma=2))
+    for i, (label, seed) in enumerate(zip([1, 2, 3], [10, 11, 12], strict=True)):
+        alone = speculative_generate(target, draft, [label], [seed], SAMPLING, CSDConfig(gamma=2))
+        torch.testing.assert_close(batch.tokens[i], alone.tokens[0], rtol=1e-4, atol=1e-4)  # float reordering only
+        assert np.array_equal(batch.trace.maker[i], alone.trace.maker[0])
+    base = generate(target, [1, 2, 3], [10, 11, 12], SAMPLING)
+    for i in range(3):
+        torch.testing.assert_close(
+            base.tokens[i], generate(target, [i + 1], [10 + i], SAMPLING).tokens[0], rtol=1e-4, atol=1e-4
+        )
+
+
+def test_draft_equal_to_target_reproduces_target_only_generation(mar_pair):
+    # Same orders and noise as the baseline: with q = p and gamma = 1 (the target verifies with the
+    # draft's context) every token is accepted and equals the target-only token.
+    target, _ = mar_pair
+    base = generate(target, [0, 5], [3, 4], SAMPLING)
+    spec = speculative_generate(target, target, [0, 5], [3, 4], SAMPLING, CSDConfig(gamma=1, prefill=0.0))
+    torch.testing.assert_close(spec.tokens, base.tokens, rtol=1e-5, atol=1e-5)
+    assert spec.trace.acceptance_rate == 1.0
+
+
+def test_block_verification_sees_stale_context_even_when_draft_equals_target(mar_pair):
+    # With gamma > 1 the target conditions every drafted token on the context before the block, while
+    # the draft saw its own earlier tokens of the block: only the first step of each block is certain.
+    target, _ = mar_pair
+    spec = speculative_generate(target, target, [0, 5], [3, 4], SAMPLING, CSDConfig(gamma=3, prefill=0.0))
+    tr = spec.trace
+    first_step_of_block = np.isin(tr.ar_step, [0, 3])
+    assert (tr.maker[first_step_of_block] == Maker.ACCEPTED).all()
+    assert tr.acceptance_rate < 1.0
+
+
+def test_prefill_makes_the_first_tokens_with_the_target(mar_pair):
+    target, draft = mar_pair
+    rho = 0.25
+    out = speculative_generate(target, draft, [1, 2], [5, 6], SAMPLING, CSDConfig(gamma=2, prefill=rho))
+    base = generate(target, [1, 2], [5, 6], SAMPLING)
+    tr = out.trace
+    n = target.seq_len
+    pre = tr.maker == Maker.PREFILL
+    assert pre.sum(1).min() >= math.ceil(rho * n)
+    # Pre-filled tokens are exactly the first AR steps, made as in target-only generation.
+    last_prefill_step = tr.ar_step[pre].max()
+    assert np.all(tr.ar_step[~pre] > last_prefill_step)
+    torch.testing.assert_close(out.tokens[torch.from_numpy(pre)], base.tokens[torch.from_numpy(pre)])
+
+
+def test_trace_counts_add_up_and_passes_follow_block_structure(mar_pair):
+    target, draft = mar_pair
+    gamma = 2
+    out = speculative_generate(target, draft, [1, 2, 3], [0, 1, 2], SAMPLING, CSDConfig(gamma=gamma, prefill=0.0))
+    tr, s = out.trace, out.trace.summary()
+    assert s["prefill"] + s["accepted"] + s["resampled"] + s["capped"] == 3 * target.seq_len
+    assert (tr.maker >= 0).all() and (tr.ar_step >= 0).all()
+    assert tr.draft_passes == SAMPLING.num_steps
+    assert tr.target_passes == math.ceil(SAMPLING.num_steps / gamma)
+    verified = tr.verified
+    assert np.isfinite(tr.accept_prob[verified]).all() and np.isnan(tr.accept_prob[~verified]).all()
+    assert (tr.resample_tries[tr.maker == Maker.RESAMPLED] >= 1).all()
+    assert (tr.resample_tries[tr.maker == Maker.ACCEPTED] == 0).all()
+
+
+@pytest.mark.parametrize("criterion", ["aligned", "exact"])
+@pytest.mark.parametrize("align", [True, False])
+def test_every_criterion_and_alignment_runs_and_commits_finite_tokens(mar_pair, criterion, align):
+    target, draft = mar_pair
+    out = speculative_generate(
+        target,
+        draft,
+        [0, 1],
+        [0, 1],
+        SAMPLING,
+        CSDConfig(gamma=3, criterion=criterion, align=align, counterfactual=True),
+    )
+    assert torch.isfinite(out.tokens).all()
+    assert np.isfinite(out.trace.distance_aligned[out.trace.verified]).all()
+    assert np.isfinite(out.trace.distance_independent[out.trace.verified]).all()
+
+
+def test_cap_hit_takes_target_sample_and_is_recorded(mar_pair):
+    # widening the resampling Gaussians hugely makes p and q overlap almost fully: tries exceed a cap of 1.
+    target, draft = mar_pair
+    out = speculative_generate(
+        target,
+        draft,
+        [1, 2],
+        [0, 1],
+        SAMPLING,
+        CSDConfig(gamma=2, tau_v=1.0, resample_widening=1e4, max_tries=1, trajectory_term="none"),
+    )
+    tr = out.trace
+    assert tr.count(Maker.CAPPED) > 0
+    assert (tr.resample_tries[tr.maker == Maker.CAPPED] == 1).all()
