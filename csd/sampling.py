@@ -40,6 +40,9 @@ class ARModel(Protocol):
         """Per-position conditions z (B, N, D) and, when guided, the unconditional ones."""
 
 
+PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -53,6 +56,7 @@ class SamplingConfig:
     cfg_schedule: str = "linear"
     temperature: float = 1.0
     head_steps: int | None = None
+    precision: str = "float32"  # backbone precision; heads and all densities stay in float32
 
     def __post_init__(self) -> None:
         if not _is_int(self.num_steps) or self.num_steps < 1:
@@ -65,6 +69,8 @@ class SamplingConfig:
             raise ValueError(f"temperature must be in (0, 10], got {self.temperature!r}")
         if self.head_steps is not None and (not _is_int(self.head_steps) or not 1 <= self.head_steps <= 1000):
             raise ValueError(f"head_steps must be an int in [1, 1000] or None, got {self.head_steps!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {self.precision!r}")
 
     @property
     def guided(self) -> bool:
@@ -168,6 +174,18 @@ def put(arr: np.ndarray, pos: Tensor, values) -> None:
     arr[np.arange(p.shape[0])[:, None], p] = values
 
 
+def backbone_conditions(
+    model: ARModel, tokens: Tensor, mask: Tensor, labels: Tensor, config: SamplingConfig
+) -> tuple[Tensor, Tensor | None]:
+    """One backbone pass, under autocast when a reduced precision is asked; z comes back in float32."""
+    dtype = PRECISIONS[config.precision]
+    if dtype is None:
+        return model.conditions(tokens, mask, labels, config.guided)
+    with torch.autocast(device_type=tokens.device.type, dtype=dtype):
+        z, z_uncond = model.conditions(tokens, mask, labels, config.guided)
+    return z.float(), None if z_uncond is None else z_uncond.float()
+
+
 def predict_step(
     model: ARModel,
     chain: GaussianChain,
@@ -183,7 +201,7 @@ def predict_step(
 ) -> tuple[Trajectory, HeadCondition]:
     """One AR step of one model: a backbone pass, then the head chains of the tokens at ``pos``."""
     with timer(f"{phase}_backbone"):
-        z, z_uncond = model.conditions(tokens, mask, labels, config.guided)
+        z, z_uncond = backbone_conditions(model, tokens, mask, labels, config)
     cond = step_condition(z, z_uncond, pos, torch.full((pos.numel(),), cfg, device=z.device))
     with timer(f"{phase}_head"):
         traj = run_chain(chain, cond, noise, config.temperature)

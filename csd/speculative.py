@@ -23,6 +23,7 @@ from csd.sampling import (
     Generation,
     PhaseTimer,
     SamplingConfig,
+    backbone_conditions,
     check_labels,
     commit,
     draw_chain_noise,
@@ -199,7 +200,7 @@ def speculative_generate(
 
         # 3. Verify: one target pass over the context before the block, then the target's chains.
         with timer("target_backbone"):
-            z_p, zu_p = target.conditions(tokens, mask, labels, sampling.guided)
+            z_p, zu_p = backbone_conditions(target, tokens, mask, labels, sampling)
         trace.target_passes += 1
         cond_p = step_condition(z_p, zu_p, blk.pos, blk.cond_q.cfg if blk.cond_q.cfg is not None else None)
         with timer("target_head"):

@@ -53,3 +53,22 @@ class PixelTokenizer:
 def to_uint8(images: Tensor) -> Tensor:
     """(B, C, H, W) in [-1, 1] -> (B, H, W, C) uint8 for saving and display."""
     return ((images.clamp(-1, 1) + 1.0) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()
+
+
+class LatentTokenizer:
+    """KL-16 latents as tokens (official MAR): image -> scaled latent grid -> (B, N, C p p)."""
+
+    def __init__(self, vae, patch_size: int = 1):
+        self.vae, self.patch_size = vae, patch_size
+
+    @property
+    def token_dim(self) -> int:
+        return self.vae.embed_dim * self.patch_size**2
+
+    def encode(self, images: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Posterior mean (or a sample when a generator is given), scaled as MAR trains on it."""
+        return patchify(self.vae.image_to_tokens(images, generator), self.patch_size)
+
+    def decode(self, tokens: Tensor) -> Tensor:
+        latents = unpatchify(tokens, self.patch_size, self.vae.embed_dim)
+        return self.vae.tokens_to_image(latents).clamp(-1.0, 1.0)

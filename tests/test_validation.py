@@ -127,3 +127,20 @@ def test_pixel_tokenizer_round_trip():
     tokens = tok.encode(img)
     assert tokens.shape == (2, 64, 48)
     torch.testing.assert_close(tok.decode(tokens), img)
+
+
+def test_unknown_precision_is_rejected():
+    with pytest.raises(ValueError, match="precision"):
+        SamplingConfig(precision="int8")
+
+
+def test_latent_tokenizer_round_trips_through_a_tiny_vae():
+    from csd.models.vae import KLAutoencoder
+    from csd.tokenizer import LatentTokenizer
+
+    torch.manual_seed(0)
+    tok = LatentTokenizer(KLAutoencoder("tiny").eval())
+    with torch.no_grad():
+        tokens = tok.encode(torch.rand(2, 3, 32, 32) * 2 - 1)
+        img = tok.decode(tokens)
+    assert tokens.shape == (2, 16 * 16, tok.token_dim) and img.shape == (2, 3, 32, 32)
