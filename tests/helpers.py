@@ -64,3 +64,24 @@ class ToyARModel(nn.Module):
 
 def normal_cdf(x, mean: float, var: float):
     return 0.5 * (1.0 + torch.special.erf((torch.as_tensor(x, dtype=torch.float64) - mean) / math.sqrt(2 * var)))
+
+
+def save_tiny_pixel_pair(folder, seed: int = 0) -> tuple[str, str]:
+    """A tiny random pixel MAR target (width 32) and draft (width 16) saved in the project format.
+
+    Weights are perturbed away from MAR's zero-initialised head outputs, so images vary with the seed."""
+    from csd.models.mar import MAR
+    from csd.models.registry import save_model
+    from csd.pairs import random_pixel_config
+
+    gen = torch.Generator().manual_seed(seed)
+    paths = []
+    for name, width in (("target", 32), ("draft", 16)):
+        with torch.random.fork_rng(devices=[]):  # layer init reads the global generator
+            torch.manual_seed(seed)
+            model = MAR(random_pixel_config(width, 1))
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+        paths.append(str(save_model(model, f"{folder}/{name}")))
+    return paths[0], paths[1]

@@ -138,6 +138,43 @@ MAR_CONFIGS: dict[str, MARConfig] = {
         diffloss_w=32,
         num_sampling_steps=10,
     ),
+    # The embedded pair: 4x4 RGB pixel patches of 32x32 shapes images (N = 64 tokens, d = 48), trained
+    # on a CPU (assets/models/TRAINING.md). Pixel tokens are bounded, so x0 is clipped to [-1, 1]; no
+    # dropout in this data-rich regime; 25 head steps keep CPU sampling quick. The draft's backbone pass
+    # is ~6x cheaper than the target's (MAR-H vs MAR-B: ~4.5x); the target's head is narrower than its
+    # backbone because in CSD it still runs on every token.
+    "shapes_target": MARConfig(
+        img_size=32,
+        vae_stride=1,
+        patch_size=4,
+        token_channels=3,
+        **_vit(192, 6, 6),
+        class_num=10,
+        buffer_size=4,
+        attn_dropout=0.0,
+        proj_dropout=0.0,
+        diffloss_d=3,
+        diffloss_w=160,
+        num_sampling_steps=25,
+        diffusion_batch_mul=2,
+        clip_x0=1.0,
+    ),
+    "shapes_draft": MARConfig(
+        img_size=32,
+        vae_stride=1,
+        patch_size=4,
+        token_channels=3,
+        **_vit(128, 2, 4),
+        class_num=10,
+        buffer_size=4,
+        attn_dropout=0.0,
+        proj_dropout=0.0,
+        diffloss_d=2,
+        diffloss_w=128,
+        num_sampling_steps=25,
+        diffusion_batch_mul=2,
+        clip_x0=1.0,
+    ),
 }
 
 

@@ -1,0 +1,549 @@
+"""Running a model pair over settings and turning the traces into panel data.
+
+The app's analysis tab and ``assets/analysis_default.json`` come from here. Panel data is plain
+dataclasses of lists, dicts and floats (NaN stored as None), so it round-trips through JSON;
+the figure builders in :mod:`visualize` draw it without running a model.
+
+    python -m csd.analysis --out assets/analysis_default.json --images 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from csd import defaults
+from csd.cost import StepCosts, prefill_steps, simple_bound, speedup_bound
+from csd.data import CLASS_NAMES
+from csd.evaluate import fewer_steps
+from csd.metrics import DEFAULT_CLASSIFIER, class_accuracy
+from csd.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover
+from csd.sampling import Generation, SamplingConfig, generate
+from csd.speculative import CSDConfig, speculative_generate
+from csd.tokenizer import PixelTokenizer
+from csd.trace import Maker, Trace
+
+HIST_BINS = 30
+MAX_TRIES_BINS = 50  # resampler tries above this share the last bin
+
+
+# --- timed runs ------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One generation and its wall time (seconds, without the optional counterfactual chains)."""
+
+    generation: Generation
+    seconds: float
+
+    @property
+    def trace(self) -> Trace:
+        return self.generation.trace
+
+
+def _timed_run(fn: Callable[[], Generation]) -> Run:
+    t0 = time.perf_counter()
+    gen = fn()
+    wall = time.perf_counter() - t0
+    # The counterfactual chains are a measurement, not part of decoding: keep them out of the time.
+    return Run(gen, wall - gen.trace.times.get("counterfactual", 0.0))
+
+
+def run_single(
+    pair: ModelPair, labels: Sequence[int], seeds: Sequence[int], sampling: SamplingConfig, maker=Maker.TARGET
+):
+    """Target-only (``Maker.TARGET``) or draft-only (``Maker.DRAFT``) generation, timed."""
+    model = pair.target if maker == Maker.TARGET else pair.draft
+    return _timed_run(lambda: generate(model, labels, seeds, sampling, maker=maker))
+
+
+def run_csd(pair: ModelPair, labels: Sequence[int], seeds: Sequence[int], sampling: SamplingConfig, csd: CSDConfig):
+    return _timed_run(lambda: speculative_generate(pair.target, pair.draft, labels, seeds, sampling, csd))
+
+
+# --- panel data ------------------------------------------------------------------------------
+
+
+def _num(v) -> float | None:
+    """A JSON-safe float: NaN and infinities become None."""
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _nums(values) -> list[float | None]:
+    return [_num(v) for v in values]
+
+
+@dataclass
+class Spread:
+    """A quantity per x value: mean, median and interquartile band (over images or tokens)."""
+
+    x: list[float]
+    mean: list[float | None]
+    median: list[float | None]
+    q25: list[float | None]
+    q75: list[float | None]
+
+    @classmethod
+    def of(cls, x: Sequence[float], groups: Sequence[np.ndarray]) -> Spread:
+        stats = {k: [] for k in ("mean", "median", "q25", "q75")}
+        for g in groups:
+            g = np.asarray(g, dtype=np.float64)
+            g = g[np.isfinite(g)]
+            empty = g.size == 0
+            stats["mean"].append(None if empty else _num(g.mean()))
+            for key, q in (("median", 50), ("q25", 25), ("q75", 75)):
+                stats[key].append(None if empty else _num(np.percentile(g, q)))
+        return cls(x=[float(v) for v in x], **stats)
+
+
+@dataclass
+class Histogram:
+    """Counts of several named series over shared bin edges."""
+
+    edges: list[float]
+    counts: dict[str, list[int]]
+
+    @classmethod
+    def of(cls, series: dict[str, np.ndarray], bins: int = HIST_BINS, clip: float = 1.0) -> Histogram:
+        """Bins span the [clip, 100 - clip] percentiles of all series; outliers go to the end bins."""
+        finite = {k: np.asarray(v, dtype=np.float64)[np.isfinite(v)] for k, v in series.items()}
+        pooled = np.concatenate([v for v in finite.values()] + [np.zeros(0)])
+        if pooled.size == 0:
+            return cls(edges=[], counts={k: [] for k in series})
+        lo, hi = np.percentile(pooled, [clip, 100 - clip])
+        hi = hi if hi > lo else lo + 1.0
+        edges = np.linspace(lo, hi, bins + 1)
+        counts = {k: np.histogram(np.clip(v, lo, hi), edges)[0].tolist() for k, v in finite.items()}
+        return cls(edges=edges.tolist(), counts=counts)
+
+
+@dataclass
+class Sweep:
+    """Acceptance and resampler statistics of CSD runs that differ in one knob."""
+
+    knob: str
+    values: list[float]
+    acceptance: list[float | None]
+    mean_accept_prob: list[float | None]
+    mean_tries: list[float | None]
+    capped: list[int]
+    seconds: list[float]
+
+
+@dataclass
+class DistancePanel:
+    """||x^q - x^p|| with shared (aligned) and independent noise, and the acceptance of each choice."""
+
+    per_step: dict[str, Spread]
+    overall: Histogram
+    mean: dict[str, float | None]
+    acceptance: dict[str, float | None]
+
+
+@dataclass
+class PrefillPanel:
+    """Acceptance per AR step (spread over images) for several pre-fill ratios."""
+
+    per_step: dict[str, Spread]
+    acceptance: dict[str, float | None]
+
+
+@dataclass
+class ResamplerPanel:
+    """Tries of the acceptance-rejection resampler at the chosen setting."""
+
+    tries: Histogram
+    mean_tries: float | None
+    capped: int
+    resampled: int
+    max_tries: int
+
+
+@dataclass
+class LogRatioPanel:
+    """log r = trajectory term + final-step term, per verified token."""
+
+    terms: Histogram
+    mean: dict[str, float | None]
+    std: dict[str, float | None]
+    trajectory_dominates: float | None  # fraction of tokens where |trajectory| > |final|
+
+
+@dataclass
+class TimePanel:
+    """Where the time goes, with the cost model of DESIGN.md section 6."""
+
+    phases: dict[str, dict[str, float]]  # method -> phase -> seconds
+    wall: dict[str, float]
+    speedup: float | None
+    cost_model: float | None  # predicted from measured per-pass costs
+    bound: float | None  # C_p / (C_q + C_p / gamma): heads free
+    costs: dict[str, float]  # seconds per AR step: C_p, H_p (target), C_q, H_q (draft)
+    gamma: int
+
+
+@dataclass
+class QualityPanel:
+    """Quality against wall time for CSD and target-only at several AR step counts."""
+
+    metric: str
+    higher_is_better: bool
+    method: list[str]
+    steps: list[int]
+    seconds: list[float]
+    target_passes: list[int]
+    quality: list[float | None]
+
+
+@dataclass
+class Panels:
+    pair: str
+    n_images: int
+    settings: dict
+    distance: DistancePanel
+    prefill: PrefillPanel
+    resampler: ResamplerPanel
+    sweeps: dict[str, Sweep]
+    log_ratio: LogRatioPanel
+    time: TimePanel
+    quality: QualityPanel
+    created: float = field(default_factory=time.time)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Panels:
+        spreads = lambda m: {k: Spread(**v) for k, v in m.items()}  # noqa: E731
+        dist, pre, res, lr = d["distance"], d["prefill"], d["resampler"], d["log_ratio"]
+        return cls(
+            pair=d["pair"],
+            n_images=d["n_images"],
+            settings=d["settings"],
+            distance=DistancePanel(
+                spreads(dist["per_step"]), Histogram(**dist["overall"]), dist["mean"], dist["acceptance"]
+            ),
+            prefill=PrefillPanel(spreads(pre["per_step"]), pre["acceptance"]),
+            resampler=ResamplerPanel(**{**res, "tries": Histogram(**res["tries"])}),
+            sweeps={k: Sweep(**v) for k, v in d["sweeps"].items()},
+            log_ratio=LogRatioPanel(**{**lr, "terms": Histogram(**lr["terms"])}),
+            time=TimePanel(**d["time"]),
+            quality=QualityPanel(**d["quality"]),
+            created=d.get("created", 0.0),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Panels:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+# --- the analysis ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """A base setting and the sweeps around it. Image i uses seed + i and class (label + i) mod classes."""
+
+    n_images: int = 8
+    seed: int = 0
+    label: int = 0
+    sampling: SamplingConfig = defaults.SAMPLING
+    csd: CSDConfig = defaults.CSD
+    gammas: tuple[int, ...] = (1, 2, 4, 8, 16)
+    prefills: tuple[float, ...] = (0.0, 0.05, 0.15)
+    cfg_scales: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0)
+    temperatures: tuple[float, ...] = (0.8, 1.0, 1.2)
+    step_fractions: tuple[float, ...] = (1.0, 0.5, 0.25)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_images, bool) or not isinstance(self.n_images, int) or self.n_images < 1:
+            raise ValueError(f"number of images must be an int >= 1, got {self.n_images!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _key(sampling: SamplingConfig, csd: CSDConfig | None) -> tuple:
+    # Counterfactual chains only add measurements (their own random stream), so they share a key.
+    return (sampling, None if csd is None else replace(csd, counterfactual=False))
+
+
+def _pct(p: float) -> str:
+    return f"{100 * p:g}%"
+
+
+class Analysis:
+    """The runs an analysis needs (deduplicated), executed one at a time so callers can report
+    progress and stop between runs; :meth:`panels` summarises them.
+
+    The first run of a new tensor shape pays one-time costs (kernel selection, allocation) that can
+    exceed the run itself on a CPU, so the runs whose wall time is plotted (time and quality panels)
+    run a second time, after every shape has been seen, and keep that time."""
+
+    def __init__(self, pair: ModelPair, settings: AnalysisSettings):
+        self.pair, self.settings = pair, settings
+        classes = len(pair.class_names)
+        self.labels = [(settings.label + i) % classes for i in range(settings.n_images)]
+        self.seeds = [settings.seed + i for i in range(settings.n_images)]
+        self._runs: dict[tuple, Run] = {}
+        self._retimed: dict[tuple, Run] = {}
+        self._plan: dict[tuple, tuple[str, SamplingConfig, CSDConfig | None]] = {}
+        s, c = settings.sampling, settings.csd
+        self._want("CSD (aligned, with counterfactual)", s, replace(c, align=True, counterfactual=True))
+        self._want("CSD (independent noise, with counterfactual)", s, replace(c, align=False, counterfactual=True))
+        for p in settings.prefills:
+            self._want(f"CSD, pre-fill {_pct(p)}", s, replace(c, prefill=p))
+        for g in self.gammas:
+            self._want(f"CSD, gamma {g}", s, replace(c, gamma=g))
+        for v in settings.cfg_scales:
+            self._want(f"CSD, CFG {v:g}", replace(s, cfg_scale=v), c)
+        for v in settings.temperatures:
+            self._want(f"CSD, temperature {v:g}", replace(s, temperature=v), c)
+        self._timed = []
+        for steps in self.step_counts:
+            for method, csd in (("target-only", None), ("CSD", c)):
+                self._want(f"{method}, {steps} AR steps", replace(s, num_steps=steps), csd)
+                self._timed.append((f"{method}, {steps} AR steps (timed again)", replace(s, num_steps=steps), csd))
+
+    @property
+    def gammas(self) -> list[int]:
+        s = self.settings
+        return sorted({g for g in (*s.gammas, s.csd.gamma) if g <= s.sampling.num_steps})
+
+    @property
+    def step_counts(self) -> list[int]:
+        """AR steps of the quality-vs-time runs: S, fractions of S, and as many as CSD's target passes."""
+        s = self.settings.sampling
+        fair = fewer_steps(s, self.settings.csd, self.pair.num_tokens).num_steps
+        fractions = {max(1, round(s.num_steps * f)) for f in self.settings.step_fractions}
+        return sorted(fractions | {fair, s.num_steps}, reverse=True)
+
+    def _want(self, label: str, sampling: SamplingConfig, csd: CSDConfig | None) -> None:
+        self._plan.setdefault(_key(sampling, csd), (label, sampling, csd))
+
+    def __len__(self) -> int:
+        return len(self._plan) + len(self._timed)
+
+    def steps(self) -> Iterator[tuple[int, int, str]]:
+        """Run the planned generations; yields (done, total, label of the next run) before each."""
+        runs = [(*plan, self._runs) for plan in self._plan.values()] + [(*t, self._retimed) for t in self._timed]
+        for i, (label, sampling, csd, store) in enumerate(runs):
+            yield i, len(runs), label
+            if csd is None:
+                run = run_single(self.pair, self.labels, self.seeds, sampling)
+            else:
+                run = run_csd(self.pair, self.labels, self.seeds, sampling, csd)
+            store[_key(sampling, csd)] = run
+
+    def run(self, sampling: SamplingConfig, csd: CSDConfig | None) -> Run:
+        return self._runs[_key(sampling, csd)]
+
+    def timed(self, sampling: SamplingConfig, csd: CSDConfig | None) -> Run:
+        """The second run of a setting whose wall time is plotted (same outputs, warm shapes)."""
+        return self._retimed[_key(sampling, csd)]
+
+    def panels(self) -> Panels:
+        s, c = self.settings.sampling, self.settings.csd
+        main = self.run(s, replace(c, align=True))
+        return Panels(
+            pair=self.pair.name,
+            n_images=self.settings.n_images,
+            settings=self.settings.to_dict(),
+            distance=self._distance(main, self.run(s, replace(c, align=False))),
+            prefill=self._prefill(),
+            resampler=_resampler(main.trace, c.max_tries),
+            sweeps=self._sweeps(),
+            log_ratio=_log_ratio(main.trace),
+            time=_time(self.timed(s, None), self.timed(s, c), c),
+            quality=self._quality(),
+        )
+
+    def _distance(self, aligned: Run, independent: Run) -> DistancePanel:
+        t = aligned.trace
+        dists = {"aligned": t.distance_aligned, "independent": t.distance_independent}
+        steps = range(len(t.step_sizes))
+        return DistancePanel(
+            per_step={k: Spread.of(steps, [v[t.ar_step == s] for s in steps]) for k, v in dists.items()},
+            overall=Histogram.of({k: v[t.verified] for k, v in dists.items()}),
+            mean={k: _num(np.nanmean(v)) if np.isfinite(v).any() else None for k, v in dists.items()},
+            acceptance={"aligned": _num(t.acceptance_rate), "independent": _num(independent.trace.acceptance_rate)},
+        )
+
+    def _prefill(self) -> PrefillPanel:
+        s, c = self.settings.sampling, self.settings.csd
+        per_step, acceptance = {}, {}
+        for p in self.settings.prefills:
+            t = self.run(s, replace(c, prefill=p)).trace
+            acc = t.acceptance_per_step()  # (B, S)
+            per_step[_pct(p)] = Spread.of(range(acc.shape[1]), list(acc.T))
+            acceptance[_pct(p)] = _num(t.acceptance_rate)
+        return PrefillPanel(per_step, acceptance)
+
+    def _sweeps(self) -> dict[str, Sweep]:
+        s, c = self.settings.sampling, self.settings.csd
+        knobs = {
+            "gamma": (self.gammas, lambda v: (s, replace(c, gamma=v))),
+            "cfg_scale": (self.settings.cfg_scales, lambda v: (replace(s, cfg_scale=v), c)),
+            "temperature": (self.settings.temperatures, lambda v: (replace(s, temperature=v), c)),
+        }
+        return {
+            knob: _sweep(knob, values, [self.run(*setting(v)) for v in values])
+            for knob, (values, setting) in knobs.items()
+        }
+
+    def _quality(self) -> QualityPanel:
+        s, c = self.settings.sampling, self.settings.csd
+        metric, higher_is_better, score = quality_measure(self.pair, self.labels, self.run(s, None).generation)
+        out = QualityPanel(metric, higher_is_better, [], [], [], [], [])
+        for steps in self.step_counts:
+            for method, csd in (("target-only", None), ("CSD", c)):
+                r = self.timed(replace(s, num_steps=steps), csd)
+                out.method.append(method)
+                out.steps.append(steps)
+                out.seconds.append(r.seconds)
+                out.target_passes.append(r.trace.target_passes)
+                out.quality.append(_num(score(r.generation)))
+        return out
+
+
+def quality_measure(
+    pair: ModelPair, labels: Sequence[int], reference: Generation
+) -> tuple[str, bool, Callable[[Generation], float]]:
+    """(name, higher is better, score) of a batch of images.
+
+    The shapes classifier (:mod:`csd.metrics`) scores class accuracy where it applies (pixel pairs
+    over the shapes classes); otherwise the score is the RMS token distance to ``reference`` (a
+    target-only run with the same seeds), a measure of closeness, not of quality."""
+    if isinstance(pair.tokenizer, PixelTokenizer) and pair.class_names == CLASS_NAMES and DEFAULT_CLASSIFIER.is_file():
+        return (
+            "class accuracy (shapes classifier)",
+            True,
+            lambda g: class_accuracy(pair.tokenizer.decode(g.tokens), labels),
+        )
+    rms = lambda g: float((g.tokens - reference.tokens).pow(2).mean(dim=(1, 2)).sqrt().mean())  # noqa: E731
+    return f"RMS distance to target-only ({reference.trace.target_passes} AR steps)", False, rms
+
+
+def _sweep(knob: str, values: Sequence[float], runs: list[Run]) -> Sweep:
+    out = Sweep(knob, [float(v) for v in values], [], [], [], [], [])
+    for r in runs:
+        t = r.trace
+        summary = t.summary()
+        out.acceptance.append(_num(t.acceptance_rate))
+        out.mean_accept_prob.append(_num(t.mean_accept_prob))
+        out.mean_tries.append(_num(summary["mean_resample_tries"]))
+        out.capped.append(t.count(Maker.CAPPED))
+        out.seconds.append(r.seconds)
+    return out
+
+
+def _resampler(t: Trace, max_tries: int) -> ResamplerPanel:
+    tries = t.resample_tries[t.resample_tries > 0]
+    top = int(min(max(tries.max(initial=1), 1), MAX_TRIES_BINS))
+    counts = np.bincount(np.minimum(tries, top), minlength=top + 1)[1:]
+    return ResamplerPanel(
+        tries=Histogram(edges=[k + 0.5 for k in range(top + 1)], counts={"tokens": counts.tolist()}),
+        mean_tries=_num(tries.mean()) if tries.size else None,
+        capped=t.count(Maker.CAPPED),
+        resampled=t.count(Maker.RESAMPLED),
+        max_tries=max_tries,
+    )
+
+
+def _log_ratio(t: Trace) -> LogRatioPanel:
+    v = t.verified
+    terms = {
+        "trajectory": t.log_ratio_trajectory[v],
+        "final": t.log_ratio_final[v],
+        "log r": t.log_ratio_trajectory[v] + t.log_ratio_final[v],
+    }
+    finite = {k: x[np.isfinite(x)] for k, x in terms.items()}
+    both = np.isfinite(terms["trajectory"]) & np.isfinite(terms["final"])
+    return LogRatioPanel(
+        terms=Histogram.of(terms),
+        mean={k: _num(x.mean()) if x.size else None for k, x in finite.items()},
+        std={k: _num(x.std()) if x.size else None for k, x in finite.items()},
+        trajectory_dominates=_num(np.mean(np.abs(terms["trajectory"][both]) > np.abs(terms["final"][both])))
+        if both.any()
+        else None,
+    )
+
+
+def step_costs(target: Trace, draft: Trace) -> StepCosts:
+    """Seconds per AR step of each model's backbone pass and head chains, from a target-only run and any
+    run with draft steps (draft-only or CSD)."""
+    steps = len(target.step_sizes)
+    return StepCosts(
+        target_backbone=target.times.get("target_backbone", 0.0) / steps,
+        target_head=target.times.get("target_head", 0.0) / steps,
+        draft_backbone=draft.times.get("draft_backbone", 0.0) / max(draft.draft_passes, 1),
+        draft_head=draft.times.get("draft_head", 0.0) / max(draft.draft_passes, 1),
+    )
+
+
+def cost_model(target: Trace, draft: Trace, csd: CSDConfig) -> tuple[float, float]:
+    """(cost-model speedup with measured per-step costs, heads-free bound C_p / (C_q + C_p / gamma))."""
+    costs = step_costs(target, draft)
+    pre = prefill_steps(target.step_sizes, csd.prefill)
+    return (
+        speedup_bound(costs, len(target.step_sizes), csd.gamma, pre),
+        simple_bound(costs.target_backbone, costs.draft_backbone, csd.gamma),
+    )
+
+
+def _time(target: Run, csd: Run, config: CSDConfig) -> TimePanel:
+    model, bound = cost_model(target.trace, csd.trace, config)
+    costs = step_costs(target.trace, csd.trace)
+    return TimePanel(
+        phases={
+            "target-only": dict(target.trace.times),
+            "CSD": {k: v for k, v in csd.trace.times.items() if k != "counterfactual"},
+        },
+        wall={"target-only": target.seconds, "CSD": csd.seconds},
+        speedup=_num(target.seconds / csd.seconds),
+        cost_model=_num(model),
+        bound=_num(bound),
+        costs={
+            "C_p": costs.target_backbone,
+            "H_p": costs.target_head,
+            "C_q": costs.draft_backbone,
+            "H_q": costs.draft_head,
+        },
+        gamma=config.gamma,
+    )
+
+
+def analyze(pair: ModelPair, settings: AnalysisSettings) -> Panels:
+    analysis = Analysis(pair, settings)
+    for done, total, label in analysis.steps():
+        print(f"[{done + 1}/{total}] {label}", flush=True)
+    return analysis.panels()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Compute the analysis panels for the default setting.")
+    ap.add_argument("--out", type=Path, default=Path("assets/analysis_default.json"))
+    ap.add_argument("--images", type=int, default=AnalysisSettings.n_images)
+    ap.add_argument("--random-models", action="store_true", help="use the untrained pair (for a quick check)")
+    args = ap.parse_args(argv)
+    sources = [RANDOM_SOURCE] if args.random_models else discover(None)
+    if not sources:
+        ap.error("no embedded models in assets/models; pass --random-models for a quick check")
+    store = PairStore(sources[:1], torch.device("cpu"))
+    panels = analyze(store.get(store.names[0]), AnalysisSettings(n_images=args.images))
+    args.out.write_text(panels.to_json())
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

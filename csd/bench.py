@@ -1,0 +1,375 @@
+"""Benchmark: CSD's wall-time speedup over target-only decoding next to the cost-model bound, plus quality.
+
+    python -m csd.bench [--quick] [--out bench/results] [--target T.safetensors --draft D.safetensors]
+
+One run measures everything and reports ratios (absolute times depend on the machine):
+
+* per batch size, target-only, draft-only, CSD for every gamma and target-only with fewer AR steps
+  (as many as CSD's target passes) run interleaved after a warm-up, so drift and background load
+  hit all of them alike; speedup = median target-only time / median CSD time;
+* the bound of DESIGN.md section 6 (:mod:`csd.cost`) from C_p, C_q, H_p, H_q measured in those runs;
+* acceptance and draft-target distance with and without alignment, resampler tries and cap hits;
+* class accuracy and Frechet distance (:mod:`csd.metrics`) of target-only, CSD, draft-only and
+  fewer-steps target images, and between CSD and target-only images.
+
+Writes ``bench.json`` and ``bench.md`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from csd import defaults
+from csd.cost import StepCosts, csd_passes, prefill_steps, simple_bound, speedup_bound
+from csd.evaluate import (
+    add_setting_args,
+    eval_labels_seeds,
+    fewer_steps,
+    generate_images,
+    load_models,
+    quality,
+    settings_from_args,
+    summarize_stats,
+)
+from csd.metrics import REFERENCE_SEED, frechet_distance, load_classifier, reference_features
+from csd.sampling import SamplingConfig, generate
+from csd.schedule import step_sizes
+from csd.speculative import CSDConfig, speculative_generate
+from csd.trace import Maker
+
+REAL_SEED = REFERENCE_SEED + 1  # a second real set: the Frechet distance a perfect sampler would get at this n
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    gammas: tuple[int, ...] = (2, 4, 8, 16)
+    batches: tuple[int, ...] = (1, 8, 32)
+    repeats: int = 5  # timed rounds after the warm-up
+    warmup: int = 1
+    n: int = 500  # images per sampler for the quality metrics
+    n_ref: int = 2000  # held-out real images
+
+    def __post_init__(self) -> None:
+        for name in ("gammas", "batches"):
+            values = getattr(self, name)
+            if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+                raise ValueError(f"{name} must be a non-empty tuple of ints >= 1, got {values!r}")
+        for name, lo in (("repeats", 1), ("warmup", 0), ("n", 2), ("n_ref", 2)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+
+
+QUICK = BenchConfig(gammas=(4, 8), batches=(1, 8), repeats=3, n=100, n_ref=1000)
+
+
+# --- timing ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Samples:
+    seconds: list[float] = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+
+def alternate(runs: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, Samples]:
+    """Time every run ``repeats`` times, interleaved round by round, after ``warmup`` untimed rounds.
+
+    Odd rounds run in reverse order, so a slow drift (thermal, background load) is charged to every
+    run alike rather than to whichever runs last."""
+    names = list(runs)
+    for _ in range(warmup):
+        for name in names:
+            runs[name]()
+    out = {name: Samples() for name in names}
+    for k in range(repeats):
+        for name in names if k % 2 == 0 else names[::-1]:
+            t0 = time.perf_counter()
+            result = runs[name]()
+            out[name].seconds.append(time.perf_counter() - t0)
+            out[name].outputs.append(result)
+    return out
+
+
+def ratio_spread(a: Samples, b: Samples) -> tuple[float, float]:
+    """Min and max of the per-round ratios a / b (how noisy the median ratio is)."""
+    ratios = [x / y for x, y in zip(a.seconds, b.seconds, strict=True)]
+    return min(ratios), max(ratios)
+
+
+def mean_phase(samples: Samples, phase: str) -> float:
+    return float(np.mean([g.trace.times.get(phase, 0.0) for g in samples.outputs]))
+
+
+def measured_costs(target: Samples, draft: Samples, num_steps: int) -> StepCosts:
+    """C_p, H_p from the target-only runs, C_q, H_q from the draft-only runs, per AR step."""
+    return StepCosts(
+        target_backbone=mean_phase(target, "target_backbone") / num_steps,
+        target_head=mean_phase(target, "target_head") / num_steps,
+        draft_backbone=mean_phase(draft, "draft_backbone") / num_steps,
+        draft_head=mean_phase(draft, "draft_head") / num_steps,
+    )
+
+
+# Trace phases of a CSD run, grouped as the cost model names them.
+COST_GROUPS = {
+    "draft_backbone": ("draft_backbone",),
+    "draft_heads": ("draft_head",),
+    "target_backbone": ("prefill_backbone", "target_backbone"),
+    "target_heads": ("prefill_head", "target_head"),
+    "acceptance_test": ("verify",),
+    "resampling": ("resample",),
+}
+
+
+def cost_breakdown(csd_runs: Samples) -> dict[str, float]:
+    """Fraction of a CSD run's wall time per phase group; ``other`` is bookkeeping and noise drawing."""
+    wall = float(np.mean(csd_runs.seconds))
+    out = {group: sum(mean_phase(csd_runs, p) for p in phases) / wall for group, phases in COST_GROUPS.items()}
+    out["other"] = 1.0 - sum(out.values())
+    return out
+
+
+def time_batch(target, draft, sampling: SamplingConfig, csd: CSDConfig, batch: int, config: BenchConfig):
+    """Interleaved timings of every sampler at one batch size -> (rows, step costs, samples)."""
+    labels, seeds = eval_labels_seeds(batch, 0, target.num_classes)
+    # The draft runs its head with as many steps as in CSD, which shares the target's noise shape.
+    draft_sampling = replace(sampling, head_steps=sampling.head_steps or target.head.chain().num_steps())
+    runs: dict[str, Callable[[], object]] = {
+        "target": partial(generate, target, labels, seeds, sampling),
+        "draft": partial(generate, draft, labels, seeds, draft_sampling, Maker.DRAFT),
+    }
+    for g in config.gammas:
+        runs[f"csd/{g}"] = partial(speculative_generate, target, draft, labels, seeds, sampling, replace(csd, gamma=g))
+        fewer = fewer_steps(sampling, replace(csd, gamma=g), target.seq_len)
+        runs.setdefault(f"target/{fewer.num_steps}", partial(generate, target, labels, seeds, fewer))
+    samples = alternate(runs, config.repeats, config.warmup)
+    costs = measured_costs(samples["target"], samples["draft"], sampling.num_steps)
+    p_steps = prefill_steps(step_sizes(target.seq_len, sampling.num_steps), csd.prefill)
+    rows = []
+    for g in config.gammas:
+        spec, base = samples[f"csd/{g}"], samples["target"]
+        passes, drafts = csd_passes(target.seq_len, sampling.num_steps, g, csd.prefill)
+        lo, hi = ratio_spread(base, spec)
+        rows.append(
+            {
+                "batch": batch,
+                "gamma": g,
+                "num_steps": sampling.num_steps,
+                "prefill_steps": p_steps,
+                "target_passes": passes,
+                "draft_passes": drafts,
+                "speedup": base.median / spec.median,
+                "speedup_min": lo,
+                "speedup_max": hi,
+                "speedup_bound": speedup_bound(costs, sampling.num_steps, g, p_steps),
+                "speedup_bound_simple": simple_bound(costs.target_backbone, costs.draft_backbone, g),
+                "fewer_steps_time": samples[f"target/{passes}"].median / base.median,
+                "draft_time": samples["draft"].median / base.median,
+                "acceptance": float(np.nanmean([o.trace.acceptance_rate for o in spec.outputs])),
+                "cq_over_cp": costs.draft_backbone / costs.target_backbone,
+                "hp_over_cp": costs.target_head / costs.target_backbone,
+                "hq_over_cp": costs.draft_head / costs.target_backbone,
+            }
+        )
+    return rows, costs, samples
+
+
+# --- quality -----------------------------------------------------------------------------------------
+
+
+def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, config: BenchConfig, classifier) -> dict:
+    """Accuracy and Frechet distances of every sampler, and CSD's acceptance with and without alignment."""
+    labels, seeds = eval_labels_seeds(config.n, 0, target.num_classes)
+    ref = reference_features(config.n_ref, REFERENCE_SEED, classifier)
+    gen = lambda mode, c=csd: generate_images(  # noqa: E731
+        mode, target, draft, labels, seeds, sampling, c, defaults.BATCH_SIZE
+    )
+    out, feats = {}, {}
+    # Counterfactual runs add the other noise choice's target chain; the committed images are unchanged.
+    for key, mode, setting in (
+        ("target", "target", csd),
+        ("csd", "csd", replace(csd, counterfactual=True)),
+        ("csd_unaligned", "csd", replace(csd, align=False, counterfactual=True)),
+        ("draft", "draft", csd),
+        ("fewer", "target-fewer-steps", csd),
+    ):
+        images, stats = gen(mode, setting)
+        scores, feats[key] = quality(images, labels, ref, classifier)
+        out[f"accuracy_{key}"], out[f"fd_{key}"] = scores["accuracy"], scores["fd"]
+        if mode == "csd":
+            out[key] = summarize_stats(stats)
+    aligned, unaligned = out.pop("csd"), out.pop("csd_unaligned")
+    out.update(
+        {
+            "fd_csd_vs_target": frechet_distance(feats["csd"], feats["target"]),
+            "fd_real": frechet_distance(reference_features(config.n, REAL_SEED, classifier), ref),
+            "acceptance_aligned": aligned["acceptance_rate"],
+            "acceptance_unaligned": unaligned["acceptance_rate"],
+            # Both from the aligned run: the committed draft vs the target's aligned / independent sample.
+            "distance_aligned": aligned["distance_aligned"],
+            "distance_unaligned": aligned["distance_independent"],
+            "resample_tries_aligned": aligned["mean_resample_tries"],
+            "resample_tries_unaligned": unaligned["mean_resample_tries"],
+            "cap_hits_aligned": aligned["cap_hits"],
+            "cap_hits_unaligned": unaligned["cap_hits"],
+            "drafted_tokens": aligned["drafted_tokens"],
+        }
+    )
+    return out
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+
+def run_bench(target, draft, sampling: SamplingConfig, csd: CSDConfig, config: BenchConfig, classifier) -> dict:
+    """Every measurement of the benchmark; the headline keys are for batch 8 (or the closest) and csd.gamma."""
+    config = replace(config, gammas=tuple(sorted({*config.gammas, csd.gamma})))
+    t0 = time.perf_counter()
+    rows, default_samples = [], None
+    default_batch = min(config.batches, key=lambda b: abs(b - defaults.BATCH_SIZE))
+    for b in config.batches:
+        batch_rows, costs, samples = time_batch(target, draft, sampling, csd, b, config)
+        rows += batch_rows
+        if b == default_batch:
+            default_samples, default_costs = samples, costs
+    head = next(r for r in rows if r["batch"] == default_batch and r["gamma"] == csd.gamma)
+    result = {
+        "speedup": head["speedup"],
+        "speedup_bound": head["speedup_bound"],
+        "speedup_bound_simple": head["speedup_bound_simple"],
+        "fewer_steps_time": head["fewer_steps_time"],
+        "draft_time": head["draft_time"],
+        **quality_section(target, draft, sampling, csd, config, classifier),
+        "rows": rows,
+        "cost": {
+            "batch": default_batch,
+            "gamma": csd.gamma,
+            "fractions_of_csd_time": cost_breakdown(default_samples[f"csd/{csd.gamma}"]),
+            "per_step_ms": {k: 1e3 * v for k, v in asdict(default_costs).items()},
+        },
+    }
+    result["settings"] = {
+        "bench": asdict(config),
+        "default_batch": default_batch,
+        "sampling": asdict(sampling),
+        "csd": asdict(csd),
+        "num_tokens": target.seq_len,
+        "threads": torch.get_num_threads(),
+        "device": str(next(target.parameters()).device),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "wall_time_s": time.perf_counter() - t0,
+    }
+    return result
+
+
+def _f(v: float, digits: int = 2) -> str:
+    return "nan" if v != v else f"{v:.{digits}f}"
+
+
+def markdown(result: dict) -> str:
+    s = result["settings"]
+    sampling = s["sampling"]
+    lines = [
+        "# CSD benchmark",
+        "",
+        f"S = {sampling['num_steps']} AR steps, cfg {sampling['cfg_scale']} ({sampling['cfg_schedule']}), "
+        f"prefill {s['csd']['prefill']}, tau_v {s['csd']['tau_v']}; {s['device']}, {s['threads']} threads, "
+        f"{s['bench']['repeats']} interleaved repeats. Times are ratios to target-only with the same S.",
+        "",
+        "| batch | gamma | target passes | speedup (min-max) | bound | simple bound | fewer-steps time | acceptance |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['batch']} | {r['gamma']} | {r['target_passes']} | {_f(r['speedup'])}x "
+            f"({_f(r['speedup_min'])}-{_f(r['speedup_max'])}) | {_f(r['speedup_bound'])}x | "
+            f"{_f(r['speedup_bound_simple'])}x | {_f(r['fewer_steps_time'])} | {_f(r['acceptance'])} |"
+        )
+    n = s["bench"]["n"]
+    lines += [
+        "",
+        f"Quality at batch {s['default_batch']}, gamma {s['csd']['gamma']}: {n} images per sampler, Frechet distance "
+        f"to {s['bench']['n_ref']} held-out real images (two real sets of {n}: {_f(result['fd_real'])}).",
+        "",
+        "| sampler | time vs target | class accuracy | Frechet distance |",
+        "| --- | --- | --- | --- |",
+    ]
+    for key, name, rel_time in (
+        ("target", "target only", 1.0),
+        ("csd", "CSD", 1.0 / result["speedup"]),
+        ("csd_unaligned", "CSD without alignment", float("nan")),
+        ("fewer", "target, fewer steps", result["fewer_steps_time"]),
+        ("draft", "draft only", result["draft_time"]),
+    ):
+        acc, fd = result[f"accuracy_{key}"], result[f"fd_{key}"]
+        lines.append(f"| {name} | {_f(rel_time)} | {_f(acc, 3)} | {_f(fd)} |")
+    lines += [
+        "",
+        f"Frechet distance CSD vs target-only images: {_f(result['fd_csd_vs_target'])}.",
+        "",
+        "| | aligned | unaligned |",
+        "| --- | --- | --- |",
+        f"| acceptance | {_f(result['acceptance_aligned'], 3)} | {_f(result['acceptance_unaligned'], 3)} |",
+        f"| mean draft-target distance | {_f(result['distance_aligned'], 3)} | {_f(result['distance_unaligned'], 3)} |",
+        f"| mean resampler tries | {_f(result['resample_tries_aligned'])} | {_f(result['resample_tries_unaligned'])} |",
+        f"| cap hits | {result['cap_hits_aligned']} | {result['cap_hits_unaligned']} |",
+        "",
+        f"Where CSD's time goes (batch {result['cost']['batch']}, gamma {result['cost']['gamma']}):",
+        "",
+        "| phase | share |",
+        "| --- | --- |",
+    ]
+    lines += [f"| {k} | {_f(100 * v, 1)}% |" for k, v in result["cost"]["fractions_of_csd_time"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m csd.bench", description=__doc__.split("\n")[0])
+    add_setting_args(parser)
+    parser.add_argument("--quick", action="store_true", help="reduced grid and sample sizes (minutes on a CPU)")
+    parser.add_argument("--out", default="bench/results", help="folder for bench.json and bench.md")
+    parser.add_argument("--gammas", type=int, nargs="+", help="override the grid's draft lengths")
+    parser.add_argument("--batches", type=int, nargs="+", help="override the grid's batch sizes")
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--n", type=int, help="images per sampler for the quality metrics")
+    parser.add_argument("--n-ref", type=int, help="held-out real images")
+    args = parser.parse_args(argv)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = QUICK if args.quick else BenchConfig()
+    grid = {"gammas": args.gammas, "batches": args.batches, "repeats": args.repeats, "n": args.n, "n_ref": args.n_ref}
+    config = replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in grid.items() if v is not None})
+    sampling, csd = settings_from_args(args)
+    target, draft = load_models(args.target, args.draft, torch.device(args.device))
+    result = run_bench(target, draft, sampling, csd, config, load_classifier(args.classifier))
+    result["settings"]["models"] = {"target": args.target, "draft": args.draft}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = markdown(result)
+    (out / "bench.md").write_text(table)
+    print(table)
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

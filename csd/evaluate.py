@@ -1,0 +1,327 @@
+"""Generate N images with one sampler and score them: class accuracy and Frechet distance to real images.
+
+    python -m csd.evaluate --target assets/models/shapes_target.safetensors \\
+        --draft assets/models/shapes_draft.safetensors --n 200 --mode csd --out eval.json
+
+    torchrun --nproc_per_node=K -m csd.evaluate --num-images 200 --mode csd ...
+
+Image i has seed ``seed_offset + i`` and label ``i mod classes``. Under torchrun (write
+``--num-images``: torchrun's own parser rejects ``--n`` as ambiguous) rank r generates images
+r, r + K, ...; rank 0 gathers them in image order and scores them. Every image depends only on its
+seed and label, and the scoring runs on the same images in the same order and batches, so the
+metrics equal a single-process run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from csd import defaults
+from csd.cost import csd_passes
+from csd.metrics import (
+    DEFAULT_CLASSIFIER,
+    REFERENCE_SEED,
+    ShapesClassifier,
+    class_accuracy,
+    features,
+    frechet_distance,
+    load_classifier,
+    reference_features,
+)
+from csd.models.registry import load_model
+from csd.pairs import pixel_tokenizer
+from csd.sampling import Generation, SamplingConfig, generate, model_device
+from csd.speculative import CSDConfig, speculative_generate
+from csd.trace import Maker, Trace
+
+MODES = ("csd", "target", "draft", "target-fewer-steps")
+# Per-image counts gathered with the images: enough to report acceptance and resampling.
+STAT_NAMES = (
+    "verified",
+    "accepted",
+    "resampled",
+    "capped",
+    "resample_tries",
+    "distance_aligned_sum",
+    "distance_aligned_count",
+    "distance_independent_sum",
+    "distance_independent_count",
+)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    mode: str = "csd"
+    n: int = 200
+    batch_size: int = defaults.BATCH_SIZE
+    seed_offset: int = 0
+    n_ref: int = 1000  # held-out real images for the Frechet distance
+    ref_seed: int = REFERENCE_SEED
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        for name, lo in (("n", 2), ("batch_size", 1), ("seed_offset", 0), ("n_ref", 2), ("ref_seed", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+
+
+def eval_labels_seeds(n: int, seed_offset: int, num_classes: int) -> tuple[list[int], list[int]]:
+    """Labels cycled over the classes (balanced) and consecutive seeds."""
+    return [i % num_classes for i in range(n)], [seed_offset + i for i in range(n)]
+
+
+def fewer_steps(sampling: SamplingConfig, csd: CSDConfig, num_tokens: int) -> SamplingConfig:
+    """Target-only with as many AR steps as block CSD makes target passes (the fair cheap baseline)."""
+    passes, _ = csd_passes(num_tokens, sampling.num_steps, csd.gamma, csd.prefill)
+    return replace(sampling, num_steps=passes)
+
+
+def run_mode(
+    mode: str,
+    target,
+    draft,
+    labels: Sequence[int],
+    seeds: Sequence[int],
+    sampling: SamplingConfig,
+    csd: CSDConfig,
+) -> Generation:
+    """One batch with the sampler a mode names."""
+    if mode == "csd":
+        return speculative_generate(target, draft, labels, seeds, sampling, csd)
+    if mode == "target":
+        return generate(target, labels, seeds, sampling)
+    if mode == "draft":
+        return generate(draft, labels, seeds, sampling, Maker.DRAFT)
+    if mode == "target-fewer-steps":
+        return generate(target, labels, seeds, fewer_steps(sampling, csd, target.seq_len))
+    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+
+def image_stats(trace: Trace) -> np.ndarray:
+    """(B, len(STAT_NAMES)) per-image token counts, resampler tries and draft-target distance sums."""
+    count = lambda maker: (trace.maker == maker).sum(axis=1)  # noqa: E731
+    columns = [
+        trace.verified.sum(axis=1),
+        count(Maker.ACCEPTED),
+        count(Maker.RESAMPLED),
+        count(Maker.CAPPED),
+        trace.resample_tries.sum(axis=1),
+    ]
+    for distance in (trace.distance_aligned, trace.distance_independent):
+        columns += [np.nansum(distance, axis=1), np.isfinite(distance).sum(axis=1)]
+    return np.stack(columns, axis=1).astype(np.float64)
+
+
+def generate_images(
+    mode: str,
+    target,
+    draft,
+    labels: Sequence[int],
+    seeds: Sequence[int],
+    sampling: SamplingConfig,
+    csd: CSDConfig,
+    batch_size: int,
+) -> tuple[Tensor, np.ndarray]:
+    """Images (n, 3, H, W) in [-1, 1] on the CPU and their per-image stats, in batches."""
+    tokenizer = pixel_tokenizer(target.token_dim)
+    images, stats = [], []
+    for i in range(0, len(seeds), batch_size):
+        out = run_mode(mode, target, draft, labels[i : i + batch_size], seeds[i : i + batch_size], sampling, csd)
+        images.append(tokenizer.decode(out.tokens))
+        stats.append(image_stats(out.trace))
+    return torch.cat(images), np.concatenate(stats)
+
+
+def summarize_stats(stats: np.ndarray) -> dict[str, float | int]:
+    """Acceptance, resampler and distance numbers of a set of images (NaN where nothing applies)."""
+    total = dict(zip(STAT_NAMES, stats.sum(axis=0), strict=True))
+    ratio = lambda a, b: float(total[a] / total[b]) if total[b] else float("nan")  # noqa: E731
+    redrawn = total["resampled"] + total["capped"]
+    return {
+        "acceptance_rate": ratio("accepted", "verified"),
+        "mean_resample_tries": float(total["resample_tries"] / redrawn) if redrawn else float("nan"),
+        "cap_hits": int(total["capped"]),
+        "drafted_tokens": int(total["verified"]),
+        "distance_aligned": ratio("distance_aligned_sum", "distance_aligned_count"),
+        "distance_independent": ratio("distance_independent_sum", "distance_independent_count"),
+    }
+
+
+def quality(
+    images: Tensor, labels: Sequence[int], ref_feats: np.ndarray, classifier: ShapesClassifier
+) -> tuple[dict[str, float], np.ndarray]:
+    """Class accuracy and Frechet distance to the reference features; also returns the image features."""
+    feats = features(images, classifier)
+    return {"accuracy": class_accuracy(images, labels, classifier), "fd": frechet_distance(feats, ref_feats)}, feats
+
+
+# --- distribution --------------------------------------------------------------------------------
+
+
+def interleave(parts: Sequence[Tensor], n: int) -> Tensor:
+    """Undo the strided split: parts[r] holds items r, r + K, ... (padded), result holds items 0..n-1."""
+    world = len(parts)
+    out = parts[0].new_empty((n, *parts[0].shape[1:]))
+    for r, part in enumerate(parts):
+        count = len(range(r, n, world))
+        out[r::world] = part[:count]
+    return out
+
+
+def gather_strided(local: Tensor, n: int, world: int) -> Tensor:
+    """All-gather each rank's share (rank r: items r::world) and restore the item order."""
+    if world == 1:
+        return local
+    rows = -(-n // world)  # all_gather needs equal shapes: pad every share to the largest
+    padded = torch.zeros((rows, *local.shape[1:]), dtype=local.dtype, device=local.device)
+    padded[: len(local)] = local
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return interleave(parts, n)
+
+
+def init_distributed(device: str) -> tuple[int, int, torch.device]:
+    """(rank, world size, device) from torchrun's environment; a plain run is rank 0 of 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, torch.device(device)
+    cuda = device.startswith("cuda")
+    dist.init_process_group("nccl" if cuda else "gloo")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local)
+    return dist.get_rank(), world, torch.device(f"cuda:{local}" if cuda else device)
+
+
+def evaluate(
+    target,
+    draft,
+    sampling: SamplingConfig,
+    csd: CSDConfig,
+    config: EvalConfig,
+    classifier: ShapesClassifier,
+    rank: int = 0,
+    world: int = 1,
+) -> dict | None:
+    """Generate this rank's share, gather, and (on rank 0) score. Other ranks return None."""
+    if world > config.n:
+        raise ValueError(f"n (images) must be >= the number of processes ({world}), got {config.n}")
+    labels, seeds = eval_labels_seeds(config.n, config.seed_offset, target.num_classes)
+    t0 = time.perf_counter()
+    images, stats = generate_images(
+        config.mode, target, draft, labels[rank::world], seeds[rank::world], sampling, csd, config.batch_size
+    )
+    wall = time.perf_counter() - t0
+    device = model_device(target)  # gloo gathers CPU tensors, nccl CUDA ones: the models' device
+    images = gather_strided(images.to(device), config.n, world).cpu()
+    stats = gather_strided(torch.from_numpy(stats).to(device), config.n, world).cpu().numpy()
+    walls = gather_strided(torch.tensor([wall], dtype=torch.float64, device=device), world, world).cpu()
+    if rank != 0:
+        return None
+    scores, _ = quality(images, labels, reference_features(config.n_ref, config.ref_seed, classifier), classifier)
+    result = {"mode": config.mode, "n": config.n, **scores}
+    if config.mode == "csd":
+        result.update(summarize_stats(stats))
+    result.update(
+        {
+            "generation_wall_s": float(walls.max()),
+            "world_size": world,
+            "settings": {
+                "eval": asdict(config),
+                "sampling": asdict(
+                    fewer_steps(sampling, csd, target.seq_len) if config.mode == "target-fewer-steps" else sampling
+                ),
+                "csd": asdict(csd) if config.mode in ("csd", "target-fewer-steps") else None,
+            },
+        }
+    )
+    return result
+
+
+# --- command line ----------------------------------------------------------------------------------
+
+
+def add_setting_args(parser: argparse.ArgumentParser) -> None:
+    """Model paths and the sampling / CSD knobs, defaulting to :mod:`csd.defaults` (shared with the bench)."""
+    s, c = defaults.SAMPLING, defaults.CSD
+    parser.add_argument("--target", default=str(defaults.TARGET_PATH), help="target model (.safetensors + .json)")
+    parser.add_argument("--draft", default=str(defaults.DRAFT_PATH), help="draft model (.safetensors + .json)")
+    parser.add_argument("--classifier", default=str(DEFAULT_CLASSIFIER), help="metrics classifier (.safetensors)")
+    parser.add_argument("--num-steps", type=int, default=s.num_steps, help="AR steps S")
+    parser.add_argument("--cfg-scale", type=float, default=s.cfg_scale)
+    parser.add_argument("--cfg-schedule", default=s.cfg_schedule)
+    parser.add_argument("--temperature", type=float, default=s.temperature)
+    parser.add_argument("--head-steps", type=int, default=s.head_steps)
+    parser.add_argument("--gamma", type=int, default=c.gamma, help="draft length (AR steps per block)")
+    parser.add_argument("--prefill", type=float, default=c.prefill)
+    parser.add_argument("--tau-v", type=float, default=c.tau_v)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+
+
+def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDConfig]:
+    sampling = replace(
+        defaults.SAMPLING,
+        num_steps=args.num_steps,
+        cfg_scale=args.cfg_scale,
+        cfg_schedule=args.cfg_schedule,
+        temperature=args.temperature,
+        head_steps=args.head_steps,
+    )
+    return sampling, replace(defaults.CSD, gamma=args.gamma, prefill=args.prefill, tau_v=args.tau_v)
+
+
+def load_models(target_path: str | Path, draft_path: str | Path, device: torch.device):
+    """Target and draft from the project's checkpoint format, frozen, on ``device``."""
+    return tuple(load_model(p, device).requires_grad_(False) for p in (target_path, draft_path))
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    parser = argparse.ArgumentParser(prog="python -m csd.evaluate", description=__doc__.split("\n")[0])
+    add_setting_args(parser)
+    d = EvalConfig()
+    parser.add_argument("--mode", choices=MODES, default=d.mode)
+    # --num-images under torchrun, whose own parser reads "--n" as an ambiguous abbreviation
+    parser.add_argument("--n", "--num-images", dest="n", type=int, default=d.n, help="images to generate")
+    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--seed-offset", type=int, default=d.seed_offset)
+    parser.add_argument("--n-ref", type=int, default=d.n_ref, help="held-out real images for the Frechet distance")
+    parser.add_argument("--ref-seed", type=int, default=d.ref_seed)
+    parser.add_argument("--out", default=None, help="write the result as JSON here")
+    args = parser.parse_args(argv)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sampling, csd = settings_from_args(args)
+    config = EvalConfig(args.mode, args.n, args.batch_size, args.seed_offset, args.n_ref, args.ref_seed)
+    rank, world, device = init_distributed(args.device)
+    try:
+        target, draft = load_models(args.target, args.draft, device)
+        result = evaluate(target, draft, sampling, csd, config, load_classifier(args.classifier), rank, world)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if result is not None:
+        text = json.dumps(result, indent=2)
+        print(text)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Target/draft model pairs: where they are on disk, loading them once, and decoding their tokens.
+
+Pairs the app and the analysis can run:
+
+* the embedded pair, ``assets/models/shapes_{target,draft}.safetensors`` (pixel tokens);
+* official MAR pairs (MAR-H or MAR-L target, MAR-B draft, KL-16 tokenizer) when a checkpoint
+  directory with the official layout is given: ``<dir>/mar/mar_base/checkpoint-last.pth``,
+  ``<dir>/vae/kl16.ckpt``;
+* a small random (untrained) pixel pair, for tests and when nothing else is installed.
+
+Loaded models are shared read-only between requests: eval mode, no gradients, never mutated.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from csd.data import CLASS_NAMES
+from csd.models.mar import MAR, MARConfig
+from csd.sampling import SamplingConfig, generate
+from csd.tokenizer import LatentTokenizer, PixelTokenizer, to_uint8
+
+EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
+EMBEDDED_NAME = "shapes (embedded)"
+RANDOM_NAME = "random (untrained)"
+# Official targets paired with MAR-B as the draft, as in the paper.
+OFFICIAL_TARGETS = {"MAR-H / MAR-B (ImageNet)": "mar_huge", "MAR-L / MAR-B (ImageNet)": "mar_large"}
+IMAGENET_NAMES = tuple(f"imagenet {i}" for i in range(1000))  # ids; names are not shipped
+
+
+@dataclass(frozen=True)
+class ModelPair:
+    """A target and a draft that share a tokenizer; ``tokenizer.decode`` maps tokens to images in [-1, 1]."""
+
+    name: str
+    target: nn.Module
+    draft: nn.Module
+    tokenizer: PixelTokenizer | LatentTokenizer
+    class_names: tuple[str, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.target.seq_len)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
+    def images(self, tokens: Tensor) -> Tensor:
+        """Tokens (B, N, d) -> (B, H, W, 3) uint8 on the CPU."""
+        with torch.inference_mode():
+            return to_uint8(self.tokenizer.decode(tokens.to(self.device)))
+
+
+def _frozen(model: nn.Module, device: torch.device) -> nn.Module:
+    return model.to(device).eval().requires_grad_(False)
+
+
+def _warm_up(target: nn.Module, draft: nn.Module) -> None:
+    """One cheap generation per model, so the first timed request does not pay for lazy initialisation."""
+    config = SamplingConfig(num_steps=1, head_steps=1)
+    for model in (target, draft):
+        generate(model, [0], [0], config)
+
+
+def pixel_tokenizer(token_dim: int) -> PixelTokenizer:
+    """Pixel tokens are 3 x p x p RGB patches."""
+    patch = math.isqrt(token_dim // 3)
+    if 3 * patch * patch != token_dim:
+        raise ValueError(f"token width {token_dim} is not an RGB pixel patch (3 p^2)")
+    return PixelTokenizer(patch_size=patch)
+
+
+def _pair(name: str, target: nn.Module, draft: nn.Module, tokenizer, class_names, device) -> ModelPair:
+    pair = ModelPair(name, _frozen(target, device), _frozen(draft, device), tokenizer, tuple(class_names))
+    _warm_up(pair.target, pair.draft)
+    return pair
+
+
+def load_embedded(directory: Path, device: torch.device) -> ModelPair:
+    from csd.models.registry import load_model  # the project's safetensors + JSON format
+
+    target = load_model(directory / "shapes_target.safetensors")
+    draft = load_model(directory / "shapes_draft.safetensors")
+    return _pair(EMBEDDED_NAME, target, draft, pixel_tokenizer(target.token_dim), CLASS_NAMES, device)
+
+
+def load_official(checkpoints: Path, target_config: str, name: str, device: torch.device) -> ModelPair:
+    from csd.models.official import load_official_mar
+    from csd.models.vae import load_kl16
+
+    target = load_official_mar(checkpoints / "mar" / target_config / "checkpoint-last.pth")
+    draft = load_official_mar(checkpoints / "mar" / "mar_base" / "checkpoint-last.pth")
+    tokenizer = LatentTokenizer(_frozen(load_kl16(checkpoints / "vae" / "kl16.ckpt"), device))
+    return _pair(name, target, draft, tokenizer, IMAGENET_NAMES, device)
+
+
+def random_pixel_config(width: int, depth: int) -> MARConfig:
+    """A tiny pixel MAR in the embedded layout: 32x32 RGB, 4x4 patches (N = 64, d = 48), 10 classes."""
+    return MARConfig(
+        img_size=32,
+        vae_stride=1,
+        patch_size=4,
+        token_channels=3,
+        encoder_embed_dim=width,
+        encoder_depth=depth,
+        encoder_num_heads=2,
+        decoder_embed_dim=width,
+        decoder_depth=depth,
+        decoder_num_heads=2,
+        class_num=len(CLASS_NAMES),
+        buffer_size=4,
+        diffloss_d=1,
+        diffloss_w=width,
+        num_sampling_steps=10,
+        clip_x0=1.0,
+    )
+
+
+def random_pair(device: torch.device | str = "cpu", seed: int = 0) -> ModelPair:
+    """Untrained pixel models (target wider and deeper than the draft): fast, for tests and fallback."""
+    torch.manual_seed(seed)  # weights only; sampling never reads the global generator
+    target, draft = MAR(random_pixel_config(64, 2)), MAR(random_pixel_config(32, 1))
+    with torch.no_grad():  # MAR zero-initialises the head's output layer: perturb so the two models differ
+        for p in (*target.parameters(), *draft.parameters()):
+            p.add_(0.05 * torch.randn_like(p))
+    return _pair(RANDOM_NAME, target, draft, pixel_tokenizer(target.token_dim), CLASS_NAMES, torch.device(device))
+
+
+@dataclass(frozen=True)
+class PairSource:
+    """A pair that can be loaded: its name and classes are known before its weights are read."""
+
+    name: str
+    class_names: tuple[str, ...]
+    load: Callable[[torch.device], ModelPair]
+
+
+RANDOM_SOURCE = PairSource(RANDOM_NAME, CLASS_NAMES, random_pair)
+
+
+def discover(checkpoints: Path | None, embedded_dir: Path = EMBEDDED_DIR) -> list[PairSource]:
+    """Every pair whose files exist (nothing is loaded here): embedded first, then official ones."""
+    found = []
+    if all((embedded_dir / f"shapes_{role}.safetensors").is_file() for role in ("target", "draft")):
+        found.append(PairSource(EMBEDDED_NAME, CLASS_NAMES, partial(load_embedded, embedded_dir)))
+    if checkpoints is not None:
+        have = lambda config: (checkpoints / "mar" / config / "checkpoint-last.pth").is_file()  # noqa: E731
+        if have("mar_base") and (checkpoints / "vae" / "kl16.ckpt").is_file():
+            for name, config in OFFICIAL_TARGETS.items():
+                if have(config):
+                    found.append(PairSource(name, IMAGENET_NAMES, partial(load_official, checkpoints, config, name)))
+    return found
+
+
+def download_official(repo_id: str, checkpoints: Path) -> Path:
+    """Fetch official checkpoints from a Hugging Face Hub repository that mirrors the official layout
+    (``mar/<config>/checkpoint-last.pth``, ``vae/kl16.ckpt``) into ``checkpoints``. Only on request."""
+    from huggingface_hub import snapshot_download  # optional dependency, imported only when asked
+
+    patterns = ["vae/kl16.ckpt"] + [f"mar/{c}/checkpoint-last.pth" for c in ("mar_base", *OFFICIAL_TARGETS.values())]
+    snapshot_download(repo_id=repo_id, allow_patterns=patterns, local_dir=checkpoints)
+    return checkpoints
+
+
+class PairStore:
+    """Loads each pair on first use, once, and hands the same read-only models to every request."""
+
+    def __init__(self, sources: list[PairSource], device: torch.device):
+        if not sources:
+            raise ValueError("no model pair to serve")
+        self._sources = {s.name: s for s in sources}
+        self.device = device
+        self._loaded: dict[str, ModelPair] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._sources)
+
+    def source(self, name: str) -> PairSource:
+        if name not in self._sources:
+            raise ValueError(f"model pair must be one of {self.names}, got {name!r}")
+        return self._sources[name]
+
+    def add(self, sources: list[PairSource]) -> None:
+        """Register newly found pairs (e.g. after a download); pairs already known are kept."""
+        with self._lock:
+            for s in sources:
+                self._sources.setdefault(s.name, s)
+
+    def get(self, name: str) -> ModelPair:
+        source = self.source(name)
+        with self._lock:
+            if name not in self._loaded:
+                self._loaded[name] = source.load(self.device)
+            return self._loaded[name]

@@ -1,0 +1,142 @@
+"""The app's named API endpoints, called over HTTP with gradio_client against a live local server.
+
+The server runs small untrained models (fast); what is checked is the contract of each endpoint:
+outputs present and consistent, and every bad input rejected with an error naming its control.
+"""
+
+import math
+
+import gradio as gr
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("gradio_client")
+from gradio_client import Client  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+
+import app  # noqa: E402
+from csd.analysis import Panels  # noqa: E402
+from csd.pairs import RANDOM_SOURCE, PairStore  # noqa: E402
+from csd.speculative import CSDConfig  # noqa: E402
+
+LIMITS = app.Limits(max_batch=2, max_steps=8, max_images=2)
+SMALL = {"batch_size": 2, "ar_steps": 8, "gamma": 4}  # within LIMITS
+
+
+@pytest.fixture(scope="module")
+def served():
+    application = app.App(PairStore([RANDOM_SOURCE], torch.device("cpu")), LIMITS)
+    demo = app.build(application)
+    url = app.serve(demo, LIMITS, "127.0.0.1", None, block=False)
+    yield application, Client(url, verbose=False)
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return served[1]
+
+
+def controls(served_app: app.App, **overrides) -> dict:
+    return {**served_app.default_controls(), **SMALL, **overrides}
+
+
+def analysis_controls(served_app: app.App, **overrides) -> dict:
+    """The analysis takes the generate controls less the batch size (one image per seed), plus n_images."""
+    return {k: v for k, v in controls(served_app, **overrides).items() if k != "batch_size"}
+
+
+def test_named_endpoints_are_public(client):
+    assert {"/generate", "/analyze", "/toy"} <= set(
+        client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    )
+
+
+def test_generate_returns_both_images_the_token_map_and_consistent_numbers(served):
+    application, client = served
+    target, csd, token_map, draft, stats, plot, summary = client.predict(**controls(application), api_name="/generate")
+    for path in (target, csd, token_map, draft):
+        with Image.open(path) as img:
+            assert min(img.size) >= 256  # 32 px images are upscaled so tokens are visible
+    assert "Speedup" in stats and plot is not None
+    assert summary["batch_size"] == 2
+    assert summary["target_passes"]["target-only"] == 8
+    assert summary["target_passes"]["CSD"] < 8  # block verification: one target pass per gamma draft steps
+    assert summary["draft_passes"]["draft-only"] == 8
+    assert sum(summary["tokens"].values()) == 2 * 64
+    assert math.isclose(summary["speedup"], summary["seconds"]["target-only"] / summary["seconds"]["CSD"])
+    assert 0.0 <= summary["acceptance_rate"] <= 1.0
+
+
+def test_analyze_recomputes_every_panel_for_a_tiny_n(served):
+    application, client = served
+    status, *figures, data = client.predict(n_images=1, **analysis_controls(application), api_name="/analyze")
+    assert "Recomputed" in status and "over 1 images" in status
+    assert len(figures) == len(app.ANALYSIS_KEYS) and all(f is not None for f in figures)
+    panels = Panels.from_dict(data)
+    assert panels.n_images == 1 and panels.settings["sampling"]["num_steps"] == 8
+    assert set(panels.prefill.per_step) == {"0%", "5%", "15%"}
+    assert set(panels.distance.acceptance) == {"aligned", "independent"}
+
+
+def test_toy_acceptance_matches_one_minus_total_variation(client):
+    plot, stats, summary = client.predict(0.0, 1.0, 1.0, 1.5, 20_000, 0, api_name="/toy")
+    assert plot is not None and "1 - TV" in stats
+    assert abs(summary["acceptance"] - summary["one_minus_tv"]) < 0.02  # binomial std ~0.0034 at n = 20000
+    assert abs(summary["mean_tries"] - summary["inverse_z"]) < 0.15 * summary["inverse_z"]
+
+
+@pytest.mark.parametrize(
+    "overrides,named",
+    [
+        ({"batch_size": 99}, r"Batch size must be an integer in \[1, 2\]"),
+        ({"ar_steps": 0}, r"AR steps must be an integer in \[1, 8\]"),
+        ({"gamma": 0}, r"Draft length gamma must be an integer in \[1, 32\]"),
+        ({"prefill": 0.9}, r"Pre-fill ratio must be a number in \[0, 0.5\]"),
+        ({"cfg_schedule": "cosine"}, "CFG schedule must be one of 'linear', 'constant'"),
+        ({"criterion": "magic"}, "Acceptance criterion must be one of 'aligned', 'exact'"),
+        ({"tau_v": 0.5}, r"Verification widening tau_v must be a number in \[1, 100\]"),
+        ({"class_name": "blob"}, "Class must be one of the 10 classes"),
+        ({"pair_name": "nope"}, "Model pair must be one of"),
+        ({"seed": -1}, r"Seed must be an integer in \[0, 2147483647\]"),
+        ({"align": "yes"}, "Trajectory alignment must be true or false"),
+    ],
+)
+def test_generate_rejects_bad_input_naming_the_control(served, overrides, named):
+    application, client = served
+    with pytest.raises(AppError, match=named):
+        client.predict(**controls(application, **overrides), api_name="/generate")
+
+
+def test_analyze_rejects_too_many_images(served):
+    application, client = served
+    with pytest.raises(AppError, match=r"Images \(n\) must be an integer in \[1, 2\]"):
+        client.predict(n_images=3, **analysis_controls(application), api_name="/analyze")
+
+
+def test_toy_rejects_a_zero_std_naming_it(client):
+    with pytest.raises(AppError, match=r"Target p std must be a number in \[0.1, 5\]"):
+        client.predict(0.0, 0.0, 1.0, 1.5, 1000, 0, api_name="/toy")
+
+
+def test_library_errors_become_app_errors_naming_the_knob():
+    with pytest.raises(gr.Error, match=r"Invalid setting: gamma \(draft length\)"):
+        with app.library_errors():
+            CSDConfig(gamma=0)
+
+
+def test_limits_come_from_the_environment_and_flags_win(monkeypatch):
+    monkeypatch.setenv("CSD_MAX_BATCH", "3")
+    monkeypatch.setenv("CSD_MAX_STEPS", "12")
+    monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
+    args = app.parse_args([])
+    assert (args.max_batch, args.max_steps, args.share, args.host) == (3, 12, False, "127.0.0.1")
+    assert app.parse_args(["--max-batch", "5"]).max_batch == 5
+    with pytest.raises(SystemExit):
+        app.parse_args(["--max-steps", "0"])
+
+
+def test_untrained_models_are_served_when_nothing_is_installed(monkeypatch):
+    monkeypatch.setattr(app, "discover", lambda checkpoints: [])
+    assert app.make_app(None, LIMITS).store.names == [RANDOM_SOURCE.name]

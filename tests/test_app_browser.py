@@ -1,0 +1,80 @@
+"""End to end in headless Chromium: open the app, generate, see both images and the speedup figure,
+open the analysis tab (precomputed panels show at once) and save screenshots to ``assets/``.
+
+Needs Debian's ``chromium`` and Playwright for Python (its wheel carries the driver; no browser
+download). Without them the test is skipped, except under CI=true where it fails.
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import app
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+TIMEOUT_MS = 150_000  # one generation of the default setting on a busy 2-core CPU, with margin
+
+
+def _missing() -> str | None:
+    if not Path(CHROMIUM).is_file():
+        return f"Chromium not found at {CHROMIUM} (apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "Playwright for Python is not installed (pip install playwright)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def served():
+    reason = _missing()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"browser test required under CI: {reason}")
+        pytest.skip(reason)
+    limits = app.Limits(max_batch=4)  # the default batch, capped: keeps one generation short
+    application = app.make_app(None, limits)  # what `python app.py` serves, models and panels included
+    demo = app.build(application)
+    yield application, app.serve(demo, limits, "127.0.0.1", None, block=False)
+    demo.close()
+
+
+@pytest.mark.browser
+def test_generate_then_analysis_in_chromium(served):
+    from playwright.sync_api import sync_playwright
+
+    application, url = served
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(url)
+            page.get_by_role("button", name="Generate", exact=True).click()
+            for box in ("#img-target", "#img-csd", "#img-map", "#img-draft"):
+                page.locator(f"{box} img").wait_for(state="visible")
+            page.locator("#speed-plot .js-plotly-plot").wait_for(state="visible")
+            assert "Speedup" in page.locator("#speed-plot").inner_text()
+            page.screenshot(path=ROOT / "assets" / "screenshot_generate.png", full_page=True)
+
+            page.get_by_role("tab", name="Analysis").click()
+            if application.panels is None:  # no precomputed panels for the served pair: the tab says so
+                page.get_by_text("press Recompute").wait_for(state="visible")
+            else:
+                for key in ("time", "distance_per_step"):
+                    page.locator(f"#panel-{key} .js-plotly-plot").wait_for(state="visible")
+            page.screenshot(path=ROOT / "assets" / "screenshot.png", full_page=True)
+        finally:
+            browser.close()

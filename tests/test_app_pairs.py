@@ -1,0 +1,66 @@
+"""Model pairs for the app: discovery on disk, loading once, read-only sharing, decoding."""
+
+import pytest
+import torch
+
+from csd.data import CLASS_NAMES
+from csd.models.mar import MAR
+from csd.models.registry import save_model
+from csd.pairs import (
+    EMBEDDED_NAME,
+    OFFICIAL_TARGETS,
+    RANDOM_SOURCE,
+    PairSource,
+    PairStore,
+    discover,
+    pixel_tokenizer,
+    random_pixel_config,
+)
+
+
+def test_nothing_is_discovered_in_an_empty_directory(tmp_path):
+    assert discover(tmp_path / "checkpoints", embedded_dir=tmp_path) == []
+
+
+def test_embedded_pair_is_discovered_and_loads_as_pixel_models(tmp_path):
+    torch.manual_seed(0)
+    save_model(MAR(random_pixel_config(32, 1)), tmp_path / "shapes_target.safetensors")
+    save_model(MAR(random_pixel_config(32, 1)), tmp_path / "shapes_draft.safetensors")
+    (source,) = discover(None, embedded_dir=tmp_path)
+    assert source.name == EMBEDDED_NAME and source.class_names == CLASS_NAMES
+    pair = source.load(torch.device("cpu"))
+    assert pair.num_tokens == 64 and pair.tokenizer.patch_size == 4
+    images = pair.images(torch.zeros(2, 64, 48))
+    assert images.shape == (2, 32, 32, 3) and images.dtype == torch.uint8
+
+
+def test_official_pairs_need_the_draft_the_tokenizer_and_their_target(tmp_path):
+    for rel in ("mar/mar_base/checkpoint-last.pth", "mar/mar_large/checkpoint-last.pth", "vae/kl16.ckpt"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).touch()
+    names = [s.name for s in discover(tmp_path, embedded_dir=tmp_path / "none")]
+    assert names == [n for n, config in OFFICIAL_TARGETS.items() if config == "mar_large"]
+    (tmp_path / "vae/kl16.ckpt").unlink()
+    assert discover(tmp_path, embedded_dir=tmp_path / "none") == []
+
+
+def test_store_loads_each_pair_once_and_shares_frozen_models():
+    calls = []
+
+    def load(device):
+        calls.append(device)
+        return RANDOM_SOURCE.load(device)
+
+    store = PairStore([PairSource("p", CLASS_NAMES, load)], torch.device("cpu"))
+    first, second = store.get("p"), store.get("p")
+    assert first is second and len(calls) == 1
+    for model in (first.target, first.draft):
+        assert not model.training and not any(p.requires_grad for p in model.parameters())
+    with pytest.raises(ValueError, match="model pair must be one of"):
+        store.get("q")
+
+
+def test_pixel_tokenizer_needs_rgb_patches():
+    assert pixel_tokenizer(48).patch_size == 4
+    with pytest.raises(ValueError, match="not an RGB pixel patch"):
+        pixel_tokenizer(47)

@@ -1,0 +1,111 @@
+"""Specification of the benchmark: the cost-model bound, the A/B alternation, and the report's keys."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from csd.bench import alternate, main
+from csd.cost import StepCosts, csd_passes, prefill_steps, simple_bound, speedup_bound
+from csd.sampling import SamplingConfig
+from csd.speculative import CSDConfig, speculative_generate
+from tests.helpers import LinearGaussianChain, ToyARModel, save_tiny_pixel_pair
+
+COSTS = StepCosts(target_backbone=10.0, target_head=2.0, draft_backbone=1.0, draft_head=0.5)
+
+
+def test_bound_is_design_formula_without_prefill_when_gamma_divides_steps():
+    s, g = 16, 4
+    c_p, h_p, c_q, h_q = 10.0, 2.0, 1.0, 0.5
+    design = s * (c_p + h_p) / (s * (c_q + h_q) + (s / g) * c_p + s * h_p)  # DESIGN.md section 6
+    assert speedup_bound(COSTS, num_steps=s, gamma=g, prefill_steps=0) == pytest.approx(design)
+
+
+def test_bound_counts_prefill_steps_as_target_steps_and_partial_blocks_as_full_passes():
+    # 16 steps, 4 pre-filled, gamma 8: 12 draft steps, 4 + ceil(12 / 8) = 6 target passes.
+    expected = 16 * 12.0 / (12 * 1.5 + 6 * 10.0 + 16 * 2.0)
+    assert speedup_bound(COSTS, num_steps=16, gamma=8, prefill_steps=4) == pytest.approx(expected)
+
+
+def test_bound_reduces_to_simple_bound_when_heads_are_free():
+    free_heads = StepCosts(target_backbone=10.0, target_head=0.0, draft_backbone=1.0, draft_head=0.0)
+    assert speedup_bound(free_heads, 32, 8, 0) == pytest.approx(simple_bound(10.0, 1.0, 8)) == 10 / (1 + 10 / 8)
+
+
+def test_gamma_one_with_a_free_draft_gains_nothing():
+    free_draft = StepCosts(target_backbone=10.0, target_head=2.0, draft_backbone=0.0, draft_head=0.0)
+    assert speedup_bound(free_draft, 16, 1, 0) == pytest.approx(1.0)
+
+
+def test_bad_costs_name_the_parameter():
+    with pytest.raises(ValueError, match="draft_head"):
+        StepCosts(1.0, 1.0, 1.0, -1.0)
+    with pytest.raises(ValueError, match="prefill_steps"):
+        speedup_bound(COSTS, 16, 4, 17)
+
+
+@pytest.mark.parametrize(("gamma", "prefill"), [(1, 0.0), (2, 0.05), (3, 0.3), (8, 0.0)])
+def test_pass_counts_match_the_speculative_sampler(gamma, prefill):
+    model = ToyARModel(LinearGaussianChain([0.9, 1.0], [0.0, 0.0], [0.5, 0.05], token_dim=2), seq_len=12)
+    out = speculative_generate(
+        model, model, [0], [0], SamplingConfig(num_steps=7), CSDConfig(gamma=gamma, prefill=prefill)
+    )
+    assert csd_passes(12, 7, gamma, prefill) == (out.trace.target_passes, out.trace.draft_passes)
+
+
+def test_prefill_steps_run_until_the_fraction_of_tokens_exists():
+    assert prefill_steps([1, 1, 1, 2, 3], 0.0) == 0
+    assert prefill_steps([1, 1, 1, 2, 3], 0.3) == 3  # 2 tokens < 2.4 <= 3 tokens
+    assert prefill_steps([1, 1, 1, 2, 3], 0.99) == 5
+
+
+def test_alternate_warms_up_then_interleaves_in_alternating_order():
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name) or name) for name in ("a", "b", "c")}
+    samples = alternate(runs, repeats=3, warmup=1)
+    assert calls == ["a", "b", "c"] + ["a", "b", "c"] + ["c", "b", "a"] + ["a", "b", "c"]
+    assert all(len(s.seconds) == 3 and s.outputs == [name] * 3 for name, s in samples.items())
+    assert all(t >= 0 for s in samples.values() for t in s.seconds)
+
+
+HEADLINE_KEYS = (
+    "speedup",
+    "speedup_bound",
+    "acceptance_aligned",
+    "acceptance_unaligned",
+    "distance_aligned",
+    "distance_unaligned",
+    "fd_target",
+    "fd_csd",
+    "fd_csd_vs_target",
+    "accuracy_target",
+    "accuracy_csd",
+)
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_quick_bench_writes_every_key_and_a_table(tmp_path, restore_threads):
+    target, draft = save_tiny_pixel_pair(tmp_path)
+    # One thread: tiny ops on a busy machine are far slower with two spinning OpenMP threads.
+    args = ["--quick", "--target", target, "--draft", draft, "--out", str(tmp_path / "out"), "--threads", "1"]
+    args += ["--n", "16", "--n-ref", "40", "--repeats", "1", "--batches", "1", "2", "--num-steps", "6"]
+    main(args)
+    result = json.loads((tmp_path / "out" / "bench.json").read_text())
+    for key in HEADLINE_KEYS:
+        assert isinstance(result[key], float), key
+    assert result["fd_target"] > 0 and not math.isnan(result["distance_unaligned"])
+    # Quick grid gamma {4, 8} plus the default gamma, for batches 1 and 2.
+    assert {(r["batch"], r["gamma"]) for r in result["rows"]} == {(b, g) for b in (1, 2) for g in (4, 8)}
+    assert result["cost"]["batch"] == 2  # the grid's batch closest to the default 8
+    assert sum(result["cost"]["fractions_of_csd_time"].values()) == pytest.approx(1.0)
+    table = (tmp_path / "out" / "bench.md").read_text()
+    assert "| batch | gamma |" in table and "draft only" in table

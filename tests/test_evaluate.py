@@ -1,0 +1,72 @@
+"""Specification of the evaluation entry point: seeds, modes, and distributed runs equal to single runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from csd.cost import csd_passes
+from csd.evaluate import EvalConfig, eval_labels_seeds, fewer_steps, interleave
+from csd.sampling import SamplingConfig
+from csd.speculative import CSDConfig
+from tests.helpers import save_tiny_pixel_pair
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_labels_cycle_over_classes_and_seeds_are_consecutive():
+    labels, seeds = eval_labels_seeds(12, seed_offset=100, num_classes=10)
+    assert labels == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]
+    assert seeds == list(range(100, 112))
+
+
+@pytest.mark.parametrize(("n", "world"), [(8, 2), (7, 3), (5, 1), (2, 4)])
+def test_interleave_undoes_the_strided_split_across_ranks(n, world):
+    items = torch.arange(n * 2).reshape(n, 2)
+    rows = -(-n // world)
+    shares = [torch.cat([items[r::world], torch.full((rows - len(items[r::world]), 2), -1)]) for r in range(world)]
+    assert torch.equal(interleave(shares, n), items)
+
+
+def test_fewer_steps_baseline_has_as_many_steps_as_csd_has_target_passes():
+    sampling, csd = SamplingConfig(num_steps=16), CSDConfig(gamma=4, prefill=0.05)
+    passes, _ = csd_passes(64, 16, 4, 0.05)
+    # The cosine schedule's first steps make 1, 1, 1, 2 tokens: 5% of 64 takes 4 pre-fill steps.
+    assert fewer_steps(sampling, csd, num_tokens=64).num_steps == passes == 4 + 3  # + ceil(12 / 4) blocks
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"), [({"mode": "fast"}, "mode"), ({"n": 1}, "n"), ({"batch_size": 0}, "batch")]
+)
+def test_bad_settings_name_the_parameter(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        EvalConfig(**kwargs)
+
+
+def _run(args: list[str], out: Path, nproc: int) -> dict:
+    # torchrun's parser would take "--n" for an ambiguous abbreviation of its own options: use --num-images.
+    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone"] if nproc > 1 else []
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the same intra-op threads in both runs
+    cmd = [sys.executable, *launcher, "-m", "csd.evaluate", *args, "--out", str(out), "--device", "cpu"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_two_process_run_equals_single_process_run(tmp_path):
+    target, draft = save_tiny_pixel_pair(tmp_path)
+    args = ["--target", target, "--draft", draft, "--mode", "csd", "--num-images", "8", "--batch-size", "2"]
+    args += ["--n-ref", "40", "--num-steps", "6", "--gamma", "2", "--seed-offset", "3"]
+    single = _run(args, tmp_path / "single.json", nproc=1)
+    double = _run(args, tmp_path / "double.json", nproc=2)
+    assert double["world_size"] == 2 and single["world_size"] == 1
+    assert double["accuracy"] == single["accuracy"]
+    assert double["fd"] == pytest.approx(single["fd"], rel=1e-6) and single["fd"] > 0
+    for key in ("acceptance_rate", "drafted_tokens", "cap_hits", "mean_resample_tries"):
+        assert double[key] == pytest.approx(single[key], rel=1e-9, nan_ok=True)

@@ -1,0 +1,207 @@
+"""Specification of training (csd.train) and of the project's model files (csd.models.registry)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from csd.checkpoint import CheckpointError, safe_torch_load
+from csd.data import make_dataset
+from csd.models.mar import MAR, mar_config
+from csd.models.registry import load_model, save_model
+from csd.tokenizer import PixelTokenizer
+from csd.train import TrainConfig, Trainer, lr_at, parse_args, train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A pixel MAR of a few thousand parameters in the embedded layout (32x32 RGB, 4x4 patches).
+TINY = {
+    "encoder_embed_dim": 32,
+    "decoder_embed_dim": 32,
+    "encoder_depth": 1,
+    "decoder_depth": 1,
+    "encoder_num_heads": 2,
+    "decoder_num_heads": 2,
+    "diffloss_d": 1,
+    "diffloss_w": 32,
+}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Bit-exact comparisons between runs need the same reduction order: one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_config(out: Path, **kw) -> TrainConfig:
+    base = dict(
+        config="shapes_draft",
+        out=str(out),
+        steps=6,
+        batch_size=8,
+        lr=1e-3,
+        warmup_steps=2,
+        data_size=32,
+        model_overrides=TINY,
+        log_every=2,
+    )
+    return TrainConfig(**{**base, **kw})
+
+
+def fixed_batch_loss(model: MAR, tokens: torch.Tensor, labels: torch.Tensor) -> float:
+    """Training loss averaged over fixed masks and noise (seeded generators), so runs are comparable."""
+    with torch.no_grad():
+        return sum(model(tokens, labels, torch.Generator().manual_seed(s)).item() for s in range(4)) / 4
+
+
+def test_training_reduces_the_loss_on_a_fixed_batch(tmp_path):
+    cfg = tiny_config(tmp_path / "m", steps=40, batch_size=16, data_size=16, lr=3e-3, warmup_steps=5)
+    trainer = Trainer(cfg)
+    data = make_dataset(16, cfg.data_seed)
+    tokens, labels = PixelTokenizer(4).encode(data.images), data.labels
+    before = fixed_batch_loss(trainer.model, tokens, labels)
+    trainer.fit()
+    after = fixed_batch_loss(trainer.model, tokens, labels)
+    assert after < 0.7 * before, (before, after)
+
+
+def test_run_writes_ema_weights_config_log_and_train_state(tmp_path):
+    trainer = train(tiny_config(tmp_path / "run" / "m", save_every=4))
+    meta = json.loads((tmp_path / "run" / "m.json").read_text())
+    assert meta["arch"] == "mar"
+    assert meta["config"] == mar_config("shapes_draft", **TINY).to_dict()
+    assert meta["train"]["steps_done"] == 6 and meta["train"]["args"]["lr"] == 1e-3
+    assert meta["train"]["final_loss"] == pytest.approx(trainer.loss)
+    weights = load_file(str(tmp_path / "run" / "m.safetensors"))
+    assert all(torch.equal(weights[k], v) for k, v in trainer.ema.state_dict().items())
+    log = [json.loads(line) for line in (tmp_path / "run" / "m.log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [2, 4, 6] and set(log[0]) == {"step", "loss", "lr", "elapsed"}
+    state = safe_torch_load(tmp_path / "run" / "m.train_state.pt")  # weights_only=True
+    assert state["step"] == 6 and set(state) >= {"model", "ema", "optimizer", "rng"}
+
+
+def test_saved_model_loads_back_with_identical_outputs(tmp_path):
+    trainer = train(tiny_config(tmp_path / "m"))
+    loaded = load_model(tmp_path / "m.safetensors")
+    assert not loaded.training
+    data = make_dataset(4, 1)
+    tokens, labels = PixelTokenizer(4).encode(data.images), data.labels
+    mask = torch.rand(4, 64, generator=torch.Generator().manual_seed(0)) < 0.5
+    mask[:] = mask[0]  # MAR needs the same number of known tokens in every row
+    with torch.no_grad():
+        want = trainer.ema.conditions(tokens, mask, labels, guided=True)
+        got = loaded.conditions(tokens, mask, labels, guided=True)
+    assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+    assert load_model(tmp_path / "m").config == trainer.ema.config  # the suffix is optional
+
+
+def test_resumed_run_equals_an_uninterrupted_run(tmp_path):
+    full = train(tiny_config(tmp_path / "full", steps=6, hflip=True))
+    train(tiny_config(tmp_path / "part", steps=3, hflip=True))
+    resumed = train(tiny_config(tmp_path / "part", steps=6, hflip=True, resume=True))
+    assert resumed.step == 6
+    for a, b in ((full.model, resumed.model), (full.ema, resumed.ema)):
+        for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+            assert torch.equal(x, y), name
+    log = [json.loads(line)["step"] for line in (tmp_path / "part.log.jsonl").read_text().splitlines()]
+    assert log == [2, 3, 4, 6]
+
+
+def test_resume_refuses_changed_settings(tmp_path):
+    train(tiny_config(tmp_path / "m", steps=2))
+    with pytest.raises(ValueError, match=r"settings differ \(lr: 0.001 -> 0.002\)"):
+        train(tiny_config(tmp_path / "m", steps=4, lr=2e-3, resume=True))
+
+
+def test_time_budget_stops_and_saves(tmp_path):
+    trainer = train(tiny_config(tmp_path / "m", steps=1000, max_minutes=1e-9))
+    assert trainer.step == 1
+    assert json.loads((tmp_path / "m.json").read_text())["train"]["steps_done"] == 1
+
+
+def test_weights_that_do_not_match_the_config_fail_naming_the_file(tmp_path):
+    model = MAR(mar_config("shapes_draft", **TINY))
+    path = save_model(model, tmp_path / "m")
+    meta_path = tmp_path / "m.json"
+    meta = json.loads(meta_path.read_text())
+    meta["config"]["diffloss_w"] = 48
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=rf"(?s){re.escape(str(path))}.*shape mismatches"):
+        load_model(path)
+    meta["config"]["decoder_depth"] = 2
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=rf"(?s){re.escape(str(path))}.*missing keys"):
+        load_model(path)
+    meta["config"]["no_such_field"] = 1
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(meta_path))}.*unknown MARConfig fields"):
+        load_model(path)
+    meta_path.write_text(json.dumps({"arch": "vae", "config": {}}))
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(meta_path))}.*arch"):
+        load_model(path)
+    with pytest.raises(CheckpointError, match="not found"):
+        load_model(tmp_path / "absent.safetensors")
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"steps": 0}, "steps"),
+        ({"lr": float("nan")}, "lr"),
+        ({"ema_decay": 1.0}, "ema_decay"),
+        ({"lr_schedule": "step"}, "lr_schedule"),
+        ({"config": "nope"}, "config"),
+        ({"config": "mar_test"}, "config"),  # KL-16 latents, not pixel tokens
+        ({"model_overrides": {"depth": 3}}, "model_overrides"),
+        ({"max_minutes": 0.0}, "max_minutes"),
+    ],
+)
+def test_config_validation_names_the_field(tmp_path, change, field):
+    with pytest.raises(ValueError, match=rf"TrainConfig\.{field}"):
+        replace(tiny_config(tmp_path / "m"), **change)
+
+
+def test_lr_warms_up_linearly_then_follows_the_schedule(tmp_path):
+    cfg = tiny_config(tmp_path / "m", steps=10, lr=1.0, warmup_steps=4)
+    assert [lr_at(s, cfg) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    cosine = replace(cfg, lr_schedule="cosine")
+    assert lr_at(4, cosine) == 1.0 and lr_at(7, cosine) == pytest.approx(0.5) and lr_at(10, cosine) == 0.0
+
+
+def test_command_line_maps_onto_the_config():
+    cfg = parse_args(
+        ["--config", "shapes_target", "--out", "x", "--steps", "7", "--hflip", "--model-overrides", '{"diffloss_d": 2}']
+    )
+    assert (cfg.config, cfg.out, cfg.steps, cfg.hflip, cfg.model_overrides) == (
+        "shapes_target",
+        "x",
+        7,
+        True,
+        {"diffloss_d": 2},
+    )
+
+
+def test_two_process_gloo_run(tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "csd.train"]
+    cmd += ["--config", "shapes_draft", "--out", str(out), "--steps", "3", "--batch-size", "4", "--data-size", "16"]
+    cmd += ["--log-every", "1", "--threads", "1", "--device", "cpu", "--model-overrides", json.dumps(TINY)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert meta["train"]["world_size"] == 2 and meta["train"]["global_batch_size"] == 8
+    assert len(safe_torch_load(out.with_name("ddp.train_state.pt"))["rng"]) == 2
+    load_model(out)

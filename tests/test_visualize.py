@@ -1,0 +1,159 @@
+"""Figure builders: panel data and traces in, charts and images out (no model runs here)."""
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+from csd.analysis import (
+    DistancePanel,
+    Histogram,
+    LogRatioPanel,
+    Panels,
+    PrefillPanel,
+    QualityPanel,
+    ResamplerPanel,
+    Spread,
+    Sweep,
+    TimePanel,
+)
+from csd.trace import Maker
+from visualize.chart import Chart, Series
+from visualize.export import export_pngs
+from visualize.images import MAKER_STYLE, display_grid, legend_html, tile, token_map, upscale, upscale_factor
+from visualize.panels import analysis_charts, time_breakdown
+from visualize.render import to_matplotlib, to_plotly
+from visualize.toy import toy_chart
+
+
+def _spread(n: int) -> Spread:
+    v = [None, *np.linspace(0.2, 0.8, n - 1).tolist()]  # None: no drafted token at step 0
+    return Spread(
+        list(range(n)), v, v, [None if x is None else x - 0.1 for x in v], [None if x is None else x + 0.1 for x in v]
+    )
+
+
+def _sweep(knob: str, values: list[float]) -> Sweep:
+    k = len(values)
+    return Sweep(knob, values, [0.5] * k, [0.6] * k, [1.2] * (k - 1) + [None], [0] * k, [1.0] * k)
+
+
+@pytest.fixture
+def panels() -> Panels:
+    hist = Histogram([0.0, 1.0, 2.0], {"aligned": [3, 1], "independent": [1, 3]})
+    return Panels(
+        pair="synthetic",
+        n_images=2,
+        settings={},
+        distance=DistancePanel(
+            {"aligned": _spread(4), "independent": _spread(4)},
+            hist,
+            {"aligned": 0.6, "independent": 1.1},
+            {"aligned": 0.4, "independent": 0.2},
+        ),
+        prefill=PrefillPanel({"0%": _spread(4), "5%": _spread(4)}, {"0%": 0.3, "5%": None}),
+        resampler=ResamplerPanel(Histogram([0.5, 1.5, 2.5], {"tokens": [5, 1]}), 1.2, 0, 6, 100),
+        sweeps={
+            "gamma": _sweep("gamma", [1.0, 2.0, 4.0]),
+            "cfg_scale": _sweep("cfg_scale", [1.0, 3.0]),
+            "temperature": _sweep("temperature", [1.0]),
+        },
+        log_ratio=LogRatioPanel(
+            Histogram([-10.0, 0.0, 10.0], {"trajectory": [2, 2], "final": [1, 3], "log r": [3, 1]}),
+            {"trajectory": -1.0, "final": 0.5, "log r": -0.5},
+            {"trajectory": 4.0, "final": 1.0, "log r": 4.1},
+            0.75,
+        ),
+        time=TimePanel(
+            {
+                "target-only": {"target_backbone": 2.0, "target_head": 1.0},
+                "CSD": {"draft_backbone": 0.5, "verify": 0.1},
+            },
+            {"target-only": 3.0, "CSD": 2.0},
+            1.5,
+            1.6,
+            None,
+            {"C_p": 0.1, "H_p": 0.05, "C_q": 0.02, "H_q": 0.03},
+            4,
+        ),
+        quality=QualityPanel("class accuracy", True, ["target-only", "CSD"], [8, 8], [3.0, 2.0], [8, 3], [0.9, None]),
+    )
+
+
+def test_every_analysis_panel_renders_in_plotly_and_matplotlib(panels):
+    charts = analysis_charts(panels)
+    assert len(charts) == 11
+    for chart in charts.values():
+        assert isinstance(to_plotly(chart), go.Figure)
+        assert to_matplotlib(chart).axes
+
+
+def test_missing_values_become_gaps_not_errors(panels):
+    fig = to_plotly(analysis_charts(panels)["acceptance_per_step"])
+    assert any(trace.y is not None and trace.y[0] is None for trace in fig.data)
+
+
+def test_notes_carry_the_numbers_to_take_away(panels):
+    charts = analysis_charts(panels)
+    assert "0.40" in charts["distance_overall"].note and "0.20" in charts["distance_overall"].note
+    assert "1.50x" in charts["time"].note and "n/a" in charts["time"].note  # bound unknown here
+    assert "75%" in charts["log_ratio_split"].note
+
+
+def test_band_is_drawn_under_its_line():
+    chart = Chart("t", "x", "y", [Series("s", [0, 1], [1.0, 2.0], band=([0.5, 1.5], [1.5, 2.5]))])
+    fig = to_plotly(chart)
+    assert [t.fill for t in fig.data] == [None, "tonexty", None] and fig.data[-1].name == "s"
+
+
+def test_time_breakdown_stacks_phases_per_method():
+    chart = time_breakdown({"a": {"target_backbone": 1.0}, "b": {"draft_head": 2.0, "target_backbone": 0.5}}, "t")
+    assert chart.barmode == "stack"
+    by_name = {s.name: s.y for s in chart.series}
+    assert by_name == {"draft head": [0.0, 2.0], "target backbone": [1.0, 0.5]}
+    to_matplotlib(chart)  # stacked categorical bars
+    with_wall = time_breakdown({"a": {"target_backbone": 1.0}}, "t", wall={"a": 1.25})
+    assert with_wall.series[-1].name == "other" and with_wall.series[-1].y == [0.25]
+
+
+def test_export_writes_one_png_per_chart(panels, tmp_path):
+    paths = export_pngs(panels, tmp_path)
+    assert len(paths) == 11 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+def test_upscale_is_nearest_neighbour_and_reaches_the_display_size():
+    img = np.arange(12, dtype=np.uint8).reshape(1, 2, 2, 3)
+    assert upscale_factor(32) == 8
+    big = upscale(img, 3)
+    assert big.shape == (1, 6, 6, 3) and (big[0, :3, :3] == img[0, 0, 0]).all()
+
+
+def test_tile_lays_out_a_square_ish_grid():
+    grid = tile(np.zeros((5, 4, 4, 3), dtype=np.uint8), pad=1)
+    assert grid.shape == (2 * 4 + 1, 3 * 4 + 2, 3)  # 3 columns, 2 rows
+    assert display_grid(np.zeros((1, 32, 32, 3), dtype=np.uint8)).shape == (256, 256, 3)
+
+
+def test_token_map_tints_each_cell_with_its_maker_colour():
+    images = np.zeros((1, 32, 32, 3), dtype=np.uint8)
+    maker = np.full((1, 64), int(Maker.ACCEPTED), dtype=np.int8)
+    maker[0, 0] = Maker.PREFILL
+    out = token_map(images, maker, alpha=1.0)
+    cell = 32  # 4 px tokens upscaled 8x
+    inside = lambda r, c: out[r * cell + cell // 2, c * cell + cell // 2]  # noqa: E731
+    assert tuple(inside(0, 0)) == MAKER_STYLE[Maker.PREFILL][1]
+    assert tuple(inside(0, 1)) == MAKER_STYLE[Maker.ACCEPTED][1]
+
+
+def test_legend_names_every_maker():
+    html = legend_html()
+    assert all(label in html for label, _ in MAKER_STYLE.values())
+
+
+def test_toy_chart_shades_the_residual_and_normalises_the_histogram():
+    samples = np.random.default_rng(0).normal(0.0, 1.0, 20_000)
+    chart = toy_chart((0.0, 1.0), (1.0, 1.5), samples)
+    kinds = {s.name: s for s in chart.series}
+    residual = kinds["max(0, p - q): what resampling adds"]
+    assert residual.kind == "area" and min(residual.y) >= 0.0
+    hist = kinds["speculative samples"]
+    assert sum(hist.y) * hist.width == pytest.approx(1.0, abs=1e-3)  # a density

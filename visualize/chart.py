@@ -1,0 +1,40 @@
+"""A backend-neutral chart: what to draw, so one builder serves Plotly and Matplotlib alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+# Okabe-Ito: distinguishable with the common colour-vision deficiencies.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
+
+
+@dataclass
+class Series:
+    """One named series. ``band`` = (lo, hi) shades a range around a line; ``width`` sets bar widths
+    (histograms); ``text`` labels markers or bars. None in y (or band) leaves a gap."""
+
+    name: str
+    x: list
+    y: list
+    kind: Literal["line", "markers", "bar", "area"] = "line"
+    band: tuple[list, list] | None = None
+    width: float | None = None
+    text: list[str] | None = None
+    color: str | None = None
+    dash: bool = False
+
+
+@dataclass
+class Chart:
+    title: str
+    x_label: str
+    y_label: str
+    series: list[Series]
+    barmode: Literal["group", "stack", "overlay"] = "group"
+    note: str = ""  # one line under the title: the numbers a reader should take away
+    hlines: list[tuple[float, str]] = field(default_factory=list)  # reference lines (y, label)
+    y_range: tuple[float, float] | None = None
+
+    def colors(self) -> list[str]:
+        return [s.color or PALETTE[i % len(PALETTE)] for i, s in enumerate(self.series)]

@@ -1,0 +1,150 @@
+"""Draw a :class:`~visualize.chart.Chart` with Plotly (interactive, the app) or Matplotlib (static PNG)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+
+from visualize.chart import Chart, Series
+
+MAX_MARKERS = 60  # lines with more points (densities) are drawn without point markers
+
+
+def _floats(values: list) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    r, g, b = (int(hex_color[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def _plotly_traces(s: Series, color: str, overlay: bool) -> list[go.BaseTraceType]:
+    traces = []
+    if s.band is not None:
+        lo, hi = s.band
+        traces.append(go.Scatter(x=s.x, y=hi, mode="lines", line={"width": 0}, hoverinfo="skip", showlegend=False))
+        traces.append(
+            go.Scatter(
+                x=s.x,
+                y=lo,
+                mode="lines",
+                line={"width": 0},
+                fill="tonexty",
+                fillcolor=_rgba(color, 0.2),
+                hoverinfo="skip",
+                showlegend=False,
+            )
+        )
+    if s.kind == "bar":
+        opacity = 0.55 if overlay else 1.0
+        traces.append(
+            go.Bar(x=s.x, y=s.y, name=s.name, marker_color=color, width=s.width, opacity=opacity, text=s.text)
+        )
+    elif s.kind == "area":
+        traces.append(go.Scatter(x=s.x, y=s.y, name=s.name, mode="lines", fill="tozeroy", line={"color": color}))
+    else:
+        mode = ("lines+markers" if len(s.x) <= MAX_MARKERS else "lines") if s.kind == "line" else "markers"
+        if s.text:
+            mode += "+text"
+        line = {"color": color, "dash": "dash" if s.dash else "solid"}
+        traces.append(
+            go.Scatter(x=s.x, y=s.y, name=s.name, mode=mode, line=line, text=s.text, textposition="top center")
+        )
+    return traces
+
+
+def to_plotly(chart: Chart) -> go.Figure:
+    fig = go.Figure()
+    for s, color in zip(chart.series, chart.colors(), strict=True):
+        fig.add_traces(_plotly_traces(s, color, chart.barmode == "overlay"))
+    for y, label in chart.hlines:
+        fig.add_hline(y=y, line_dash="dot", annotation_text=label, annotation_position="top left")
+    title = chart.title if not chart.note else f"{chart.title}<br><sup>{chart.note}</sup>"
+    fig.update_layout(
+        title={"text": title, "font": {"size": 15}},
+        xaxis_title=chart.x_label,
+        yaxis_title=chart.y_label,
+        barmode=chart.barmode,
+        template="plotly_white",
+        height=360,
+        margin={"l": 60, "r": 20, "t": 70, "b": 50},
+        legend={"orientation": "h", "y": -0.2},
+    )
+    if chart.y_range is not None:
+        fig.update_yaxes(range=list(chart.y_range))
+    return fig
+
+
+def _category_positions(series: list[Series]) -> dict:
+    """Bar charts with text categories: one slot per category, in order of first appearance."""
+    cats: dict = {}
+    for s in series:
+        for x in s.x:
+            cats.setdefault(x, len(cats))
+    return cats
+
+
+def to_matplotlib(chart: Chart):
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=120)
+    bars = [s for s in chart.series if s.kind == "bar"]
+    categorical = any(isinstance(x, str) for s in bars for x in s.x)
+    slots = _category_positions(bars) if categorical else {}
+    bottoms: dict = {}
+    for s, color in zip(chart.series, chart.colors(), strict=True):
+        y = _floats(s.y)
+        if s.kind == "bar":
+            x = np.array([slots[v] for v in s.x] if categorical else s.x, dtype=np.float64)
+            width = s.width or 0.8
+            if chart.barmode == "group" and len(bars) > 1:
+                width = width / len(bars)
+                x = x + (bars.index(s) - (len(bars) - 1) / 2) * width
+            bottom = np.array([bottoms.get(v, 0.0) for v in x]) if chart.barmode == "stack" else None
+            alpha = 0.55 if chart.barmode == "overlay" else 1.0
+            ax.bar(x, np.nan_to_num(y), width=width, bottom=bottom, color=color, alpha=alpha, label=s.name)
+            if chart.barmode == "stack":
+                for xi, yi in zip(x, np.nan_to_num(y), strict=True):
+                    bottoms[xi] = bottoms.get(xi, 0.0) + yi
+            continue
+        x = _floats(s.x)
+        if s.band is not None:
+            ax.fill_between(x, _floats(s.band[0]), _floats(s.band[1]), color=color, alpha=0.2, linewidth=0)
+        if s.kind == "area":
+            ax.fill_between(x, 0, y, color=color, alpha=0.35, label=s.name)
+        else:
+            style = ("--" if s.dash else "-") if s.kind == "line" else "none"
+            marker = "o" if len(x) <= MAX_MARKERS or s.kind == "markers" else None
+            ax.plot(x, y, linestyle=style, marker=marker, markersize=3, color=color, label=s.name)
+            for xi, yi, t in zip(x, y, s.text or [], strict=False):
+                ax.annotate(t, (xi, yi), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=7)
+    if categorical:
+        ax.set_xticks(list(slots.values()), [str(c) for c in slots])
+    for y, label in chart.hlines:
+        ax.axhline(y, linestyle=":", color="gray")
+        ax.annotate(label, (0.01, y), xycoords=("axes fraction", "data"), fontsize=7, va="bottom")
+    ax.set_title("\n".join([chart.title, *textwrap.wrap(chart.note, 90)]), fontsize=9)
+    ax.set_xlabel(chart.x_label)
+    ax.set_ylabel(chart.y_label)
+    if chart.y_range is not None:
+        ax.set_ylim(*chart.y_range)
+    if chart.series:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def save_png(chart: Chart, path: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = to_matplotlib(chart)
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
