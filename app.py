@@ -1,10 +1,11 @@
 """Gradio demo of continuous speculative decoding: target-only and CSD side by side, the analysis
 panels, and the method on one 1-D Gaussian.
 
-    python app.py [--host 127.0.0.1] [--port 7860] [--checkpoints DIR] [--max-batch 8] [--max-steps 64] [--share]
+    python app.py [--host 127.0.0.1] [--port 7860] [--checkpoints DIR] [--max-batch 8] [--max-steps 64]
+                  [--max-images 32] [--threads 1] [--share]
 
 Limits also come from the environment (``CSD_MAX_BATCH``, ``CSD_MAX_STEPS``, ``CSD_MAX_IMAGES``,
-``CSD_CHECKPOINTS``); flags win. Models are loaded once and shared read-only by every request.
+``CSD_CHECKPOINTS``, ``CSD_THREADS``); flags win. Models are loaded once and shared read-only by every request.
 Named API endpoints: ``/generate``, ``/analyze``, ``/toy`` (see ``gradio_client``).
 """
 
@@ -16,6 +17,7 @@ import os
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import argparse
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,6 +56,9 @@ PRECOMPUTED = ROOT / "assets" / "analysis_default.json"
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PRECISION = "bfloat16" if DEVICE.type == "cuda" else "float32"  # backbone precision; heads stay float32
 MAX_SEED = 2**31 - 1
+# The models are small (64 tokens): a second intra-op thread gains little, while on a CPU shared with
+# other work (two cores, a training job) more threads than free cores made generation 20-50x slower.
+CPU_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -406,23 +411,27 @@ def analysis_figures(panels: Panels | None) -> list:
     return [to_plotly(charts[k]) for k in ANALYSIS_KEYS]
 
 
-def analysis_status(panels: Panels | None, recomputed: bool = False) -> str:
+def analysis_status(panels: Panels | None, recomputed: bool = False, current_weights: str | None = None) -> str:
     if panels is None:
         return "No precomputed panels for this model pair: press **Recompute** to compute them."
     s = panels.settings
     sampling, csd = s["sampling"], s["csd"]
     what = "Recomputed" if recomputed else "Precomputed (default setting)"
-    return (
+    text = (
         f"**{what}** on *{panels.pair}* over {panels.n_images} images: {sampling['num_steps']} AR steps, "
         f"gamma {csd['gamma']}, pre-fill {100 * csd['prefill']:g}%, CFG {sampling['cfg_scale']:g} "
         f"({sampling['cfg_schedule']}), temperature {sampling['temperature']:g}, tau_v {csd['tau_v']:g}, "
         f"criterion {csd['criterion']}, trajectory term {csd['trajectory_term']}."
     )
+    if current_weights is not None and current_weights != panels.weights:
+        text += (
+            f"\n\n**Warning:** computed with other weights ({panels.weights}) than the models served now "
+            f"({current_weights}): press **Recompute**, or regenerate the file with `python -m csd.analysis`."
+        )
+    return text
 
 
 def panels_json(panels: Panels | None) -> dict | None:
-    import json
-
     return None if panels is None else json.loads(panels.to_json())
 
 
@@ -598,7 +607,8 @@ def build(app: App) -> gr.Blocks:
             fetch.click(app.download, [repo, directory], [pair, fetched], api_visibility="private")
 
         with gr.Tab("Analysis"):
-            status = gr.Markdown(analysis_status(app.panels))
+            served_weights = app.store.source(app.panels.pair).weights if app.panels is not None else None
+            status = gr.Markdown(analysis_status(app.panels, current_weights=served_weights))
             gr.Markdown(
                 "Panels over *n* images (image *i*: seed + i, class + i) at the current Generate-tab controls; "
                 "each sweep varies one knob around them. Recomputing takes a few dozen runs."
@@ -699,9 +709,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-steps", type=int, default=_env_int("CSD_MAX_STEPS", Limits.max_steps))
     ap.add_argument("--max-images", type=int, default=_env_int("CSD_MAX_IMAGES", Limits.max_images))
     ap.add_argument("--concurrency", type=int, default=Limits.concurrency, help="requests running at once")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=_env_int("CSD_THREADS", CPU_THREADS if DEVICE.type == "cpu" else torch.get_num_threads()),
+        help=f"torch CPU threads (default {CPU_THREADS} on a CPU-only machine)",
+    )
     ap.add_argument("--share", action="store_true", help="create a public gradio.live link (off by default)")
     args = ap.parse_args(argv)
-    for name in ("max_batch", "max_steps", "max_images", "concurrency"):
+    for name in ("max_batch", "max_steps", "max_images", "concurrency", "threads"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
@@ -715,7 +731,9 @@ def make_app(checkpoints: Path | None, limits: Limits) -> App:
         sources = [RANDOM_SOURCE]
     store = PairStore(sources, DEVICE)
     panels = Panels.load(PRECOMPUTED) if PRECOMPUTED.is_file() else None
-    return App(store, limits, panels if panels is not None and panels.pair == store.names[0] else None, checkpoints)
+    if panels is not None and panels.pair not in store.names:
+        panels = None  # computed for a pair this server does not have
+    return App(store, limits, panels, checkpoints)
 
 
 def warm_up(app: App) -> None:
@@ -743,6 +761,7 @@ def serve(demo: gr.Blocks, limits: Limits, host: str, port: int | None, share: b
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    torch.set_num_threads(args.threads)
     limits = Limits(args.max_batch, args.max_steps, args.max_images, args.concurrency)
     app = make_app(args.checkpoints, limits)
     print(f"Pairs: {app.store.names}; device {DEVICE}; warming up ...", flush=True)

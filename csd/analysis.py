@@ -4,7 +4,7 @@ The app's analysis tab and ``assets/analysis_default.json`` come from here. Pane
 dataclasses of lists, dicts and floats (NaN stored as None), so it round-trips through JSON;
 the figure builders in :mod:`visualize` draw it without running a model.
 
-    python -m csd.analysis --out assets/analysis_default.json --images 16
+    python -m csd.analysis --out assets/analysis_default.json --threads 1
 """
 
 from __future__ import annotations
@@ -208,6 +208,7 @@ class QualityPanel:
 @dataclass
 class Panels:
     pair: str
+    weights: str  # ModelPair.weights: which weights the panels were computed with
     n_images: int
     settings: dict
     distance: DistancePanel
@@ -228,6 +229,7 @@ class Panels:
         dist, pre, res, lr = d["distance"], d["prefill"], d["resampler"], d["log_ratio"]
         return cls(
             pair=d["pair"],
+            weights=d["weights"],
             n_images=d["n_images"],
             settings=d["settings"],
             distance=DistancePanel(
@@ -254,7 +256,7 @@ class Panels:
 class AnalysisSettings:
     """A base setting and the sweeps around it. Image i uses seed + i and class (label + i) mod classes."""
 
-    n_images: int = 8
+    n_images: int = 16
     seed: int = 0
     label: int = 0
     sampling: SamplingConfig = defaults.SAMPLING
@@ -357,6 +359,7 @@ class Analysis:
         main = self.run(s, replace(c, align=True))
         return Panels(
             pair=self.pair.name,
+            weights=self.pair.weights,
             n_images=self.settings.n_images,
             settings=self.settings.to_dict(),
             distance=self._distance(main, self.run(s, replace(c, align=False))),
@@ -535,7 +538,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("assets/analysis_default.json"))
     ap.add_argument("--images", type=int, default=AnalysisSettings.n_images)
     ap.add_argument("--random-models", action="store_true", help="use the untrained pair (for a quick check)")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
     args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
     sources = [RANDOM_SOURCE] if args.random_models else discover(None)
     if not sources:
         ap.error("no embedded models in assets/models; pass --random-models for a quick check")

@@ -6,6 +6,10 @@ S - P steps and verifies them in ceil((S - P) / gamma) target passes:
     (S - P)(C_q + H_q) + (P + ceil((S - P) / gamma)) C_p + S H_p   (+ resampling and overhead)
 
 With P = 0 and gamma dividing S this is DESIGN.md's ``S (C_q + H_q) + (S / gamma) C_p + S H_p``.
+
+The model charges the target head per AR step (S H_p, as measured in target-only runs), but CSD runs
+it once per block over every drafted token; where per-call overhead dominates the head (batch 1 on a
+CPU) that is much cheaper, so a measured speedup can exceed this "bound".
 """
 
 from __future__ import annotations

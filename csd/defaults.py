@@ -9,6 +9,6 @@ from csd.speculative import CSDConfig
 TARGET_PATH = EMBEDDED_DIR / "shapes_target.safetensors"
 DRAFT_PATH = EMBEDDED_DIR / "shapes_draft.safetensors"
 
-SAMPLING = SamplingConfig(num_steps=16, cfg_scale=3.0, cfg_schedule="linear", temperature=1.0)
+SAMPLING = SamplingConfig(num_steps=32, cfg_scale=3.0, cfg_schedule="linear", temperature=1.0)
 CSD = CSDConfig(gamma=8, prefill=0.05)
 BATCH_SIZE = 8

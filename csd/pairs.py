@@ -13,6 +13,7 @@ Loaded models are shared read-only between requests: eval mode, no gradients, ne
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
 from collections.abc import Callable
@@ -45,6 +46,7 @@ class ModelPair:
     draft: nn.Module
     tokenizer: PixelTokenizer | LatentTokenizer
     class_names: tuple[str, ...]
+    weights: str  # which weights (a content hash for files we ship): results record it
 
     @property
     def num_tokens(self) -> int:
@@ -79,8 +81,22 @@ def pixel_tokenizer(token_dim: int) -> PixelTokenizer:
     return PixelTokenizer(patch_size=patch)
 
 
-def _pair(name: str, target: nn.Module, draft: nn.Module, tokenizer, class_names, device) -> ModelPair:
-    pair = ModelPair(name, _frozen(target, device), _frozen(draft, device), tokenizer, tuple(class_names))
+def file_digest(*paths: Path) -> str:
+    """A short content hash of weight files."""
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return "sha256:" + h.hexdigest()[:16]
+
+
+def _embedded_files(directory: Path) -> tuple[Path, Path]:
+    return directory / "shapes_target.safetensors", directory / "shapes_draft.safetensors"
+
+
+def _pair(name: str, target: nn.Module, draft: nn.Module, tokenizer, class_names, weights: str, device) -> ModelPair:
+    pair = ModelPair(name, _frozen(target, device), _frozen(draft, device), tokenizer, tuple(class_names), weights)
     _warm_up(pair.target, pair.draft)
     return pair
 
@@ -88,9 +104,10 @@ def _pair(name: str, target: nn.Module, draft: nn.Module, tokenizer, class_names
 def load_embedded(directory: Path, device: torch.device) -> ModelPair:
     from csd.models.registry import load_model  # the project's safetensors + JSON format
 
-    target = load_model(directory / "shapes_target.safetensors")
-    draft = load_model(directory / "shapes_draft.safetensors")
-    return _pair(EMBEDDED_NAME, target, draft, pixel_tokenizer(target.token_dim), CLASS_NAMES, device)
+    files = _embedded_files(directory)
+    target, draft = load_model(files[0]), load_model(files[1])
+    tokenizer = pixel_tokenizer(target.token_dim)
+    return _pair(EMBEDDED_NAME, target, draft, tokenizer, CLASS_NAMES, file_digest(*files), device)
 
 
 def load_official(checkpoints: Path, target_config: str, name: str, device: torch.device) -> ModelPair:
@@ -100,7 +117,7 @@ def load_official(checkpoints: Path, target_config: str, name: str, device: torc
     target = load_official_mar(checkpoints / "mar" / target_config / "checkpoint-last.pth")
     draft = load_official_mar(checkpoints / "mar" / "mar_base" / "checkpoint-last.pth")
     tokenizer = LatentTokenizer(_frozen(load_kl16(checkpoints / "vae" / "kl16.ckpt"), device))
-    return _pair(name, target, draft, tokenizer, IMAGENET_NAMES, device)
+    return _pair(name, target, draft, tokenizer, IMAGENET_NAMES, _official_weights(target_config), device)
 
 
 def random_pixel_config(width: int, depth: int) -> MARConfig:
@@ -132,7 +149,8 @@ def random_pair(device: torch.device | str = "cpu", seed: int = 0) -> ModelPair:
     with torch.no_grad():  # MAR zero-initialises the head's output layer: perturb so the two models differ
         for p in (*target.parameters(), *draft.parameters()):
             p.add_(0.05 * torch.randn_like(p))
-    return _pair(RANDOM_NAME, target, draft, pixel_tokenizer(target.token_dim), CLASS_NAMES, torch.device(device))
+    tokenizer = pixel_tokenizer(target.token_dim)
+    return _pair(RANDOM_NAME, target, draft, tokenizer, CLASS_NAMES, f"random:{seed}", torch.device(device))
 
 
 @dataclass(frozen=True)
@@ -141,23 +159,30 @@ class PairSource:
 
     name: str
     class_names: tuple[str, ...]
+    weights: str  # as ModelPair.weights
     load: Callable[[torch.device], ModelPair]
 
 
-RANDOM_SOURCE = PairSource(RANDOM_NAME, CLASS_NAMES, random_pair)
+RANDOM_SOURCE = PairSource(RANDOM_NAME, CLASS_NAMES, "random:0", random_pair)
+
+
+def _official_weights(target_config: str) -> str:
+    return f"official:{target_config}+mar_base"  # named, not hashed: the files are gigabytes
 
 
 def discover(checkpoints: Path | None, embedded_dir: Path = EMBEDDED_DIR) -> list[PairSource]:
     """Every pair whose files exist (nothing is loaded here): embedded first, then official ones."""
     found = []
-    if all((embedded_dir / f"shapes_{role}.safetensors").is_file() for role in ("target", "draft")):
-        found.append(PairSource(EMBEDDED_NAME, CLASS_NAMES, partial(load_embedded, embedded_dir)))
+    files = _embedded_files(embedded_dir)
+    if all(f.is_file() for f in files):
+        found.append(PairSource(EMBEDDED_NAME, CLASS_NAMES, file_digest(*files), partial(load_embedded, embedded_dir)))
     if checkpoints is not None:
         have = lambda config: (checkpoints / "mar" / config / "checkpoint-last.pth").is_file()  # noqa: E731
         if have("mar_base") and (checkpoints / "vae" / "kl16.ckpt").is_file():
             for name, config in OFFICIAL_TARGETS.items():
                 if have(config):
-                    found.append(PairSource(name, IMAGENET_NAMES, partial(load_official, checkpoints, config, name)))
+                    load = partial(load_official, checkpoints, config, name)
+                    found.append(PairSource(name, IMAGENET_NAMES, _official_weights(config), load))
     return found
 
 

@@ -36,6 +36,15 @@ SETTINGS = AnalysisSettings(
 )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared CPU extra threads can cost 50x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def pair():
     return RANDOM_SOURCE.load(torch.device("cpu"))

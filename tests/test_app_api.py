@@ -78,6 +78,15 @@ def test_analyze_recomputes_every_panel_for_a_tiny_n(served):
     assert panels.n_images == 1 and panels.settings["sampling"]["num_steps"] == 8
     assert set(panels.prefill.per_step) == {"0%", "5%", "15%"}
     assert set(panels.distance.acceptance) == {"aligned", "independent"}
+    assert panels.weights == RANDOM_SOURCE.weights
+
+
+def test_panels_of_other_weights_are_shown_with_a_warning(served):
+    application, client = served
+    *_, data = client.predict(n_images=1, **analysis_controls(application), api_name="/analyze")
+    panels = Panels.from_dict(data)
+    assert "Warning" not in app.analysis_status(panels, current_weights=panels.weights)
+    assert "other weights" in app.analysis_status(panels, current_weights="sha256:0123")
 
 
 def test_toy_acceptance_matches_one_minus_total_variation(client):

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 import app
 
@@ -47,8 +48,11 @@ def served():
     limits = app.Limits(max_batch=4)  # the default batch, capped: keeps one generation short
     application = app.make_app(None, limits)  # what `python app.py` serves, models and panels included
     demo = app.build(application)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as `python app.py --threads 1`: on a shared CPU, more threads can be 10x slower
     yield application, app.serve(demo, limits, "127.0.0.1", None, block=False)
     demo.close()
+    torch.set_num_threads(threads)
 
 
 @pytest.mark.browser

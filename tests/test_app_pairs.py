@@ -29,6 +29,7 @@ def test_embedded_pair_is_discovered_and_loads_as_pixel_models(tmp_path):
     (source,) = discover(None, embedded_dir=tmp_path)
     assert source.name == EMBEDDED_NAME and source.class_names == CLASS_NAMES
     pair = source.load(torch.device("cpu"))
+    assert pair.weights == source.weights and pair.weights.startswith("sha256:")
     assert pair.num_tokens == 64 and pair.tokenizer.patch_size == 4
     images = pair.images(torch.zeros(2, 64, 48))
     assert images.shape == (2, 32, 32, 3) and images.dtype == torch.uint8
@@ -51,7 +52,7 @@ def test_store_loads_each_pair_once_and_shares_frozen_models():
         calls.append(device)
         return RANDOM_SOURCE.load(device)
 
-    store = PairStore([PairSource("p", CLASS_NAMES, load)], torch.device("cpu"))
+    store = PairStore([PairSource("p", CLASS_NAMES, "random:0", load)], torch.device("cpu"))
     first, second = store.get("p"), store.get("p")
     assert first is second and len(calls) == 1
     for model in (first.target, first.draft):

@@ -42,6 +42,7 @@ def panels() -> Panels:
     hist = Histogram([0.0, 1.0, 2.0], {"aligned": [3, 1], "independent": [1, 3]})
     return Panels(
         pair="synthetic",
+        weights="random:0",
         n_images=2,
         settings={},
         distance=DistancePanel(

@@ -22,8 +22,8 @@ def _fmt(v: float | None, spec: str = ".2f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
-def _spread_series(name: str, s: Spread, color: str) -> Series:
-    return Series(name, s.x, s.median, band=(s.q25, s.q75), color=color)
+def _spread_series(name: str, s: Spread, color: str, center: str = "median") -> Series:
+    return Series(name, s.x, getattr(s, center), band=(s.q25, s.q75), color=color)
 
 
 def _histogram_series(h: Histogram, names: dict[str, str] | None = None) -> list[Series]:
@@ -65,13 +65,13 @@ def distance_overall(p: Panels) -> Chart:
 
 def acceptance_per_step(p: Panels) -> Chart:
     series = [
-        _spread_series(f"pre-fill {k} (overall {_fmt(p.prefill.acceptance[k])})", s, PALETTE[i])
+        _spread_series(f"pre-fill {k} (overall {_fmt(p.prefill.acceptance[k])})", s, PALETTE[i], center="mean")
         for i, (k, s) in enumerate(p.prefill.per_step.items())
     ]
     return Chart(
         "Acceptance per AR step under pre-fill ratios",
         "AR step",
-        "accepted fraction (median over images, IQR band)",
+        "accepted fraction (mean over images, IQR band)",
         series,
         y_range=(-0.02, 1.02),
         note="pre-filled steps have no drafted tokens",

@@ -130,13 +130,14 @@ def to_matplotlib(chart: Chart):
     for y, label in chart.hlines:
         ax.axhline(y, linestyle=":", color="gray")
         ax.annotate(label, (0.01, y), xycoords=("axes fraction", "data"), fontsize=7, va="bottom")
-    ax.set_title("\n".join([chart.title, *textwrap.wrap(chart.note, 90)]), fontsize=9)
+    ax.set_title("\n".join([chart.title, *textwrap.wrap(chart.note, 80)]), fontsize=9)
     ax.set_xlabel(chart.x_label)
     ax.set_ylabel(chart.y_label)
     if chart.y_range is not None:
         ax.set_ylim(*chart.y_range)
-    if chart.series:
-        ax.legend(fontsize=7)
+    if chart.series:  # stacked bars fill the axes: their legend goes beside them
+        outside = {"loc": "upper left", "bbox_to_anchor": (1.0, 1.0)} if chart.barmode == "stack" else {}
+        ax.legend(fontsize=7, **outside)
     fig.tight_layout()
     return fig
 
