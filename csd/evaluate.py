@@ -311,6 +311,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     try:
         target, draft = load_models(args.target, args.draft, device)
         result = evaluate(target, draft, sampling, csd, config, load_classifier(args.classifier), rank, world)
+        if world > 1:
+            dist.barrier()  # every rank done before any tears the group down (gloo aborts otherwise)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -373,6 +373,8 @@ def train(cfg: TrainConfig) -> Trainer:
         if cfg.resume:
             trainer.load(cfg.paths["state"])
         trainer.fit()
+        if dist_info.world > 1:
+            dist.barrier()  # rank 0 may still be writing files; gloo aborts if a peer tears down first
     finally:
         if dist_info.world > 1:
             dist.destroy_process_group()
