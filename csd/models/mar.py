@@ -123,6 +123,21 @@ def _vit(dim: int, depth: int, heads: int) -> dict:
     )
 
 
+# What the embedded pair shares: 32x32 RGB images as 4x4 pixel patches, 10 shape classes.
+_PIXEL_SHAPES = dict(
+    img_size=32,
+    vae_stride=1,
+    patch_size=4,
+    token_channels=3,
+    class_num=10,
+    buffer_size=4,
+    attn_dropout=0.0,
+    proj_dropout=0.0,
+    num_sampling_steps=25,
+    diffusion_batch_mul=2,
+    clip_x0=1.0,
+)
+
 # Official sizes (ImageNet 256, KL-16 latents); head depth x width as in the MAR README.
 MAR_CONFIGS: dict[str, MARConfig] = {
     "mar_base": MARConfig(**_vit(768, 12, 12), diffloss_d=6, diffloss_w=1024),
@@ -143,38 +158,8 @@ MAR_CONFIGS: dict[str, MARConfig] = {
     # dropout in this data-rich regime; 25 head steps keep CPU sampling quick. The draft's backbone pass
     # is ~6x cheaper than the target's (MAR-H vs MAR-B: ~4.5x); the target's head is narrower than its
     # backbone because in CSD it still runs on every token.
-    "shapes_target": MARConfig(
-        img_size=32,
-        vae_stride=1,
-        patch_size=4,
-        token_channels=3,
-        **_vit(192, 6, 6),
-        class_num=10,
-        buffer_size=4,
-        attn_dropout=0.0,
-        proj_dropout=0.0,
-        diffloss_d=3,
-        diffloss_w=160,
-        num_sampling_steps=25,
-        diffusion_batch_mul=2,
-        clip_x0=1.0,
-    ),
-    "shapes_draft": MARConfig(
-        img_size=32,
-        vae_stride=1,
-        patch_size=4,
-        token_channels=3,
-        **_vit(128, 2, 4),
-        class_num=10,
-        buffer_size=4,
-        attn_dropout=0.0,
-        proj_dropout=0.0,
-        diffloss_d=2,
-        diffloss_w=128,
-        num_sampling_steps=25,
-        diffusion_batch_mul=2,
-        clip_x0=1.0,
-    ),
+    "shapes_target": MARConfig(**_vit(192, 6, 6), **_PIXEL_SHAPES, diffloss_d=3, diffloss_w=160),
+    "shapes_draft": MARConfig(**_vit(128, 2, 4), **_PIXEL_SHAPES, diffloss_d=2, diffloss_w=128),
 }
 
 
