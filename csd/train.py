@@ -44,7 +44,23 @@ BETAS = (0.9, 0.95)  # MAR's AdamW betas
 OUTPUT_SUFFIXES = {"weights": ".safetensors", "state": ".train_state.pt", "log": ".log.jsonl"}
 
 # Fields that may change when resuming; every other field must equal the saved run's.
-RESUMABLE_CHANGES = frozenset({"out", "steps", "threads", "device", "log_every", "save_every", "max_minutes", "resume"})
+# ``precision`` and ``cooldown_steps`` may change too: a run can switch to bf16 autocast or get a final LR
+# cool-down when it is extended (the steps already taken are unchanged).
+RESUMABLE_CHANGES = frozenset(
+    {
+        "out",
+        "steps",
+        "threads",
+        "device",
+        "log_every",
+        "save_every",
+        "max_minutes",
+        "resume",
+        "precision",
+        "cooldown_steps",
+    }
+)
+PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}  # bfloat16: autocast forward, float32 weights and optimizer
 
 
 @dataclass(frozen=True)
@@ -58,6 +74,7 @@ class TrainConfig:
     lr: float = 5e-4
     lr_schedule: str = "constant"
     warmup_steps: int = 500
+    cooldown_steps: int = 0  # linear decay to 0 over the last cooldown_steps steps (warm-up, stable, decay)
     weight_decay: float = 0.02
     grad_clip: float = 3.0
     ema_decay: float = 0.999
@@ -68,6 +85,7 @@ class TrainConfig:
     model_overrides: dict = field(default_factory=dict)
     threads: int | None = None
     device: str = "auto"
+    precision: str = "float32"
     log_every: int = 50
     save_every: int = 0
     max_minutes: float | None = None
@@ -76,7 +94,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name, lo in (("steps", 1), ("batch_size", 1), ("data_size", 1), ("log_every", 1)):
             _check_int(name, getattr(self, name), lo)
-        for name in ("warmup_steps", "save_every", "seed", "data_seed"):
+        for name in ("warmup_steps", "cooldown_steps", "save_every", "seed", "data_seed"):
             _check_int(name, getattr(self, name), 0)
         if self.threads is not None:
             _check_int("threads", self.threads, 1)
@@ -91,6 +109,15 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.ema_decay must be in [0, 1), got {self.ema_decay!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"TrainConfig.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"TrainConfig.precision must be one of {tuple(PRECISIONS)}, got {self.precision!r}")
+        if self.cooldown_steps and self.lr_schedule != "constant":
+            raise ValueError("TrainConfig.cooldown_steps needs lr_schedule='constant' (cosine already decays)")
+        if self.cooldown_steps and self.warmup_steps + self.cooldown_steps > self.steps:
+            raise ValueError(
+                f"TrainConfig.warmup_steps + cooldown_steps must be <= steps ({self.steps}), "
+                f"got {self.warmup_steps} + {self.cooldown_steps}"
+            )
         if self.device not in DEVICES:
             raise ValueError(f"TrainConfig.device must be one of {DEVICES}, got {self.device!r}")
         if not self.out:
@@ -128,7 +155,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     if cfg.lr_schedule == "constant":
-        return cfg.lr
+        left = cfg.steps - step  # updates left, this one included
+        return cfg.lr if left > cfg.cooldown_steps else cfg.lr * left / (cfg.cooldown_steps + 1)
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
     return 0.5 * cfg.lr * (1.0 + math.cos(math.pi * progress))
 
@@ -218,7 +246,9 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         tokens, labels = self.batch()
-        loss = self.net(tokens, labels, self.model_gen)
+        dtype = PRECISIONS[self.cfg.precision]
+        with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = self.net(tokens, labels, self.model_gen).float()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.grad_clip > 0:
@@ -361,6 +391,18 @@ class Trainer:
         if "cuda" in rng:
             torch.cuda.set_rng_state(rng["cuda"], self.device)
         self.step, self.elapsed, self.loss = state["step"], state["elapsed"], state["loss"]
+        if self.dist.main:
+            self._truncate_log()
+
+    def _truncate_log(self) -> None:
+        """Drop log records past the resumed step (a run killed between saves logged steps it will redo)."""
+        path = self.cfg.paths["log"]
+        if not path.exists():
+            return
+        lines = path.read_text().splitlines()
+        keep = [line for line in lines if line.strip() and json.loads(line)["step"] <= self.step]
+        if len(keep) != len(lines):
+            path.write_text("".join(line + "\n" for line in keep))
 
 
 def train(cfg: TrainConfig) -> Trainer:
@@ -386,7 +428,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     p = argparse.ArgumentParser(prog="python -m csd.train", description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, choices=sorted(MAR_CONFIGS), help="named MAR config")
     p.add_argument("--out", required=True, help="output path without suffix, e.g. assets/models/shapes_target")
-    for name in ("steps", "batch_size", "warmup_steps", "data_size", "data_seed", "seed", "log_every", "save_every"):
+    int_args = ("steps", "batch_size", "warmup_steps", "cooldown_steps", "data_size", "data_seed", "seed")
+    for name in (*int_args, "log_every", "save_every"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=d[name].default)
     for name in ("lr", "weight_decay", "grad_clip", "ema_decay"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=d[name].default)
@@ -398,6 +441,9 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads per process")
     p.add_argument("--max-minutes", type=float, default=None, help="stop and save once the run's wall time is spent")
     p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument(
+        "--precision", choices=tuple(PRECISIONS), default="float32", help="bfloat16: autocast forward (1.6x on CPU)"
+    )
     p.add_argument("--resume", action="store_true", help="continue from <out>.train_state.pt")
     args = vars(p.parse_args(argv))
     return TrainConfig(**args)

@@ -166,6 +166,10 @@ def test_weights_that_do_not_match_the_config_fail_naming_the_file(tmp_path):
         ({"config": "mar_test"}, "config"),  # KL-16 latents, not pixel tokens
         ({"model_overrides": {"depth": 3}}, "model_overrides"),
         ({"max_minutes": 0.0}, "max_minutes"),
+        ({"precision": "float8"}, "precision"),
+        ({"cooldown_steps": -1}, "cooldown_steps"),
+        ({"cooldown_steps": 2, "lr_schedule": "cosine"}, "cooldown_steps"),
+        ({"steps": 6, "warmup_steps": 2, "cooldown_steps": 5}, "warmup_steps"),
     ],
 )
 def test_config_validation_names_the_field(tmp_path, change, field):
@@ -178,6 +182,33 @@ def test_lr_warms_up_linearly_then_follows_the_schedule(tmp_path):
     assert [lr_at(s, cfg) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     cosine = replace(cfg, lr_schedule="cosine")
     assert lr_at(4, cosine) == 1.0 and lr_at(7, cosine) == pytest.approx(0.5) and lr_at(10, cosine) == 0.0
+
+
+def test_cooldown_decays_the_constant_rate_linearly_over_the_last_steps(tmp_path):
+    cfg = tiny_config(tmp_path / "m", steps=10, lr=1.0, warmup_steps=2, cooldown_steps=4)
+    got = [lr_at(s, cfg) for s in range(10)]
+    assert got == pytest.approx([0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.8, 0.6, 0.4, 0.2])
+
+
+def test_bfloat16_autocast_trains_close_to_float32(tmp_path):
+    losses = {}
+    for precision in ("float32", "bfloat16"):
+        trainer = Trainer(tiny_config(tmp_path / precision, precision=precision))
+        losses[precision] = [trainer.train_step() for _ in range(3)]
+    assert losses["float32"] != losses["bfloat16"]  # autocast really ran
+    assert losses["bfloat16"] == pytest.approx(losses["float32"], rel=0.05)
+
+
+def test_resume_may_switch_precision_and_add_a_cooldown(tmp_path):
+    train(tiny_config(tmp_path / "m", steps=3))
+    with (tmp_path / "m.log.jsonl").open("a") as f:  # a run killed after step 3's save logged further steps
+        f.write(json.dumps({"step": 4, "loss": 1.0, "lr": 1e-3, "elapsed": 1.0}) + "\n")
+    resumed = train(tiny_config(tmp_path / "m", steps=6, precision="bfloat16", cooldown_steps=2, resume=True))
+    assert resumed.step == 6
+    meta = json.loads((tmp_path / "m.json").read_text())
+    assert meta["train"]["args"]["precision"] == "bfloat16" and meta["train"]["args"]["cooldown_steps"] == 2
+    log = [json.loads(line)["step"] for line in (tmp_path / "m.log.jsonl").read_text().splitlines()]
+    assert log == [2, 3, 4, 6]  # the stale step-4 record was dropped, the re-run's kept
 
 
 def test_command_line_maps_onto_the_config():
