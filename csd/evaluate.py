@@ -29,6 +29,7 @@ from torch import Tensor
 
 from csd import defaults
 from csd.cost import csd_passes
+from csd.data import contact_sheet
 from csd.metrics import (
     DEFAULT_CLASSIFIER,
     REFERENCE_SEED,
@@ -215,8 +216,11 @@ def evaluate(
     classifier: ShapesClassifier,
     rank: int = 0,
     world: int = 1,
+    sheet: str | Path | None = None,
 ) -> dict | None:
-    """Generate this rank's share, gather, and (on rank 0) score. Other ranks return None."""
+    """Generate this rank's share, gather, and (on rank 0) score. Other ranks return None.
+
+    With ``sheet``, rank 0 also writes a contact sheet of the images: a row per class, up to 8 per row."""
     if world > config.n:
         raise ValueError(f"n (images) must be >= the number of processes ({world}), got {config.n}")
     labels, seeds = eval_labels_seeds(config.n, config.seed_offset, target.num_classes)
@@ -233,6 +237,8 @@ def evaluate(
         return None
     scores, _ = quality(images, labels, reference_features(config.n_ref, config.ref_seed, classifier), classifier)
     result = {"mode": config.mode, "n": config.n, **scores}
+    if sheet is not None:
+        result["sheet"] = str(contact_sheet(images, labels, sheet, per_class=8))
     if config.mode == "csd":
         result.update(summarize_stats(stats))
     result.update(
@@ -301,6 +307,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--n-ref", type=int, default=d.n_ref, help="held-out real images for the Frechet distance")
     parser.add_argument("--ref-seed", type=int, default=d.ref_seed)
     parser.add_argument("--out", default=None, help="write the result as JSON here")
+    parser.add_argument("--sheet", default=None, help="write a PNG contact sheet of the images here")
     args = parser.parse_args(argv)
 
     if args.threads:
@@ -310,7 +317,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     rank, world, device = init_distributed(args.device)
     try:
         target, draft = load_models(args.target, args.draft, device)
-        result = evaluate(target, draft, sampling, csd, config, load_classifier(args.classifier), rank, world)
+        classifier = load_classifier(args.classifier)
+        result = evaluate(target, draft, sampling, csd, config, classifier, rank, world, args.sheet)
         if world > 1:
             dist.barrier()  # every rank done before any tears the group down (gloo aborts otherwise)
     finally:

@@ -63,8 +63,10 @@ def test_two_process_run_equals_single_process_run(tmp_path):
     target, draft = save_tiny_pixel_pair(tmp_path)
     args = ["--target", target, "--draft", draft, "--mode", "csd", "--num-images", "8", "--batch-size", "2"]
     args += ["--n-ref", "40", "--num-steps", "6", "--gamma", "2", "--seed-offset", "3"]
-    single = _run(args, tmp_path / "single.json", nproc=1)
-    double = _run(args, tmp_path / "double.json", nproc=2)
+    single = _run([*args, "--sheet", str(tmp_path / "single.png")], tmp_path / "single.json", nproc=1)
+    double = _run([*args, "--sheet", str(tmp_path / "double.png")], tmp_path / "double.json", nproc=2)
+    # The gathered images are the single run's, pixel for pixel (the contact sheets are equal files).
+    assert (tmp_path / "single.png").read_bytes() == (tmp_path / "double.png").read_bytes()
     assert double["world_size"] == 2 and single["world_size"] == 1
     assert double["accuracy"] == single["accuracy"]
     assert double["fd"] == pytest.approx(single["fd"], rel=1e-6) and single["fd"] > 0
