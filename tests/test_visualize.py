@@ -1,5 +1,7 @@
 """Figure builders: panel data and traces in, charts and images out (no model runs here)."""
 
+import json
+
 import numpy as np
 import plotly.graph_objects as go
 import pytest
@@ -158,3 +160,32 @@ def test_toy_chart_shades_the_residual_and_normalises_the_histogram():
     assert residual.kind == "area" and min(residual.y) >= 0.0
     hist = kinds["speculative samples"]
     assert sum(hist.y) * hist.width == pytest.approx(1.0, abs=1e-3)  # a density
+
+
+def test_moving_average_is_a_trailing_mean():
+    from visualize.training import moving_average
+
+    assert moving_average([1, 2, 3, 4], 2).tolist() == [1.0, 1.5, 2.5, 3.5]
+    assert moving_average([5, 1], 10).tolist() == [5.0, 3.0]
+    with pytest.raises(ValueError, match="window"):
+        moving_average([1.0], 0)
+
+
+def test_training_curves_read_logs_and_render(tmp_path):
+    from visualize.training import loss_curves, lr_curves, main, read_log
+
+    records = [{"step": 100 * (i + 1), "loss": 1.0 / (i + 1), "lr": 1e-3, "elapsed": i} for i in range(12)]
+    log = tmp_path / "m.log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in reversed(records)))
+    assert [r["step"] for r in read_log(log)] == [r["step"] for r in records]
+    chart = loss_curves({"m": read_log(log)}, window_steps=200, skip_steps=500)
+    assert chart.series[0].x == [600, 700, 800, 900, 1000, 1100, 1200]
+    assert chart.series[0].y[0] == pytest.approx(1 / 6)  # smoothing starts after the skipped records
+    assert chart.series[0].y[-1] == pytest.approx((1 / 11 + 1 / 12) / 2) and "m 0.0871 at 1200" in chart.note
+    to_matplotlib(lr_curves({"m": records}))
+    main([str(log), "--out", str(tmp_path / "curves.png")])
+    assert (tmp_path / "curves.png").stat().st_size > 0 and (tmp_path / "curves_lr.png").stat().st_size > 0
+    bad = tmp_path / "bad.log.jsonl"
+    bad.write_text('{"step": 1}\n')
+    with pytest.raises(ValueError, match="bad.log.jsonl"):
+        read_log(bad)
