@@ -65,3 +65,12 @@ def test_pixel_tokenizer_needs_rgb_patches():
     assert pixel_tokenizer(48).patch_size == 4
     with pytest.raises(ValueError, match="not an RGB pixel patch"):
         pixel_tokenizer(47)
+
+
+def test_shipped_analysis_panels_were_made_from_the_shipped_weights():
+    """The Analysis tab's precomputed panels must describe the embedded models in this commit."""
+    from csd.analysis import Panels
+    from csd.pairs import EMBEDDED_DIR, _embedded_files, file_digest
+
+    panels = Panels.load(EMBEDDED_DIR.parent / "analysis_default.json")
+    assert panels.weights == file_digest(*_embedded_files(EMBEDDED_DIR)), "rerun python -m csd.analysis"
