@@ -36,6 +36,7 @@ from csd.data import NUM_CLASSES, ShapesConfig, make_dataset
 from csd.models.mar import MAR, MAR_CONFIGS, MARConfig, mar_config
 from csd.models.registry import save_model
 from csd.rng import stream_seed
+from csd.sampling import PRECISIONS as SAMPLING_PRECISIONS
 from csd.tokenizer import PixelTokenizer
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -60,7 +61,9 @@ RESUMABLE_CHANGES = frozenset(
         "cooldown_steps",
     }
 )
-PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}  # bfloat16: autocast forward, float32 weights and optimizer
+# The samplers' precisions without float16 (which would need loss scaling): bfloat16 autocasts the forward
+# pass; weights, optimizer and EMA stay float32.
+PRECISIONS = {k: v for k, v in SAMPLING_PRECISIONS.items() if k != "float16"}
 
 
 @dataclass(frozen=True)
