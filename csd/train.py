@@ -93,6 +93,9 @@ class TrainConfig:
     save_every: int = 0
     max_minutes: float | None = None
     resume: bool = False
+    # Start from another run's train state (weights, EMA and AdamW moments; a fresh step count, LR schedule
+    # and generators): fine-tuning with changed settings, e.g. a new mask-ratio distribution or a re-warm-up.
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         for name, lo in (("steps", 1), ("batch_size", 1), ("data_size", 1), ("log_every", 1)):
@@ -125,6 +128,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.device must be one of {DEVICES}, got {self.device!r}")
         if not self.out:
             raise ValueError("TrainConfig.out must be a non-empty path prefix")
+        if self.init_from is not None and not self.init_from:
+            raise ValueError("TrainConfig.init_from must be a train-state path or None")
         if self.config not in MAR_CONFIGS:
             raise ValueError(f"TrainConfig.config must be one of {sorted(MAR_CONFIGS)}, got {self.config!r}")
         mc = self.model_config()
@@ -230,6 +235,7 @@ class Trainer:
         self.images, self.labels = data.images.to(self.device), data.labels.to(self.device)
 
         self.step, self.elapsed, self.loss = 0, 0.0, math.nan
+        self.parent: dict | None = None  # what init_from started from (its args, steps and wall time)
         if self.dist.main:
             self.cfg.paths["log"].parent.mkdir(parents=True, exist_ok=True)
 
@@ -340,6 +346,7 @@ class Trainer:
             "ema": self.ema.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": rngs,
+            "parent": self.parent,
         }
 
     def summary(self) -> dict:
@@ -353,6 +360,7 @@ class Trainer:
             "final_loss": None if math.isnan(self.loss) else self.loss,
             "device": self.device.type,
             "torch": torch.__version__,
+            **({"parent": self.parent} if self.parent else {}),
         }
 
     def save(self) -> None:
@@ -364,6 +372,33 @@ class Trainer:
         tmp = paths["state"].with_name(paths["state"].name + ".tmp")
         torch.save(state, tmp)
         os.replace(tmp, paths["state"])  # a run killed mid-save keeps the previous state
+
+    def init_from(self, path: str | Path) -> None:
+        """Start this (fresh) run from the weights, EMA and AdamW moments of another run's train state.
+
+        The architecture must match (a shape mismatch is an error naming the file); training settings such
+        as the mask-ratio distribution, LR and steps may differ. Step count, schedule and generators start
+        anew from this run's settings."""
+        state = safe_torch_load(path)
+        for key in ("model", "ema", "optimizer", "step", "args"):
+            if key not in state:
+                raise CheckpointError(f"{path} is not a train state written by csd.train (no {key!r})")
+        load_state_strict(self.model, state["model"], str(path))
+        load_state_strict(self.ema, state["ema"], str(path))
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (KeyError, ValueError) as exc:
+            raise CheckpointError(f"optimizer state in {path} does not match the model: {exc}") from exc
+        # The loaded groups carry the parent's settings; the groups are (no decay, decay) as in param_groups.
+        for group, wd in zip(self.optimizer.param_groups, (0.0, self.cfg.weight_decay), strict=True):
+            group["weight_decay"] = wd
+        self.parent = {
+            "path": str(path),
+            "args": state["args"],
+            "steps_done": state["step"],
+            "wall_time_s": round(float(state.get("elapsed", 0.0)), 1),
+            "parent": state.get("parent"),
+        }
 
     def load(self, path: str | Path) -> None:
         """Continue from a train state written by :meth:`save` with the same settings and world size."""
@@ -394,6 +429,7 @@ class Trainer:
         if "cuda" in rng:
             torch.cuda.set_rng_state(rng["cuda"], self.device)
         self.step, self.elapsed, self.loss = state["step"], state["elapsed"], state["loss"]
+        self.parent = state.get("parent")
         if self.dist.main:
             self._truncate_log()
 
@@ -417,6 +453,8 @@ def train(cfg: TrainConfig) -> Trainer:
         trainer = Trainer(cfg, dist_info, device)
         if cfg.resume:
             trainer.load(cfg.paths["state"])
+        elif cfg.init_from:
+            trainer.init_from(cfg.init_from)
         trainer.fit()
         if dist_info.world > 1:
             dist.barrier()  # rank 0 may still be writing files; gloo aborts if a peer tears down first
@@ -448,6 +486,11 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
         "--precision", choices=tuple(PRECISIONS), default="float32", help="bfloat16: autocast forward (1.6x on CPU)"
     )
     p.add_argument("--resume", action="store_true", help="continue from <out>.train_state.pt")
+    p.add_argument(
+        "--init-from",
+        default=None,
+        help="start from another run's .train_state.pt (weights, EMA, AdamW moments) with a new schedule",
+    )
     args = vars(p.parse_args(argv))
     return TrainConfig(**args)
 

@@ -1,5 +1,5 @@
 """Acceptance of every criterion on a pair that differs slightly: a trained model and a copy of it with
-1% Gaussian weight noise (per-tensor std). Usage: python scripts/acceptance_perturbed_pair.py [model]."""
+1% Gaussian weight noise (per-tensor std). Usage: python -m scripts.acceptance_perturbed_pair [model]."""
 
 import sys
 
@@ -26,15 +26,19 @@ def main(path: str = "assets/models/shapes_draft.safetensors") -> None:
             w.add_(0.01 * w.std() * torch.randn(w.shape, generator=g))
     sampling = SamplingConfig(num_steps=16, cfg_scale=3.0)
     labels, seeds = [i % 10 for i in range(16)], list(range(16))
-    print("| criterion | acceptance | log r trajectory term (mean, std) | final term (mean) | distance aligned | "
-          "distance independent |")
+    print(
+        "| criterion | acceptance | log r trajectory term (mean, std) | final term (mean) | distance aligned | "
+        "distance independent |"
+    )
     print("| --- | --- | --- | --- | --- | --- |")
     for name, cfg in VARIANTS.items():
         tr = speculative_generate(target, draft, labels, seeds, sampling, cfg).trace
         s, v = tr.summary(), tr.verified
-        print(f"| {name} | {s['acceptance_rate']:.3f} | {tr.log_ratio_trajectory[v].mean():.2f}, "
-              f"{tr.log_ratio_trajectory[v].std():.2f} | {tr.log_ratio_final[v].mean():.2f} | "
-              f"{s['distance_aligned']:.3f} | {s['distance_independent']:.3f} |")
+        print(
+            f"| {name} | {s['acceptance_rate']:.3f} | {tr.log_ratio_trajectory[v].mean():.2f}, "
+            f"{tr.log_ratio_trajectory[v].std():.2f} | {tr.log_ratio_final[v].mean():.2f} | "
+            f"{s['distance_aligned']:.3f} | {s['distance_independent']:.3f} |"
+        )
 
 
 if __name__ == "__main__":

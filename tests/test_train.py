@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from csd.checkpoint import CheckpointError, safe_torch_load
 from csd.data import make_dataset
-from csd.models.mar import MAR, mar_config
+from csd.models.mar import MAR, mar_config, truncated_normal_ratio
 from csd.models.registry import load_model, save_model
 from csd.tokenizer import PixelTokenizer
 from csd.train import TrainConfig, Trainer, lr_at, parse_args, train
@@ -209,6 +209,60 @@ def test_resume_may_switch_precision_and_add_a_cooldown(tmp_path):
     assert meta["train"]["args"]["precision"] == "bfloat16" and meta["train"]["args"]["cooldown_steps"] == 2
     log = [json.loads(line)["step"] for line in (tmp_path / "m.log.jsonl").read_text().splitlines()]
     assert log == [2, 3, 4, 6]  # the stale step-4 record was dropped, the re-run's kept
+
+
+def test_init_from_starts_a_new_run_from_another_runs_weights(tmp_path):
+    parent = train(tiny_config(tmp_path / "parent", steps=4))
+    # A new run: another mask-ratio distribution, LR and schedule, from the parent's weights and moments.
+    child_cfg = tiny_config(
+        tmp_path / "child",
+        steps=3,
+        lr=5e-4,
+        seed=5,
+        init_from=str(tmp_path / "parent.train_state.pt"),
+        model_overrides={**TINY, "mask_ratio_min": 0.05, "mask_ratio_std": 1.0},
+    )
+    child = Trainer(child_cfg)
+    child.init_from(child_cfg.init_from)
+    for a, b in ((parent.model, child.model), (parent.ema, child.ema)):
+        for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+            assert torch.equal(x, y), name
+    assert child.step == 0 and lr_at(0, child_cfg) == pytest.approx(2.5e-4)  # a fresh warm-up
+    assert [g["weight_decay"] for g in child.optimizer.param_groups] == [0.0, child_cfg.weight_decay]
+    moments = child.optimizer.state_dict()["state"]
+    assert moments and all(int(v["step"]) == 4 for v in moments.values())  # the parent's AdamW moments
+
+    done = train(child_cfg)
+    assert done.step == 3
+    record = json.loads((tmp_path / "child.json").read_text())["train"]
+    assert record["parent"]["steps_done"] == 4 and record["parent"]["path"].endswith("parent.train_state.pt")
+    assert record["args"]["model_overrides"]["mask_ratio_min"] == 0.05
+    # The lineage survives a resume of the child.
+    resumed = train(replace(child_cfg, steps=5, resume=True))
+    assert resumed.step == 5 and resumed.parent["steps_done"] == 4
+
+
+def test_init_from_refuses_another_architecture_naming_the_file(tmp_path):
+    train(tiny_config(tmp_path / "parent", steps=2))
+    state = tmp_path / "parent.train_state.pt"
+    wider = tiny_config(tmp_path / "child", init_from=str(state), model_overrides={**TINY, "diffloss_w": 48})
+    with pytest.raises(CheckpointError, match=re.escape(str(state))):
+        train(wider)
+    with pytest.raises(CheckpointError, match="not found"):
+        train(tiny_config(tmp_path / "child", init_from=str(tmp_path / "absent.train_state.pt")))
+
+
+def test_mask_ratios_follow_the_truncated_normal(tmp_path):
+    def ratios(lo, std):
+        g = torch.Generator().manual_seed(0)
+        return torch.tensor([truncated_normal_ratio(lo, g, "cpu", std) for _ in range(4000)])
+
+    mar = ratios(0.7, 0.25)  # MAR's training distribution: mostly near 1, never below 0.7
+    assert mar.min() >= 0.7 and mar.max() <= 1.0 and 0.85 < mar.mean() < 0.9
+    wide = ratios(0.05, 1.0)  # close to uniform on [0.05, 1]: the model also sees mostly-known images
+    assert wide.min() >= 0.05 and (wide < 0.3).float().mean() > 0.15 and 0.5 < wide.mean() < 0.62
+    with pytest.raises(ValueError, match=r"MARConfig\.mask_ratio_std"):
+        mar_config("shapes_draft", mask_ratio_std=0.0)
 
 
 def test_command_line_maps_onto_the_config():

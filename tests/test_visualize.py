@@ -189,3 +189,19 @@ def test_training_curves_read_logs_and_render(tmp_path):
     bad.write_text('{"step": 1}\n')
     with pytest.raises(ValueError, match="bad.log.jsonl"):
         read_log(bad)
+
+
+def test_a_run_started_from_another_is_drawn_after_its_parent(tmp_path):
+    from visualize.training import chain_logs, main
+
+    parent = [{"step": s, "loss": 1.0, "lr": 1e-3, "elapsed": s / 10} for s in (50, 100)]
+    child = [{"step": s, "loss": 0.5, "lr": 5e-4, "elapsed": s / 20} for s in (25, 50)]
+    chained = chain_logs([parent, child])
+    assert [r["step"] for r in chained] == [50, 100, 125, 150]
+    assert [r["elapsed"] for r in chained] == [5.0, 10.0, 11.25, 12.5]
+    assert [r["loss"] for r in chained] == [1.0, 1.0, 0.5, 0.5]
+    for name, records in (("a", parent), ("b", child)):
+        (tmp_path / f"{name}.log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    spec = f"{tmp_path / 'a.log.jsonl'}+{tmp_path / 'b.log.jsonl'}"
+    main([spec, "--out", str(tmp_path / "c.png"), "--window-steps", "50"])
+    assert (tmp_path / "c.png").stat().st_size > 0

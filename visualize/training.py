@@ -1,7 +1,11 @@
 """Training curves of the embedded models from their ``*.log.jsonl`` files (loss and learning rate per step).
 
-python -m visualize.training assets/models/shapes_target.log.jsonl assets/models/shapes_draft.log.jsonl \\
+python -m visualize.training \\
+    assets/models/shapes_target_stage1.log.jsonl+assets/models/shapes_target.log.jsonl \\
+    assets/models/shapes_draft_stage1.log.jsonl+assets/models/shapes_draft.log.jsonl \\
     --out assets/models/training_curves.png
+
+``a.log.jsonl+b.log.jsonl`` draws a run started from another one (``csd.train --init-from``) after its parent.
 """
 
 from __future__ import annotations
@@ -28,6 +32,18 @@ def read_log(path: str | Path) -> list[dict]:
     if not records or missing:
         raise ValueError(f"training log {path} has no records or records without step/loss/lr (lines {missing[:5]})")
     return sorted(records, key=lambda r: r["step"])
+
+
+def chain_logs(segments: Sequence[list[dict]]) -> list[dict]:
+    """Records of runs that each started from the previous one's end (``--init-from``), as one log: the steps
+    and elapsed seconds of a segment continue from the last record of the segment before."""
+    chained, step0, elapsed0 = [], 0, 0.0
+    for records in segments:
+        for r in records:
+            chained.append({**r, "step": r["step"] + step0, "elapsed": r.get("elapsed", 0.0) + elapsed0})
+        if records:
+            step0, elapsed0 = chained[-1]["step"], chained[-1]["elapsed"]
+    return chained
 
 
 def moving_average(values: Sequence[float], window: int) -> np.ndarray:
@@ -70,11 +86,18 @@ def lr_curves(logs: Mapping[str, list[dict]]) -> Chart:
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("logs", nargs="+", type=Path, help="<name>.log.jsonl files; the model name is the file stem")
+    ap.add_argument(
+        "logs",
+        nargs="+",
+        help="<name>.log.jsonl files (the model name is the last file's stem); a+b chains a run after its parent",
+    )
     ap.add_argument("--out", type=Path, required=True, help="PNG of the loss curves; the LR goes to <out>_lr.png")
     ap.add_argument("--window-steps", type=int, default=500)
     args = ap.parse_args(argv)
-    logs = {p.name.removesuffix(".log.jsonl"): read_log(p) for p in args.logs}
+    logs = {}
+    for spec in args.logs:
+        parts = [Path(p) for p in spec.split("+")]
+        logs[parts[-1].name.removesuffix(".log.jsonl")] = chain_logs([read_log(p) for p in parts])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     print(save_png(loss_curves(logs, args.window_steps), args.out))
     print(save_png(lr_curves(logs), args.out.with_name(args.out.stem + "_lr.png")))

@@ -39,6 +39,9 @@ class MARConfig:
     attn_dropout: float = 0.1
     proj_dropout: float = 0.1
     mask_ratio_min: float = 0.7
+    # Training mask ratios: N(1, mask_ratio_std^2) truncated to [mask_ratio_min, 1]. MAR's 0.25 (with min 0.7)
+    # never shows the model more than 30% of the tokens, yet sampling ends with almost all of them known.
+    mask_ratio_std: float = 0.25
     diffloss_d: int = 3
     diffloss_w: int = 1024
     num_sampling_steps: int = 100
@@ -83,6 +86,8 @@ class MARConfig:
                 raise ValueError(f"MARConfig.{name} must be in [0, 1), got {getattr(self, name)}")
         if not 0.0 < self.mask_ratio_min <= 1.0:
             raise ValueError(f"MARConfig.mask_ratio_min must be in (0, 1], got {self.mask_ratio_min}")
+        if not (math.isfinite(self.mask_ratio_std) and 0.0 < self.mask_ratio_std <= 10.0):
+            raise ValueError(f"MARConfig.mask_ratio_std must be in (0, 10], got {self.mask_ratio_std}")
         if not 1 <= self.num_sampling_steps <= 1000:
             raise ValueError(f"MARConfig.num_sampling_steps must be in [1, 1000], got {self.num_sampling_steps}")
         if self.clip_x0 is not None and self.clip_x0 <= 0:
@@ -136,6 +141,10 @@ _PIXEL_SHAPES = dict(
     num_sampling_steps=25,
     diffusion_batch_mul=2,
     clip_x0=1.0,
+    # Near-uniform mask ratios in [0.05, 1] instead of MAR's [0.7, 1]: with 64 tokens, MAR's range never
+    # shows more than 19 known tokens, and the models stopped using context beyond that (csd.probe).
+    mask_ratio_min=0.05,
+    mask_ratio_std=1.0,
 )
 
 # Official sizes (ImageNet 256, KL-16 latents); head depth x width as in the MAR README.
@@ -169,14 +178,16 @@ def mar_config(name: str, **overrides) -> MARConfig:
     return replace(MAR_CONFIGS[name], **overrides)
 
 
-def truncated_normal_ratio(mask_ratio_min: float, generator: torch.Generator | None, device) -> float:
-    """MAR's training mask ratio: N(1, 0.25^2) truncated to [mask_ratio_min, 1] (inverse CDF)."""
-    lo = (mask_ratio_min - 1.0) / 0.25
+def truncated_normal_ratio(
+    mask_ratio_min: float, generator: torch.Generator | None, device, std: float = 0.25
+) -> float:
+    """MAR's training mask ratio: N(1, std^2) truncated to [mask_ratio_min, 1] (inverse CDF); MAR's std is 0.25."""
+    lo = (mask_ratio_min - 1.0) / std
     cdf = lambda x: 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))  # noqa: E731
     u = torch.rand((), generator=generator, device=device).item()
     p = cdf(lo) + u * (cdf(0.0) - cdf(lo))
     x = math.sqrt(2.0) * torch.erfinv(torch.tensor(2.0 * p - 1.0, dtype=torch.float64)).item()
-    return 1.0 + 0.25 * x
+    return min(1.0, max(mask_ratio_min, 1.0 + std * x))
 
 
 class MAR(nn.Module):
@@ -298,7 +309,8 @@ class MAR(nn.Module):
         b, n, _ = tokens.shape
         dev = tokens.device
         orders = torch.argsort(torch.rand((b, n), generator=generator, device=dev), dim=1)
-        num_masked = math.ceil(n * truncated_normal_ratio(self.config.mask_ratio_min, generator, dev))
+        ratio = truncated_normal_ratio(self.config.mask_ratio_min, generator, dev, self.config.mask_ratio_std)
+        num_masked = math.ceil(n * ratio)
         mask = torch.zeros(b, n, dtype=torch.bool, device=dev)
         mask.scatter_(1, orders[:, :num_masked], True)
 
