@@ -1,7 +1,8 @@
 """Training curves of the embedded models from their ``*.log.jsonl`` files (loss and learning rate per step).
 
 python -m visualize.training \\
-    assets/models/shapes_target_stage1.log.jsonl+assets/models/shapes_target.log.jsonl \\
+    assets/models/shapes_target_stage1.log.jsonl+assets/models/shapes_target_stage2.log.jsonl+\\
+assets/models/shapes_target.log.jsonl \\
     assets/models/shapes_draft_stage1.log.jsonl+assets/models/shapes_draft.log.jsonl \\
     --out assets/models/training_curves.png
 
