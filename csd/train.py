@@ -373,6 +373,15 @@ class Trainer:
         torch.save(state, tmp)
         os.replace(tmp, paths["state"])  # a run killed mid-save keeps the previous state
 
+    def _load_weights(self, state: dict, path: str | Path) -> None:
+        """Raw weights, EMA and AdamW state from a train state; mismatches are errors naming the file."""
+        load_state_strict(self.model, state["model"], str(path))
+        load_state_strict(self.ema, state["ema"], str(path))
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (KeyError, ValueError) as exc:
+            raise CheckpointError(f"optimizer state in {path} does not match the model: {exc}") from exc
+
     def init_from(self, path: str | Path) -> None:
         """Start this (fresh) run from the weights, EMA and AdamW moments of another run's train state.
 
@@ -383,12 +392,7 @@ class Trainer:
         for key in ("model", "ema", "optimizer", "step", "args"):
             if key not in state:
                 raise CheckpointError(f"{path} is not a train state written by csd.train (no {key!r})")
-        load_state_strict(self.model, state["model"], str(path))
-        load_state_strict(self.ema, state["ema"], str(path))
-        try:
-            self.optimizer.load_state_dict(state["optimizer"])
-        except (KeyError, ValueError) as exc:
-            raise CheckpointError(f"optimizer state in {path} does not match the model: {exc}") from exc
+        self._load_weights(state, path)
         # The loaded groups carry the parent's settings; the groups are (no decay, decay) as in param_groups.
         for group, wd in zip(self.optimizer.param_groups, (0.0, self.cfg.weight_decay), strict=True):
             group["weight_decay"] = wd
@@ -416,12 +420,7 @@ class Trainer:
             raise ValueError(
                 f"cannot resume from {path}: saved with {state['world_size']} processes, not {self.dist.world}"
             )
-        load_state_strict(self.model, state["model"], str(path))
-        load_state_strict(self.ema, state["ema"], str(path))
-        try:
-            self.optimizer.load_state_dict(state["optimizer"])
-        except (KeyError, ValueError) as exc:
-            raise CheckpointError(f"optimizer state in {path} does not match the model: {exc}") from exc
+        self._load_weights(state, path)
         rng = state["rng"][self.dist.rank]
         self.data_gen.set_state(rng["data"])
         self.model_gen.set_state(rng["model"])
