@@ -10,7 +10,9 @@ One run measures everything and reports ratios (absolute times depend on the mac
 * the bound of DESIGN.md section 6 (:mod:`csd.cost`) from C_p, C_q, H_p, H_q measured in those runs;
 * acceptance and draft-target distance with and without alignment, resampler tries and cap hits;
 * class accuracy and Frechet distance (:mod:`csd.metrics`) of target-only, CSD, draft-only and
-  fewer-steps target images, and between CSD and target-only images.
+  fewer-steps target images, and between CSD and target-only images;
+* optionally (``--quality-gammas``) CSD's quality at other draft lengths, on the same labels and seeds:
+  the quality side of the speed-quality trade-off that gamma sets.
 
 Writes ``bench.json`` and ``bench.md`` to ``--out``.
 """
@@ -59,12 +61,15 @@ class BenchConfig:
     warmup: int = 1
     n: int = 500  # images per sampler for the quality metrics
     n_ref: int = 2000  # held-out real images
+    quality_gammas: tuple[int, ...] = ()  # extra draft lengths whose CSD images are scored too
 
     def __post_init__(self) -> None:
-        for name in ("gammas", "batches"):
+        for name in ("gammas", "batches", "quality_gammas"):
             values = getattr(self, name)
-            if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-                raise ValueError(f"{name} must be a non-empty tuple of ints >= 1, got {values!r}")
+            bad = any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values)
+            if bad or (not values and name != "quality_gammas"):
+                what = "a tuple" if name == "quality_gammas" else "a non-empty tuple"
+                raise ValueError(f"{name} must be {what} of ints >= 1, got {values!r}")
         for name, lo in (("repeats", 1), ("warmup", 0), ("n", 2), ("n_ref", 2)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -214,6 +219,15 @@ def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, con
         out[f"accuracy_{key}"], out[f"fd_{key}"] = scores["accuracy"], scores["fd"]
         if mode == "csd":
             out[key] = summarize_stats(stats)
+    default = {"gamma": csd.gamma, "accuracy": out["accuracy_csd"], "fd": out["fd_csd"]}
+    out["quality_by_gamma"] = [{**default, **_vs_target(out["csd"], feats, "csd")}]
+    for g in sorted(set(config.quality_gammas) - {csd.gamma}):
+        images, stats = gen("csd", replace(csd, gamma=g))
+        scores, feats[f"csd/{g}"] = quality(images, labels, ref, classifier)
+        out["quality_by_gamma"].append({"gamma": g, **scores, **_vs_target(summarize_stats(stats), feats, f"csd/{g}")})
+    for row in out["quality_by_gamma"]:
+        row["target_passes"] = csd_passes(target.seq_len, sampling.num_steps, row["gamma"], csd.prefill)[0]
+    out["quality_by_gamma"].sort(key=lambda r: r["gamma"])
     aligned, unaligned = out.pop("csd"), out.pop("csd_unaligned")
     out.update(
         {
@@ -232,6 +246,13 @@ def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, con
         }
     )
     return out
+
+
+def _vs_target(stats: dict, feats: dict[str, np.ndarray], key: str) -> dict[str, float]:
+    return {
+        "acceptance": stats["acceptance_rate"],
+        "fd_vs_target": frechet_distance(feats[key], feats["target"]),
+    }
 
 
 # --- report ----------------------------------------------------------------------------------------
@@ -264,6 +285,9 @@ def run_bench(target, draft, sampling: SamplingConfig, csd: CSDConfig, config: B
             "per_step_ms": {k: 1e3 * v for k, v in asdict(default_costs).items()},
         },
     }
+    for q in result["quality_by_gamma"]:  # the speed side of each quality row, where the grid timed it
+        timed = [r for r in rows if r["batch"] == default_batch and r["gamma"] == q["gamma"]]
+        q["speedup"] = timed[0]["speedup"] if timed else float("nan")
     result["settings"] = {
         "bench": asdict(config),
         "default_batch": default_batch,
@@ -320,6 +344,23 @@ def markdown(result: dict) -> str:
     ):
         acc, fd = result[f"accuracy_{key}"], result[f"fd_{key}"]
         lines.append(f"| {name} | {_f(rel_time)} | {_f(acc, 3)} | {_f(fd)} |")
+    by_gamma = result.get("quality_by_gamma", [])
+    if len(by_gamma) > 1:
+        lines += [
+            "",
+            f"CSD against draft length, same labels and seeds (speedup at batch {s['default_batch']} where the grid "
+            "timed that gamma):",
+            "",
+            "| gamma | target passes | speedup | acceptance | class accuracy | Frechet distance | FD to target-only |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+            f"| target only | {sampling['num_steps']} | 1.00x | | {_f(result['accuracy_target'], 3)} | "
+            f"{_f(result['fd_target'])} | 0 |",
+        ]
+        lines += [
+            f"| {q['gamma']} | {q['target_passes']} | {_f(q['speedup'])}x | {_f(q['acceptance'], 3)} | "
+            f"{_f(q['accuracy'], 3)} | {_f(q['fd'])} | {_f(q['fd_vs_target'])} |"
+            for q in by_gamma
+        ]
     lines += [
         "",
         f"Frechet distance CSD vs target-only images: {_f(result['fd_csd_vs_target'])}.",
@@ -350,12 +391,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--n", type=int, help="images per sampler for the quality metrics")
     parser.add_argument("--n-ref", type=int, help="held-out real images")
+    parser.add_argument(
+        "--quality-gammas", type=int, nargs="+", help="also score CSD images made with these draft lengths"
+    )
     args = parser.parse_args(argv)
 
     if args.threads:
         torch.set_num_threads(args.threads)
     config = QUICK if args.quick else BenchConfig()
     grid = {"gammas": args.gammas, "batches": args.batches, "repeats": args.repeats, "n": args.n, "n_ref": args.n_ref}
+    grid["quality_gammas"] = args.quality_gammas
     config = replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in grid.items() if v is not None})
     sampling, csd = settings_from_args(args)
     target, draft = load_models(args.target, args.draft, torch.device(args.device))

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from csd.bench import alternate, main
+from csd.bench import BenchConfig, alternate, main
 from csd.cost import StepCosts, csd_passes, prefill_steps, simple_bound, speedup_bound
 from csd.sampling import SamplingConfig
 from csd.speculative import CSDConfig, speculative_generate
@@ -109,3 +109,40 @@ def test_quick_bench_writes_every_key_and_a_table(tmp_path, restore_threads):
     assert sum(result["cost"]["fractions_of_csd_time"].values()) == pytest.approx(1.0)
     table = (tmp_path / "out" / "bench.md").read_text()
     assert "| batch | gamma |" in table and "draft only" in table
+
+
+def test_quality_by_gamma_scores_images_made_with_that_gamma(tmp_path, restore_threads):
+    """Each row of the quality-vs-gamma table is the score of CSD images with that draft length: the
+    default gamma's row is the headline CSD result, another gamma's row equals a fresh generation."""
+    from csd import defaults
+    from csd.evaluate import eval_labels_seeds, generate_images, load_models, quality
+    from csd.metrics import REFERENCE_SEED, load_classifier, reference_features
+
+    target_path, draft_path = save_tiny_pixel_pair(tmp_path, seed=3)
+    out = tmp_path / "out"
+    args = ["--quick", "--target", target_path, "--draft", draft_path, "--out", str(out), "--threads", "1"]
+    args += ["--n", "12", "--n-ref", "30", "--repeats", "1", "--batches", "2", "--gammas", "2", "--num-steps", "6"]
+    result = main(args + ["--gamma", "2", "--quality-gammas", "1", "2", "3"])
+    rows = {r["gamma"]: r for r in result["quality_by_gamma"]}
+    assert sorted(rows) == [1, 2, 3]
+    assert (rows[2]["fd"], rows[2]["accuracy"]) == (result["fd_csd"], result["accuracy_csd"])
+    assert rows[2]["speedup"] == result["speedup"] and math.isnan(rows[1]["speedup"])  # only gamma 2 was timed
+    assert [rows[g]["target_passes"] for g in (1, 2, 3)] == [csd_passes(64, 6, g, 0.05)[0] for g in (1, 2, 3)]
+
+    target, draft = load_models(target_path, draft_path, torch.device("cpu"))
+    sampling = SamplingConfig(**result["settings"]["sampling"])
+    csd = CSDConfig(**{**result["settings"]["csd"], "gamma": 3})
+    labels, seeds = eval_labels_seeds(12, 0, target.num_classes)
+    images, _ = generate_images("csd", target, draft, labels, seeds, sampling, csd, defaults.BATCH_SIZE)
+    classifier = load_classifier()  # the bench's default
+    scores, _ = quality(images, labels, reference_features(30, REFERENCE_SEED, classifier), classifier)
+    assert rows[3]["fd"] == pytest.approx(scores["fd"]) and rows[3]["accuracy"] == scores["accuracy"]
+    assert rows[1]["fd"] != rows[3]["fd"]
+    table = (out / "bench.md").read_text()
+    assert "CSD against draft length" in table and "| 3 | " in table
+
+
+def test_quality_gammas_must_be_positive_ints():
+    with pytest.raises(ValueError, match="quality_gammas"):
+        BenchConfig(quality_gammas=(0,))
+    assert BenchConfig(quality_gammas=()).quality_gammas == ()
