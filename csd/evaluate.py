@@ -29,12 +29,13 @@ from torch import Tensor
 
 from csd import defaults
 from csd.cost import csd_passes
-from csd.data import contact_sheet
+from csd.data import CLASS_NAMES, contact_sheet
 from csd.metrics import (
     DEFAULT_CLASSIFIER,
     REFERENCE_SEED,
     ShapesClassifier,
     class_accuracy,
+    confusion_matrix,
     features,
     frechet_distance,
     load_classifier,
@@ -237,6 +238,12 @@ def evaluate(
         return None
     scores, _ = quality(images, labels, reference_features(config.n_ref, config.ref_seed, classifier), classifier)
     result = {"mode": config.mode, "n": config.n, **scores}
+    confusion = confusion_matrix(images, labels, classifier)
+    result["per_class_accuracy"] = {
+        name: float(confusion[c, c] / row) if (row := confusion[c].sum()) else float("nan")
+        for c, name in enumerate(CLASS_NAMES)
+    }
+    result["confusion"] = confusion.tolist()  # row: requested class, column: predicted class
     if sheet is not None:
         result["sheet"] = str(contact_sheet(images, labels, sheet, per_class=8))
     if config.mode == "csd":

@@ -124,12 +124,27 @@ def predict(images: Tensor, classifier: ShapesClassifier | None = None, batch_si
     return _batched(classifier, images, batch_size).argmax(dim=1).numpy()
 
 
-def class_accuracy(images: Tensor, labels, classifier: ShapesClassifier | None = None) -> float:
-    """Fraction of images the classifier assigns to their conditioning label."""
+def _labels(labels, images: Tensor) -> np.ndarray:
     labels = np.asarray(torch.as_tensor(labels).cpu()).reshape(-1)
     if len(labels) != len(images) or len(labels) == 0:
         raise ValueError(f"need one label per image and at least one image, got {len(labels)} for {len(images)}")
+    return labels
+
+
+def class_accuracy(images: Tensor, labels, classifier: ShapesClassifier | None = None) -> float:
+    """Fraction of images the classifier assigns to their conditioning label."""
+    labels = _labels(labels, images)
     return float((predict(images, classifier) == labels).mean())
+
+
+def confusion_matrix(images: Tensor, labels, classifier: ShapesClassifier | None = None) -> np.ndarray:
+    """Counts (C, C): row = conditioning label, column = the classifier's prediction."""
+    labels = _labels(labels, images)
+    if labels.min() < 0 or labels.max() >= NUM_CLASSES:
+        raise ValueError(f"labels must be class ids in [0, {NUM_CLASSES - 1}], got {labels.min()}..{labels.max()}")
+    counts = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=np.int64)
+    np.add.at(counts, (labels, predict(images, classifier)), 1)
+    return counts
 
 
 def reference_features(n: int, seed: int = REFERENCE_SEED, classifier: ShapesClassifier | None = None) -> np.ndarray:

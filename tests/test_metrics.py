@@ -21,6 +21,7 @@ from csd.metrics import (
     ClassifierConfig,
     TrainConfig,
     class_accuracy,
+    confusion_matrix,
     features,
     frechet_distance,
     reference_features,
@@ -32,6 +33,18 @@ def test_shipped_classifier_recognises_held_out_real_images():
     assert class_accuracy(real.images, real.labels) >= 0.97  # the default: assets/classifier.safetensors
     record = json.loads(DEFAULT_CLASSIFIER.with_suffix(".json").read_text())["training"]
     assert record["valid_accuracy"] >= 0.97 and record["data_seeds"]["reference"] == REFERENCE_SEED
+
+
+def test_confusion_matrix_counts_requested_against_predicted_class():
+    real = make_dataset(60, REFERENCE_SEED)
+    wrong = (real.labels + 1) % 10  # every image "requested" as the next class
+    counts = confusion_matrix(real.images, wrong)
+    assert counts.sum() == 60 and counts.shape == (10, 10)
+    assert np.trace(counts) / 60 == class_accuracy(real.images, wrong)
+    # The classifier is right on real images, so the counts sit one row below the diagonal.
+    assert np.trace(np.roll(counts, -1, axis=0)) >= 58
+    with pytest.raises(ValueError, match="class ids"):
+        confusion_matrix(real.images, np.full(60, 10))
 
 
 def test_reference_set_is_held_out_from_classifier_training():
