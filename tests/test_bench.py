@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from csd import defaults
 from csd.bench import BenchConfig, alternate, main
 from csd.cost import StepCosts, csd_passes, prefill_steps, simple_bound, speedup_bound
+from csd.evaluate import eval_labels_seeds, generate_images, load_models, quality
+from csd.metrics import REFERENCE_SEED, load_classifier, reference_features
 from csd.sampling import SamplingConfig
 from csd.speculative import CSDConfig, speculative_generate
 from tests.helpers import LinearGaussianChain, ToyARModel, save_tiny_pixel_pair
@@ -114,10 +121,6 @@ def test_quick_bench_writes_every_key_and_a_table(tmp_path, restore_threads):
 def test_quality_by_gamma_scores_images_made_with_that_gamma(tmp_path, restore_threads):
     """Each row of the quality-vs-gamma table is the score of CSD images with that draft length: the
     default gamma's row is the headline CSD result, another gamma's row equals a fresh generation."""
-    from csd import defaults
-    from csd.evaluate import eval_labels_seeds, generate_images, load_models, quality
-    from csd.metrics import REFERENCE_SEED, load_classifier, reference_features
-
     target_path, draft_path = save_tiny_pixel_pair(tmp_path, seed=3)
     out = tmp_path / "out"
     args = ["--quick", "--target", target_path, "--draft", draft_path, "--out", str(out), "--threads", "1"]
@@ -146,3 +149,24 @@ def test_quality_gammas_must_be_positive_ints():
     with pytest.raises(ValueError, match="quality_gammas"):
         BenchConfig(quality_gammas=(0,))
     assert BenchConfig(quality_gammas=()).quality_gammas == ()
+
+
+def test_quick_bench_command_runs_on_the_shipped_pair(tmp_path):
+    """The README's command on the embedded models, as a user runs it (smaller n and one repeat)."""
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "csd.bench", "--quick", "--n", "40", "--n-ref", "200", "--repeats", "1"]
+    cmd += ["--batches", "8", "--gammas", "8", "--quality-gammas", "2", "--threads", "1", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "bench.json").read_text())
+    for key in HEADLINE_KEYS:
+        assert math.isfinite(result[key]), key
+    assert result["settings"]["models"]["target"].endswith("shapes_target.safetensors")
+    assert [(r["batch"], r["gamma"]) for r in result["rows"]] == [(8, 8)]
+    assert [q["gamma"] for q in result["quality_by_gamma"]] == [2, 8]
+    # Seeded, so these are fixed numbers of the shipped weights; the margins between them are wide.
+    assert result["fd_target"] < result["fd_fewer"] and result["accuracy_target"] > 0.2
+    assert result["distance_aligned"] < result["distance_unaligned"]
+    assert (out / "bench.md").read_text().startswith("# CSD benchmark")
