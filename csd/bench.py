@@ -219,15 +219,23 @@ def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, con
         out[f"accuracy_{key}"], out[f"fd_{key}"] = scores["accuracy"], scores["fd"]
         if mode == "csd":
             out[key] = summarize_stats(stats)
-    default = {"gamma": csd.gamma, "accuracy": out["accuracy_csd"], "fd": out["fd_csd"]}
-    out["quality_by_gamma"] = [{**default, **_vs_target(out["csd"], feats, "csd")}]
+
+    def gamma_row(g: int, accuracy: float, fd: float, stats: dict, key: str) -> dict:
+        return {
+            "gamma": g,
+            "target_passes": csd_passes(target.seq_len, sampling.num_steps, g, csd.prefill)[0],
+            "acceptance": stats["acceptance_rate"],
+            "accuracy": accuracy,
+            "fd": fd,
+            "fd_vs_target": frechet_distance(feats[key], feats["target"]),
+        }
+
+    rows = [gamma_row(csd.gamma, out["accuracy_csd"], out["fd_csd"], out["csd"], "csd")]
     for g in sorted(set(config.quality_gammas) - {csd.gamma}):
         images, stats = gen("csd", replace(csd, gamma=g))
         scores, feats[f"csd/{g}"] = quality(images, labels, ref, classifier)
-        out["quality_by_gamma"].append({"gamma": g, **scores, **_vs_target(summarize_stats(stats), feats, f"csd/{g}")})
-    for row in out["quality_by_gamma"]:
-        row["target_passes"] = csd_passes(target.seq_len, sampling.num_steps, row["gamma"], csd.prefill)[0]
-    out["quality_by_gamma"].sort(key=lambda r: r["gamma"])
+        rows.append(gamma_row(g, scores["accuracy"], scores["fd"], summarize_stats(stats), f"csd/{g}"))
+    out["quality_by_gamma"] = sorted(rows, key=lambda r: r["gamma"])
     aligned, unaligned = out.pop("csd"), out.pop("csd_unaligned")
     out.update(
         {
@@ -246,13 +254,6 @@ def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, con
         }
     )
     return out
-
-
-def _vs_target(stats: dict, feats: dict[str, np.ndarray], key: str) -> dict[str, float]:
-    return {
-        "acceptance": stats["acceptance_rate"],
-        "fd_vs_target": frechet_distance(feats[key], feats["target"]),
-    }
 
 
 # --- report ----------------------------------------------------------------------------------------
@@ -400,7 +401,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     config = QUICK if args.quick else BenchConfig()
     grid = {"gammas": args.gammas, "batches": args.batches, "repeats": args.repeats, "n": args.n, "n_ref": args.n_ref}
-    grid["quality_gammas"] = args.quality_gammas
+    grid |= {"quality_gammas": args.quality_gammas}
     config = replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in grid.items() if v is not None})
     sampling, csd = settings_from_args(args)
     target, draft = load_models(args.target, args.draft, torch.device(args.device))
