@@ -20,6 +20,35 @@ from dataclasses import dataclass
 from csd.schedule import step_sizes
 
 
+def sequential_passes(sizes: list[int], gamma: int, prefill: float, acceptance: float) -> tuple[float, float]:
+    """Expected (target passes, draft passes) of *sequential* CSD, where tokens pass independently.
+
+    DESIGN.md's optional sequential verification checks drafted step j with the drafted steps < j as
+    context and ends the block at the first step with a rejected token (that step is committed,
+    resampled). A step of k tokens passes whole with probability ``acceptance ** k``. One target pass
+    verifies a block (the contexts batched), so the expected passes are the pre-fill steps plus the
+    expected number of blocks; the draft drafts every step of every block. No bonus step is drawn
+    after a fully accepted block. Exact, by recursion over the step where a block starts.
+    """
+    if not (isinstance(gamma, int) and gamma >= 1):
+        raise ValueError(f"gamma (draft length) must be an int >= 1, got {gamma!r}")
+    if not (0.0 <= acceptance <= 1.0):
+        raise ValueError(f"acceptance must be in [0, 1], got {acceptance!r}")
+    num_steps, p = len(sizes), prefill_steps(sizes, prefill)
+    blocks, drafts = [0.0] * (num_steps + 1), [0.0] * (num_steps + 1)  # expected from a block start
+    for s in range(num_steps - 1, p - 1, -1):
+        end = min(s + gamma, num_steps)
+        blocks[s], drafts[s] = 1.0, float(end - s)
+        reach = 1.0  # P(steps s..j-1 all passed)
+        for j in range(s, end):
+            whole = acceptance ** sizes[j]
+            stop_here = reach if j == end - 1 else reach * (1.0 - whole)
+            blocks[s] += stop_here * blocks[j + 1]
+            drafts[s] += stop_here * drafts[j + 1]
+            reach *= whole
+    return p + blocks[p], drafts[p]
+
+
 def prefill_steps(sizes: list[int], prefill: float) -> int:
     """AR steps the target makes alone: as in ``speculative_generate``, until prefill * N tokens exist."""
     n, steps, made = sum(sizes), 0, 0

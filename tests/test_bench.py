@@ -14,10 +14,11 @@ import torch
 
 from csd import defaults
 from csd.bench import BenchConfig, alternate, main
-from csd.cost import StepCosts, csd_passes, prefill_steps, simple_bound, speedup_bound
+from csd.cost import StepCosts, csd_passes, prefill_steps, sequential_passes, simple_bound, speedup_bound
 from csd.evaluate import eval_labels_seeds, generate_images, load_models, quality
 from csd.metrics import REFERENCE_SEED, load_classifier, reference_features
 from csd.sampling import SamplingConfig
+from csd.schedule import step_sizes
 from csd.speculative import CSDConfig, speculative_generate
 from tests.helpers import LinearGaussianChain, ToyARModel, save_tiny_pixel_pair
 
@@ -52,6 +53,47 @@ def test_bad_costs_name_the_parameter():
         StepCosts(1.0, 1.0, 1.0, -1.0)
     with pytest.raises(ValueError, match="prefill_steps"):
         speedup_bound(COSTS, 16, 4, 17)
+
+
+def test_sequential_verification_at_full_acceptance_costs_what_block_verification_costs():
+    for gamma in (1, 3, 8):
+        assert sequential_passes(step_sizes(64, 32), gamma, 0.05, 1.0) == csd_passes(64, 32, gamma, 0.05)
+
+
+def test_sequential_verification_at_zero_acceptance_commits_one_step_per_block():
+    sizes = step_sizes(64, 32)
+    p = prefill_steps(sizes, 0.05)
+    target, drafts = sequential_passes(sizes, 8, 0.05, 0.0)
+    assert target == 32  # pre-fill plus one pass per remaining step, as target-only
+    assert drafts == sum(min(8, 32 - s) for s in range(p, 32))
+
+
+def test_sequential_pass_counts_match_a_simulation():
+    sizes, gamma, acceptance = step_sizes(64, 32), 8, 0.4
+    p = prefill_steps(sizes, 0.05)
+    g = torch.Generator().manual_seed(0)
+    runs, blocks, drafts = 4000, 0, 0
+    for _ in range(runs):
+        s = p
+        while s < len(sizes):
+            end = min(s + gamma, len(sizes))
+            blocks, drafts = blocks + 1, drafts + end - s
+            while s < end:
+                passed = bool((torch.rand(sizes[s], generator=g) < acceptance).all())
+                s += 1
+                if not passed:
+                    break
+    target, drafted = sequential_passes(sizes, gamma, 0.05, acceptance)
+    assert p + blocks / runs == pytest.approx(target, rel=0.02)
+    assert drafts / runs == pytest.approx(drafted, rel=0.02)
+    assert target > 3 * csd_passes(64, 32, gamma, 0.05)[0]  # why it is not the default at this acceptance
+
+
+def test_sequential_passes_name_bad_parameters():
+    with pytest.raises(ValueError, match="acceptance"):
+        sequential_passes([1, 2], 2, 0.0, 1.5)
+    with pytest.raises(ValueError, match="gamma"):
+        sequential_passes([1, 2], 0, 0.0, 0.5)
 
 
 @pytest.mark.parametrize(("gamma", "prefill"), [(1, 0.0), (2, 0.05), (3, 0.3), (8, 0.0)])
