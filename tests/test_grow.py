@@ -1,0 +1,105 @@
+"""Specification of depth growth (csd.grow): a deeper model that computes the same function, ready to train."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from csd.checkpoint import CheckpointError
+from csd.data import make_dataset
+from csd.grow import block_positions, grow_depth, main
+from csd.models.registry import load_model
+from csd.tokenizer import PixelTokenizer
+from csd.train import Trainer, train
+from tests.test_train import TINY, tiny_config
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _batch(n: int = 8):
+    data = make_dataset(n, 3)
+    return PixelTokenizer(patch_size=4).encode(data.images), data.labels
+
+
+def _trained(tmp_path):
+    """A tiny model trained for a few steps (non-trivial weights) and its files."""
+    train(tiny_config(tmp_path / "src", steps=4))
+    return load_model(tmp_path / "src.safetensors")
+
+
+def test_old_blocks_are_spread_evenly_in_order():
+    assert block_positions(6, 8) == [0, 1, 2, 4, 5, 6]
+    assert block_positions(2, 4) == [0, 2]
+    assert block_positions(3, 3) == [0, 1, 2]
+    for old, new in ((1, 5), (6, 9), (4, 7)):
+        pos = block_positions(old, new)
+        assert pos[0] == 0 and pos == sorted(set(pos)) and pos[-1] < new
+    with pytest.raises(ValueError, match="depth must be >= the source model's 6, got 5"):
+        block_positions(6, 5)
+
+
+def test_grown_model_computes_the_same_loss_and_backbone_output(tmp_path):
+    model = _trained(tmp_path)
+    grown = grow_depth(model, encoder_depth=3, decoder_depth=2)
+    assert (grown.config.encoder_depth, grown.config.decoder_depth) == (3, 2)
+    assert len(grown.encoder_blocks) == 3 and len(grown.decoder_blocks) == 2
+    tokens, labels = _batch()
+    with torch.no_grad():
+        for seed in range(3):
+            a = model(tokens, labels, torch.Generator().manual_seed(seed))
+            b = grow_depth(model, 3, 2, seed=seed)(tokens, labels, torch.Generator().manual_seed(seed))
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+    # The new blocks are not copies of the old ones: their inner layers are freshly initialised.
+    new = grown.encoder_blocks[1]  # block_positions(1, 3) == [0]
+    assert torch.count_nonzero(new.attn.proj.weight) == 0 and torch.count_nonzero(new.mlp.fc2.weight) == 0
+    assert not torch.equal(new.attn.qkv.weight, model.encoder_blocks[0].attn.qkv.weight)
+
+
+def test_grown_train_state_trains_under_init_from(tmp_path):
+    _trained(tmp_path)
+    main(
+        [
+            str(tmp_path / "src.safetensors"),
+            "--encoder-depth",
+            "2",
+            "--decoder-depth",
+            "2",
+            "--out",
+            str(tmp_path / "g"),
+        ]
+    )
+    state_path = tmp_path / "g.train_state.pt"
+    cfg = tiny_config(
+        tmp_path / "child",
+        steps=3,
+        init_from=str(state_path),
+        model_overrides={**TINY, "encoder_depth": 2, "decoder_depth": 2},
+    )
+    child = Trainer(cfg)
+    child.init_from(cfg.init_from)
+    assert not child.optimizer.state_dict()["state"]  # fresh AdamW moments
+    tokens, labels = _batch()
+    before = child.model.encoder_blocks[1].mlp.fc2.weight.clone()
+    done = train(cfg)
+    assert not torch.equal(done.model.encoder_blocks[1].mlp.fc2.weight, before)  # the new block learns
+    record = json.loads((tmp_path / "child.json").read_text())["train"]
+    assert record["parent"]["args"]["encoder_depth"] == [1, 2]
+    assert record["parent"]["parent"]["steps_done"] == 4  # the source's own training record is kept
+    assert load_model(tmp_path / "child.safetensors").config.encoder_depth == 2
+
+
+def test_bad_input_names_the_parameter_or_file(tmp_path):
+    model = _trained(tmp_path)
+    with pytest.raises(ValueError, match="encoder_depth must be >= the source model's 1, got 0"):
+        grow_depth(model, encoder_depth=0, decoder_depth=1)  # shrinking is not growth
+    missing = tmp_path / "absent.safetensors"
+    with pytest.raises(CheckpointError, match="absent.safetensors"):
+        main([str(missing), "--encoder-depth", "2", "--decoder-depth", "2", "--out", str(tmp_path / "g")])
