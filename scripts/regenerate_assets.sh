@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Regenerate everything in the repository that is computed from the shipped weights, after new weights
+# are copied to assets/models/: the app's precomputed analysis panels, the three sample sheets, the
+# training curves, the benchmark (and its block in the README) and the probe table (printed only).
+# Run it alone on the machine (the benchmark times things), from the repository root:
+#
+#   bash scripts/regenerate_assets.sh [PREVIOUS_TARGET.safetensors]
+#
+# With PREVIOUS_TARGET, the probe compares it with the shipped target. The full test suite then rewrites
+# the two app screenshots (tests/test_app_browser.py). On the 2-core CPU this takes about 30 minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export GRADIO_ANALYTICS_ENABLED=False
+M=assets/models
+
+echo "== analysis panels"
+python -m csd.analysis --out assets/analysis_default.json --threads 1
+
+echo "== sample sheets (the same seeds and labels in all three)"
+for mode in target csd draft; do
+  python -m csd.evaluate --mode "$mode" --n 80 --sheet "assets/samples_${mode}.png" \
+    --out "/tmp/samples_${mode}.json" > /dev/null
+done
+
+echo "== training curves (every stage's log, oldest first)"
+chain() {  # <name>_stage1.log.jsonl+...+<name>.log.jsonl
+  local name=$1 k=1 logs=""
+  while [[ -f "$M/${name}_stage${k}.log.jsonl" ]]; do logs+="$M/${name}_stage${k}.log.jsonl+"; k=$((k + 1)); done
+  echo "${logs}$M/${name}.log.jsonl"
+}
+python -m visualize.training "$(chain shapes_target)" "$(chain shapes_draft)" --out "$M/training_curves.png"
+
+echo "== benchmark"
+python -m csd.bench --quick --n 200 --threads 1 --gammas 1 2 4 8 --quality-gammas 1 2 4 --out bench/results
+python - <<'EOF'
+# Paste bench/results/bench.md (without its title) between the README's bench markers.
+import re
+from pathlib import Path
+
+table = Path("bench/results/bench.md").read_text().split("\n", 1)[1].strip()
+readme = Path("README.md")
+text, n = re.subn(
+    r"(<!-- bench:start -->\n).*?(\n<!-- bench:end -->)",
+    lambda m: m.group(1) + table + m.group(2),
+    readme.read_text(),
+    flags=re.S,
+)
+if n != 1:
+    raise SystemExit("README.md: expected one <!-- bench:start --> ... <!-- bench:end --> block")
+readme.write_text(text)
+print("README bench block updated")
+EOF
+
+if [[ $# -ge 1 ]]; then
+  echo "== probe: $1 vs the shipped target"
+  python -m csd.probe "$1" "$M/shapes_target.safetensors" --n 200
+fi
