@@ -53,3 +53,28 @@ def test_later_stages_train_with_wider_mask_ratios(name):
     assert stage1["mask_ratio_min"] == 0.7 and "mask_ratio_std" not in stage1  # written before the field existed
     config = load_model(MODELS / f"{name}.safetensors").config
     assert (config.mask_ratio_min, config.mask_ratio_std) == (0.05, 1.0)
+
+
+def test_the_tried_deeper_target_was_grown_from_the_shipped_target():
+    """assets/models/tried/: the deeper target (not shipped) records its growth from the shipped stage-9 target."""
+    record = json.loads((MODELS / "tried" / "shapes_target_stage10.json").read_text())["train"]
+    shipped = json.loads((MODELS / "shapes_target.json").read_text())["train"]
+    grown = record["parent"]
+    assert grown["args"]["grow_from"].endswith("shapes_target.safetensors")
+    assert grown["args"]["encoder_depth"] == grown["args"]["decoder_depth"] == [6, 8]
+    assert grown["parent"]["steps_done"] == shipped["steps_done"] and grown["parent"]["args"] == shipped["args"]
+    model = load_model(MODELS / "tried" / "shapes_target_stage10.safetensors")
+    assert (model.config.encoder_depth, model.config.decoder_depth) == (8, 8)
+    assert record["steps_done"] == read_log(MODELS / "tried" / "shapes_target_stage10.log.jsonl")[-1]["step"]
+
+
+def test_the_deeper_targets_heads_are_sharper_than_the_drafts():
+    """Why the deeper target is not shipped (TRAINING.md): the aligned criterion's trajectory term,
+    draft log-std sum minus target log-std sum, is negative for the shipped pair and large and positive
+    for the deeper target."""
+    from scripts.trajectory_stds import mean_log_std_sum
+
+    draft = mean_log_std_sum(str(MODELS / "shapes_draft.safetensors"))
+    shipped = mean_log_std_sum(str(MODELS / "shapes_target.safetensors"))
+    deeper = mean_log_std_sum(str(MODELS / "tried" / "shapes_target_stage10.safetensors"))
+    assert draft - shipped < 0 and draft - deeper > 20
