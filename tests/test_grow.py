@@ -13,15 +13,7 @@ from csd.grow import block_positions, grow_depth, main
 from csd.models.registry import load_model
 from csd.tokenizer import PixelTokenizer
 from csd.train import Trainer, train
-from tests.test_train import TINY, tiny_config
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from tests.test_train import TINY, _one_thread, tiny_config  # noqa: F401 (_one_thread: autouse fixture)
 
 
 def _batch(n: int = 8):
@@ -86,7 +78,6 @@ def test_grown_train_state_trains_under_init_from(tmp_path):
     child = Trainer(cfg)
     child.init_from(cfg.init_from)
     assert not child.optimizer.state_dict()["state"]  # fresh AdamW moments
-    tokens, labels = _batch()
     before = child.model.encoder_blocks[1].mlp.fc2.weight.clone()
     done = train(cfg)
     assert not torch.equal(done.model.encoder_blocks[1].mlp.fc2.weight, before)  # the new block learns
