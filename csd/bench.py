@@ -311,11 +311,16 @@ def _f(v: float, digits: int = 2) -> str:
 def markdown(result: dict) -> str:
     s = result["settings"]
     sampling = s["sampling"]
+    criterion, term = s["csd"].get("criterion", "aligned"), s["csd"].get("trajectory_term", "derived")
+    non_default = "" if (criterion, term) == ("aligned", "derived") else f", criterion {criterion}"
+    if non_default and criterion == "aligned":
+        non_default += f" (trajectory term {term})"
     lines = [
         "# CSD benchmark",
         "",
         f"S = {sampling['num_steps']} AR steps, cfg {sampling['cfg_scale']} ({sampling['cfg_schedule']}), "
-        f"prefill {s['csd']['prefill']}, tau_v {s['csd']['tau_v']}; {s['device']}, {s['threads']} threads, "
+        f"prefill {s['csd']['prefill']}, tau_v {s['csd']['tau_v']}{non_default}; "
+        f"{s['device']}, {s['threads']} threads, "
         f"{s['bench']['repeats']} interleaved repeats. Times are ratios to target-only with the same S.",
         "",
         "| batch | gamma | target passes | speedup (min-max) | bound | simple bound | fewer-steps time | acceptance |",

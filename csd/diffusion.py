@@ -195,3 +195,17 @@ def diffusion_loss(schedule: Schedule, net_out: Tensor, x0: Tensor, x_t: Tensor,
     kl = normal_kl(true_mean, true_logvar, mean, logvar).mean(-1) / math.log(2.0)
     nll = -discretized_gaussian_log_likelihood(x0, mean, 0.5 * logvar).mean(-1) / math.log(2.0)
     return mse + torch.where(t == 0, nll, kl)
+
+
+def distill_loss(schedule: Schedule, net_out: Tensor, teacher_out: Tensor, t: Tensor) -> Tensor:
+    """Per-row distillation loss (n,) towards a teacher head's output at the same (x_t, t).
+
+    eps MSE plus the squared gap of the learned log-variances, (log var - log var_teacher)^2: the
+    second term is what the aligned acceptance test's trajectory term sums over a chain, so a
+    student trained on it has the teacher's per-step stds. net_out, teacher_out: (n, 2d); t: (n,).
+    """
+    d = net_out.shape[-1] // 2
+    eps_gap = ((net_out[:, :d] - teacher_out[:, :d]) ** 2).mean(-1)
+    logvar = learned_log_variance(schedule, net_out[:, d:], t)
+    logvar_teacher = learned_log_variance(schedule, teacher_out[:, d:], t)
+    return eps_gap + ((logvar - logvar_teacher) ** 2).mean(-1)

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from csd import defaults
+from csd.acceptance import CRITERIA, TRAJECTORY_TERMS
 from csd.cost import csd_passes
 from csd.data import CLASS_NAMES, contact_sheet
 from csd.metrics import (
@@ -281,6 +282,15 @@ def add_setting_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gamma", type=int, default=c.gamma, help="draft length (AR steps per block)")
     parser.add_argument("--prefill", type=float, default=c.prefill)
     parser.add_argument("--tau-v", type=float, default=c.tau_v)
+    parser.add_argument(
+        "--criterion", choices=CRITERIA, default=c.criterion, help="acceptance test: the paper's or the exact one"
+    )
+    parser.add_argument(
+        "--trajectory-term",
+        choices=TRAJECTORY_TERMS,
+        default=c.trajectory_term,
+        help="the aligned criterion's trajectory term",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
 
@@ -294,7 +304,15 @@ def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDCon
         temperature=args.temperature,
         head_steps=args.head_steps,
     )
-    return sampling, replace(defaults.CSD, gamma=args.gamma, prefill=args.prefill, tau_v=args.tau_v)
+    csd = replace(
+        defaults.CSD,
+        gamma=args.gamma,
+        prefill=args.prefill,
+        tau_v=args.tau_v,
+        criterion=args.criterion,
+        trajectory_term=args.trajectory_term,
+    )
+    return sampling, csd
 
 
 def load_models(target_path: str | Path, draft_path: str | Path, device: torch.device):

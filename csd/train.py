@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from csd.checkpoint import CheckpointError, load_state_strict, safe_torch_load
 from csd.data import NUM_CLASSES, ShapesConfig, make_dataset
 from csd.models.mar import MAR, MAR_CONFIGS, MARConfig, mar_config
-from csd.models.registry import save_model
+from csd.models.registry import load_model, save_model
 from csd.rng import stream_seed
 from csd.sampling import PRECISIONS as SAMPLING_PRECISIONS
 from csd.tokenizer import PixelTokenizer
@@ -96,6 +96,10 @@ class TrainConfig:
     # Start from another run's train state (weights, EMA and AdamW moments; a fresh step count, LR schedule
     # and generators): fine-tuning with changed settings, e.g. a new mask-ratio distribution or a re-warm-up.
     init_from: str | None = None
+    # Distillation: a frozen teacher model (.safetensors + .json) whose head outputs the student also
+    # matches, at the same masks, labels and (x_t, t); distill_weight scales that term of the loss.
+    distill_from: str | None = None
+    distill_weight: float = 1.0
 
     def __post_init__(self) -> None:
         for name, lo in (("steps", 1), ("batch_size", 1), ("data_size", 1), ("log_every", 1)):
@@ -128,6 +132,12 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.device must be one of {DEVICES}, got {self.device!r}")
         if not self.out:
             raise ValueError("TrainConfig.out must be a non-empty path prefix")
+        if self.distill_from is not None and not self.distill_from:
+            raise ValueError("TrainConfig.distill_from must be a model path or None")
+        if not (isinstance(self.distill_weight, int | float) and math.isfinite(self.distill_weight)):
+            raise ValueError(f"TrainConfig.distill_weight must be a finite number >= 0, got {self.distill_weight!r}")
+        if self.distill_weight < 0:
+            raise ValueError(f"TrainConfig.distill_weight must be a finite number >= 0, got {self.distill_weight!r}")
         if self.init_from is not None and not self.init_from:
             raise ValueError("TrainConfig.init_from must be a train-state path or None")
         if self.config not in MAR_CONFIGS:
@@ -210,6 +220,27 @@ def setup_distributed(device: str) -> tuple[Dist, torch.device]:
     return Dist(rank, world), dev
 
 
+def load_teacher(path: str | Path, student: MAR, device: torch.device) -> MAR:
+    """The frozen distillation teacher; it must share the student's tokens, classes and head schedule."""
+    teacher = load_model(path, device).requires_grad_(False)
+    for attr, what in (
+        ("seq_len", "number of tokens"),
+        ("token_dim", "token width"),
+        ("num_classes", "classes"),
+    ):
+        if getattr(teacher, attr) != getattr(student, attr):
+            raise ValueError(
+                f"distill_from {path}: {what} ({attr}) is {getattr(teacher, attr)}, the student's is "
+                f"{getattr(student, attr)}"
+            )
+    if teacher.head.train_steps != student.head.train_steps:
+        raise ValueError(
+            f"distill_from {path}: head diffusion steps are {teacher.head.train_steps}, the student's are "
+            f"{student.head.train_steps}"
+        )
+    return teacher
+
+
 class Trainer:
     """Model, EMA, optimizer, data and generators of one process, with save and resume."""
 
@@ -234,6 +265,8 @@ class Trainer:
         data = make_dataset(cfg.data_size, cfg.data_seed, ShapesConfig(image_size=self.model_config.img_size))
         self.images, self.labels = data.images.to(self.device), data.labels.to(self.device)
 
+        self.teacher = None if cfg.distill_from is None else load_teacher(cfg.distill_from, self.model, self.device)
+
         self.step, self.elapsed, self.loss = 0, 0.0, math.nan
         self.parent: dict | None = None  # what init_from started from (its args, steps and wall time)
         if self.dist.main:
@@ -257,7 +290,7 @@ class Trainer:
         tokens, labels = self.batch()
         dtype = PRECISIONS[self.cfg.precision]
         with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = self.net(tokens, labels, self.model_gen).float()
+            loss = self.net(tokens, labels, self.model_gen, self.teacher, self.cfg.distill_weight).float()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.grad_clip > 0:
@@ -411,7 +444,8 @@ class Trainer:
         changed = sorted(
             f.name
             for f in fields(TrainConfig)
-            if f.name not in RESUMABLE_CHANGES and saved.get(f.name) != getattr(self.cfg, f.name)
+            # A field the saved run predates had its default there.
+            if f.name not in RESUMABLE_CHANGES and saved.get(f.name, f.default) != getattr(self.cfg, f.name)
         )
         if changed:
             diffs = ", ".join(f"{k}: {saved.get(k)!r} -> {getattr(self.cfg, k)!r}" for k in changed)
@@ -490,6 +524,12 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
         default=None,
         help="start from another run's .train_state.pt (weights, EMA, AdamW moments) with a new schedule",
     )
+    p.add_argument(
+        "--distill-from",
+        default=None,
+        help="a frozen teacher model (.safetensors): also match its head's eps and log-variance",
+    )
+    p.add_argument("--distill-weight", type=float, default=d["distill_weight"].default)
     args = vars(p.parse_args(argv))
     return TrainConfig(**args)
 

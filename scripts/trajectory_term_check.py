@@ -1,6 +1,9 @@
 """CSD class accuracy and acceptance with each trajectory term, at the default setting, on 80 images.
 
-    python -m scripts.trajectory_term_check <target.safetensors> derived none
+    python -m scripts.trajectory_term_check <target.safetensors> derived none exact
+
+Each argument after the target is a trajectory term of the aligned criterion ("derived",
+"published", "none") or "exact" for the path-space criterion. ``--draft X`` picks another draft.
 
 Gamma 8, pre-fill 0.05, tau_v 42, 32 AR steps, CFG 3 linear, the shipped draft; the benchmark's
 labels and seeds (csd.evaluate.eval_labels_seeds).
@@ -19,20 +22,34 @@ from csd.sampling import SamplingConfig
 from csd.speculative import CSDConfig
 
 
-def main(target_path: str, terms: list[str]) -> None:
+def main(target_path: str, terms: list[str], draft_path: str = "assets/models/shapes_draft.safetensors") -> None:
     torch.set_num_threads(2)
     target = load_model(target_path)
-    draft = load_model("assets/models/shapes_draft.safetensors")
+    draft = load_model(draft_path)
     classifier = load_classifier(DEFAULT_CLASSIFIER)
     labels, seeds = eval_labels_seeds(80, 0, 10)
     sampling = SamplingConfig(num_steps=32, cfg_scale=3.0)
     for term in terms:
-        csd = CSDConfig(gamma=8, prefill=0.05, tau_v=42.0, trajectory_term=term)
+        if term == "exact":
+            csd = CSDConfig(gamma=8, prefill=0.05, criterion="exact")
+        else:
+            csd = CSDConfig(gamma=8, prefill=0.05, tau_v=42.0, trajectory_term=term)
         images, stats = generate_images("csd", target, draft, labels, seeds, sampling, csd, 8)
-        acceptance = summarize_stats(stats)["acceptance_rate"]
+        summary = summarize_stats(stats)
+        acceptance = summary["acceptance_rate"]
         accuracy = class_accuracy(images, labels, classifier)
-        print(f"{target_path} trajectory_term={term}: accuracy {accuracy:.4f}, acceptance {acceptance:.3f}")
+        print(
+            f"{target_path} + {draft_path} {term}: accuracy {accuracy:.4f}, acceptance {acceptance:.3f}, "
+            f"resampler tries {summary['mean_resample_tries']:.2f}, cap hits {summary['cap_hits']}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    args = sys.argv[1:]
+    draft_arg = {}
+    if "--draft" in args:
+        i = args.index("--draft")
+        draft_arg["draft_path"] = args[i + 1]
+        del args[i : i + 2]
+    main(args[0], args[1:], **draft_arg)

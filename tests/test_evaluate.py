@@ -77,3 +77,40 @@ def test_two_process_run_equals_single_process_run(tmp_path):
     assert double["fd"] == pytest.approx(single["fd"], rel=1e-6) and single["fd"] > 0
     for key in ("acceptance_rate", "drafted_tokens", "cap_hits", "mean_resample_tries"):
         assert double[key] == pytest.approx(single[key], rel=1e-9, nan_ok=True)
+
+
+def test_criterion_flags_reach_the_sampler(tmp_path):
+    """--criterion and --trajectory-term change the acceptance test of the CSD run, and the result
+    records them; the exact test scores the same images as a direct call with that setting."""
+    from csd.evaluate import generate_images, load_models, main, summarize_stats
+
+    target_path, draft_path = save_tiny_pixel_pair(tmp_path)
+    args = ["--target", target_path, "--draft", draft_path, "--mode", "csd", "--n", "4", "--batch-size", "2"]
+    args += ["--n-ref", "30", "--num-steps", "6", "--gamma", "2", "--threads", "1"]
+    before = torch.get_num_threads()
+    try:
+        exact = main([*args, "--criterion", "exact", "--out", str(tmp_path / "exact.json")])
+        none = main([*args, "--trajectory-term", "none"])
+        default = main(args)
+    finally:
+        torch.set_num_threads(before)
+    assert exact["settings"]["csd"]["criterion"] == "exact" and none["settings"]["csd"]["trajectory_term"] == "none"
+    assert default["settings"]["csd"]["criterion"] == "aligned"
+    assert json.loads((tmp_path / "exact.json").read_text())["acceptance_rate"] == exact["acceptance_rate"]
+    assert exact["fd"] != default["fd"]  # other images: the exact test resamples whole paths
+
+    target, draft = load_models(target_path, draft_path, torch.device("cpu"))
+    sampling = SamplingConfig(**exact["settings"]["sampling"])
+    csd = CSDConfig(**exact["settings"]["csd"])
+    labels, seeds = eval_labels_seeds(4, 0, target.num_classes)
+    _, stats = generate_images("csd", target, draft, labels, seeds, sampling, csd, 2)
+    for key in ("acceptance_rate", "mean_resample_tries", "drafted_tokens"):
+        assert summarize_stats(stats)[key] == pytest.approx(exact[key], nan_ok=True)
+
+
+def test_unknown_criterion_is_refused_by_name(capsys):
+    from csd.evaluate import main
+
+    with pytest.raises(SystemExit):
+        main(["--criterion", "approximate"])
+    assert "--criterion" in capsys.readouterr().err

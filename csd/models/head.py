@@ -137,13 +137,30 @@ class DiffusionHead(nn.Module):
 
     # --- training ------------------------------------------------------------------------------
 
-    def loss(self, x0: Tensor, z: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """Per-row training loss (n,) for tokens x0 (n, d) under conditions z (n, D)."""
+    def loss(
+        self,
+        x0: Tensor,
+        z: Tensor,
+        generator: torch.Generator | None = None,
+        teacher: tuple[DiffusionHead, Tensor] | None = None,
+        distill_weight: float = 1.0,
+    ) -> Tensor:
+        """Per-row training loss (n,) for tokens x0 (n, d) under conditions z (n, D).
+
+        teacher: another head and its conditions (n, D') for the same tokens; adds ``distill_weight``
+        times :func:`csd.diffusion.distill_loss` towards its output at the same (x_t, t)."""
         n = x0.shape[0]
         t = torch.randint(0, self.train_steps, (n,), generator=generator, device=x0.device)
         noise = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
         x_t = gd.q_sample(self.train_schedule, x0, t, noise)
-        return gd.diffusion_loss(self.train_schedule, self.net(x_t, t, z), x0, x_t, t, noise)
+        out = self.net(x_t, t, z)
+        loss = gd.diffusion_loss(self.train_schedule, out, x0, x_t, t, noise)
+        if teacher is None:
+            return loss
+        head, teacher_z = teacher
+        with torch.no_grad():
+            ref = head.net(x_t, t, teacher_z)
+        return loss + distill_weight * gd.distill_loss(self.train_schedule, out, ref.to(out.dtype), t)
 
 
 class DiffusionChain:

@@ -303,9 +303,19 @@ class MAR(nn.Module):
 
     # --- training ------------------------------------------------------------------------------
 
-    def forward(self, tokens: Tensor, labels: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    def forward(
+        self,
+        tokens: Tensor,
+        labels: Tensor,
+        generator: torch.Generator | None = None,
+        teacher: MAR | None = None,
+        distill_weight: float = 1.0,
+    ) -> Tensor:
         """MAR training loss for clean tokens (B, N, d) and labels (B,): random order and mask ratio,
-        label dropout for CFG, diffusion loss on the masked tokens."""
+        label dropout for CFG, diffusion loss on the masked tokens.
+
+        teacher: a frozen model with the same tokens and head schedule. It sees the same masks and label
+        dropout, and the loss adds ``distill_weight`` times the gap to its head (csd.diffusion.distill_loss)."""
         b, n, _ = tokens.shape
         dev = tokens.device
         orders = torch.argsort(torch.rand((b, n), generator=generator, device=dev), dim=1)
@@ -323,5 +333,11 @@ class MAR(nn.Module):
         x0 = tokens.reshape(b * n, -1).repeat(mul, 1)
         zz = z.reshape(b * n, -1).repeat(mul, 1)
         weight = mask.reshape(b * n).repeat(mul).to(x0.dtype)
-        loss = self.diffloss.loss(x0, zz, generator)
+        reference = None
+        if teacher is not None:
+            with torch.no_grad():
+                t_emb = torch.where(drop, teacher.fake_latent.expand(b, -1), teacher.class_embedding(labels))
+                zt = teacher.backbone(tokens, mask, t_emb)
+            reference = (teacher.diffloss, zt.reshape(b * n, -1).repeat(mul, 1))
+        loss = self.diffloss.loss(x0, zz, generator, reference, distill_weight)
         return (loss * weight).sum() / weight.sum()
