@@ -311,7 +311,7 @@ def _f(v: float, digits: int = 2) -> str:
 def markdown(result: dict) -> str:
     s = result["settings"]
     sampling = s["sampling"]
-    criterion, term = s["csd"].get("criterion", "aligned"), s["csd"].get("trajectory_term", "derived")
+    criterion, term = s["csd"]["criterion"], s["csd"]["trajectory_term"]
     non_default = "" if (criterion, term) == ("aligned", "derived") else f", criterion {criterion}"
     if non_default and criterion == "aligned":
         non_default += f" (trajectory term {term})"

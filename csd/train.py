@@ -37,6 +37,7 @@ from csd.models.mar import MAR, MAR_CONFIGS, MARConfig, mar_config
 from csd.models.registry import load_model, save_model
 from csd.rng import stream_seed
 from csd.sampling import PRECISIONS as SAMPLING_PRECISIONS
+from csd.speculative import check_pair
 from csd.tokenizer import PixelTokenizer
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -134,10 +135,9 @@ class TrainConfig:
             raise ValueError("TrainConfig.out must be a non-empty path prefix")
         if self.distill_from is not None and not self.distill_from:
             raise ValueError("TrainConfig.distill_from must be a model path or None")
-        if not (isinstance(self.distill_weight, int | float) and math.isfinite(self.distill_weight)):
-            raise ValueError(f"TrainConfig.distill_weight must be a finite number >= 0, got {self.distill_weight!r}")
-        if self.distill_weight < 0:
-            raise ValueError(f"TrainConfig.distill_weight must be a finite number >= 0, got {self.distill_weight!r}")
+        w = self.distill_weight
+        if not (isinstance(w, int | float) and math.isfinite(w) and w >= 0):
+            raise ValueError(f"TrainConfig.distill_weight must be a finite number >= 0, got {w!r}")
         if self.init_from is not None and not self.init_from:
             raise ValueError("TrainConfig.init_from must be a train-state path or None")
         if self.config not in MAR_CONFIGS:
@@ -223,16 +223,10 @@ def setup_distributed(device: str) -> tuple[Dist, torch.device]:
 def load_teacher(path: str | Path, student: MAR, device: torch.device) -> MAR:
     """The frozen distillation teacher; it must share the student's tokens, classes and head schedule."""
     teacher = load_model(path, device).requires_grad_(False)
-    for attr, what in (
-        ("seq_len", "number of tokens"),
-        ("token_dim", "token width"),
-        ("num_classes", "classes"),
-    ):
-        if getattr(teacher, attr) != getattr(student, attr):
-            raise ValueError(
-                f"distill_from {path}: {what} ({attr}) is {getattr(teacher, attr)}, the student's is "
-                f"{getattr(student, attr)}"
-            )
+    try:
+        check_pair(teacher, student)  # the student plays the draft, the teacher the target
+    except ValueError as exc:
+        raise ValueError(f"distill_from {path}: {exc}") from exc
     if teacher.head.train_steps != student.head.train_steps:
         raise ValueError(
             f"distill_from {path}: head diffusion steps are {teacher.head.train_steps}, the student's are "

@@ -85,7 +85,8 @@ def test_weight_zero_trains_exactly_as_without_a_teacher(tmp_path):
 
 def test_a_teacher_of_another_layout_or_a_missing_one_is_named(tmp_path):
     teacher_path = _teacher(tmp_path)
-    with pytest.raises(ValueError, match=r"distill_from .*number of tokens \(seq_len\) is 64, the student's is 16"):
+    layout = r"distill_from .*number of tokens \(seq_len\) is 16 for the draft and 64 for the target"
+    with pytest.raises(ValueError, match=layout):
         train(tiny_config(tmp_path / "s", distill_from=teacher_path, model_overrides={**TINY, "img_size": 16}))
     missing = tmp_path / "absent.safetensors"
     with pytest.raises(CheckpointError, match=re.escape(str(missing))):
