@@ -34,7 +34,8 @@ from torch.nn.parallel import DistributedDataParallel
 from csd.checkpoint import CheckpointError, load_state_strict, safe_torch_load
 from csd.data import NUM_CLASSES, ShapesConfig, make_dataset
 from csd.models.mar import MAR, MAR_CONFIGS, MARConfig, mar_config
-from csd.models.registry import load_model, save_model
+from csd.models.registry import load_model, save_model, weights_path
+from csd.pairs import file_digest
 from csd.rng import stream_seed
 from csd.sampling import PRECISIONS as SAMPLING_PRECISIONS
 from csd.speculative import check_pair
@@ -260,6 +261,8 @@ class Trainer:
         self.images, self.labels = data.images.to(self.device), data.labels.to(self.device)
 
         self.teacher = None if cfg.distill_from is None else load_teacher(cfg.distill_from, self.model, self.device)
+        # The teacher's path may not outlive the run (a copy, a renamed stage): its content hash names it for good.
+        self.teacher_digest = None if cfg.distill_from is None else file_digest(weights_path(cfg.distill_from))
 
         self.step, self.elapsed, self.loss = 0, 0.0, math.nan
         self.parent: dict | None = None  # what init_from started from (its args, steps and wall time)
@@ -387,6 +390,7 @@ class Trainer:
             "final_loss": None if math.isnan(self.loss) else self.loss,
             "device": self.device.type,
             "torch": torch.__version__,
+            **({"distill_from_digest": self.teacher_digest} if self.teacher_digest else {}),
             **({"parent": self.parent} if self.parent else {}),
         }
 

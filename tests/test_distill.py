@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from csd.data import make_dataset
 from csd.diffusion import Schedule, distill_loss, learned_log_variance
 from csd.models.mar import MAR
 from csd.models.registry import load_model
+from csd.pairs import file_digest
 from csd.tokenizer import PixelTokenizer
 from csd.train import parse_args, train
 from tests.test_train import TINY, _one_thread, tiny_config  # noqa: F401 (_one_thread: autouse fixture)
@@ -70,8 +72,13 @@ def test_distillation_pulls_the_students_head_towards_the_teachers(tmp_path):
     assert with_teacher < 0.2 * without, (without, with_teacher)
     # The student keeps its own architecture; its record names the teacher.
     assert load_model(tmp_path / "taught.safetensors").config == plain.model.config
-    record = json.loads((tmp_path / "taught.json").read_text())["train"]["args"]
-    assert (record["distill_from"], record["distill_weight"]) == (teacher_path, 3.0)
+    record = json.loads((tmp_path / "taught.json").read_text())["train"]
+    assert (record["args"]["distill_from"], record["args"]["distill_weight"]) == (teacher_path, 3.0)
+    # ... and its content, which outlives the path (a copy, a renamed stage).
+    assert (
+        record["distill_from_digest"] == file_digest(Path(teacher_path))
+        and "distill_from_digest" not in (json.loads((tmp_path / "plain.json").read_text())["train"])
+    )
 
 
 def test_weight_zero_trains_exactly_as_without_a_teacher(tmp_path):
