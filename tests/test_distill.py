@@ -75,10 +75,8 @@ def test_distillation_pulls_the_students_head_towards_the_teachers(tmp_path):
     record = json.loads((tmp_path / "taught.json").read_text())["train"]
     assert (record["args"]["distill_from"], record["args"]["distill_weight"]) == (teacher_path, 3.0)
     # ... and its content, which outlives the path (a copy, a renamed stage).
-    assert (
-        record["distill_from_digest"] == file_digest(Path(teacher_path))
-        and "distill_from_digest" not in (json.loads((tmp_path / "plain.json").read_text())["train"])
-    )
+    assert record["distill_from_digest"] == file_digest(Path(teacher_path))
+    assert "distill_from_digest" not in json.loads((tmp_path / "plain.json").read_text())["train"]
 
 
 def test_weight_zero_trains_exactly_as_without_a_teacher(tmp_path):
