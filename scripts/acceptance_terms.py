@@ -2,8 +2,11 @@
 
 Each row: the mean of min(1, r) over the verified tokens of 24 images (32 AR steps, CFG 3, gamma 8,
 pre-fill 5%), for the full log r, the trajectory term alone and the final-step term alone.
-Usage (from the repository root): python -m scripts.acceptance_terms
+Usage (from the repository root): python -m scripts.acceptance_terms [TARGET DRAFT]
+(the shipped pair by default; TARGET, DRAFT: .safetensors with their .json beside them).
 """
+
+import sys
 
 import numpy as np
 import torch
@@ -20,7 +23,10 @@ def mean_accept(log_r: np.ndarray) -> float:
 
 def main() -> None:
     torch.set_num_threads(2)
-    target, draft = load_model(defaults.TARGET_PATH), load_model(defaults.DRAFT_PATH)
+    paths = sys.argv[1:] or [defaults.TARGET_PATH, defaults.DRAFT_PATH]
+    if len(paths) != 2:
+        sys.exit("usage: python -m scripts.acceptance_terms [TARGET DRAFT]")
+    target, draft = load_model(paths[0]), load_model(paths[1])
     sampling = SamplingConfig(num_steps=32, cfg_scale=3.0)
     labels, seeds = [i % 10 for i in range(24)], list(range(24))
     for align in (True, False):
