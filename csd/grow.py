@@ -4,6 +4,8 @@ New transformer blocks are inserted between the old ones with their two residual
 layers (``attn.proj`` and ``mlp.fc2``) set to zero, so each new block is the identity and the grown
 model's outputs equal the old model's exactly. Their other layers get MAR's usual init, so training
 moves them off the identity from the first step (the zeroed layers get non-zero gradients).
+The token head can be deepened the same way (``--head-depth``): its new residual blocks keep the
+head's own zero-initialised AdaLN modulation (shift, scale and gate 0), so they too start as the identity.
 
 ``python -m csd.grow SRC --encoder-depth 8 --decoder-depth 8 --out PREFIX`` writes ``PREFIX.train_state.pt``
 (weights = EMA = the grown source weights, fresh AdamW moments, step 0) for
@@ -38,14 +40,19 @@ def _identity_block(block: nn.Module) -> None:
         nn.init.zeros_(layer.bias)
 
 
-def grow_depth(model: MAR, encoder_depth: int, decoder_depth: int, seed: int = 0) -> MAR:
-    """A copy of ``model`` with ``encoder_depth`` / ``decoder_depth`` blocks that computes the same function.
+def grow_depth(model: MAR, encoder_depth: int, decoder_depth: int, seed: int = 0, head_depth: int | None = None) -> MAR:
+    """A copy of ``model`` with ``encoder_depth`` / ``decoder_depth`` blocks (and ``head_depth`` residual
+    blocks in the token head; None keeps the head) that computes the same function.
 
     ``seed`` seeds the init of the new blocks' inner layers (the rest is copied)."""
     old = model.config
+    head_depth = old.diffloss_d if head_depth is None else head_depth
     block_positions(old.encoder_depth, encoder_depth, "encoder_depth")
     block_positions(old.decoder_depth, decoder_depth, "decoder_depth")
-    config = MARConfig.from_dict({**old.to_dict(), "encoder_depth": encoder_depth, "decoder_depth": decoder_depth})
+    block_positions(old.diffloss_d, head_depth, "head_depth")
+    config = MARConfig.from_dict(
+        {**old.to_dict(), "encoder_depth": encoder_depth, "decoder_depth": decoder_depth, "diffloss_d": head_depth}
+    )
     torch.manual_seed(seed)
     grown = MAR(config).to(next(model.parameters()).device)
     mapping: dict[str, str] = {}
@@ -58,6 +65,9 @@ def grow_depth(model: MAR, encoder_depth: int, decoder_depth: int, seed: int = 0
             mapping[f"{stack}.{i}."] = f"{stack}.{j}."
         for j in sorted(set(range(new_depth)) - set(kept)):
             _identity_block(getattr(grown, stack)[j])
+    # Head blocks: the fresh head's modulation is zero (MLPAdaLN's init), so unmapped blocks are the identity.
+    for i, j in enumerate(block_positions(old.diffloss_d, head_depth, "head_depth")):
+        mapping[f"diffloss.net.res_blocks.{i}."] = f"diffloss.net.res_blocks.{j}."
     state = grown.state_dict()
     for key, value in model.state_dict().items():
         new_key = key
@@ -72,17 +82,25 @@ def grow_depth(model: MAR, encoder_depth: int, decoder_depth: int, seed: int = 0
     return grown.eval()
 
 
-def grown_train_state(src: str | Path, encoder_depth: int, decoder_depth: int, weight_decay: float, seed: int) -> dict:
+def grown_train_state(
+    src: str | Path,
+    encoder_depth: int,
+    decoder_depth: int,
+    weight_decay: float,
+    seed: int,
+    head_depth: int | None = None,
+) -> dict:
     """A train state (as ``csd.train`` writes it) of the grown ``src`` model, for ``--init-from``."""
     src = weights_path(src)
     model = load_model(src)
-    grown = grow_depth(model, encoder_depth, decoder_depth, seed=seed)
+    grown = grow_depth(model, encoder_depth, decoder_depth, seed=seed, head_depth=head_depth)
     optimizer = torch.optim.AdamW(param_groups(grown, weight_decay), lr=1e-4)  # moments empty: a fresh start
     meta = json.loads(src.with_suffix(".json").read_text())
     args = {
         "grow_from": str(src),
         "encoder_depth": [model.config.encoder_depth, encoder_depth],
         "decoder_depth": [model.config.decoder_depth, decoder_depth],
+        "head_depth": [model.config.diffloss_d, grown.config.diffloss_d],
         "seed": seed,
     }
     return {
@@ -101,15 +119,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("src", help="project model (.safetensors + .json)")
     parser.add_argument("--encoder-depth", type=int, required=True)
     parser.add_argument("--decoder-depth", type=int, required=True)
+    parser.add_argument(
+        "--head-depth", type=int, default=None, help="residual blocks of the token head (default: kept)"
+    )
     parser.add_argument("--weight-decay", type=float, default=0.02, help="must match the training run's")
     parser.add_argument("--seed", type=int, default=0, help="init of the new blocks' inner layers")
     parser.add_argument("--out", required=True, help="output prefix; writes <out>.train_state.pt")
     args = parser.parse_args(argv)
-    state = grown_train_state(args.src, args.encoder_depth, args.decoder_depth, args.weight_decay, args.seed)
+    state = grown_train_state(
+        args.src, args.encoder_depth, args.decoder_depth, args.weight_decay, args.seed, args.head_depth
+    )
     out = Path(args.out + ".train_state.pt")
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, out)
-    print(f"wrote {out}: encoder {state['args']['encoder_depth']}, decoder {state['args']['decoder_depth']}")
+    a = state["args"]
+    print(f"wrote {out}: encoder {a['encoder_depth']}, decoder {a['decoder_depth']}, head {a['head_depth']}")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,35 @@ def test_grown_model_computes_the_same_loss_and_backbone_output(tmp_path):
     assert not torch.equal(new.attn.qkv.weight, model.encoder_blocks[0].attn.qkv.weight)
 
 
+def test_grown_head_computes_the_same_function_and_learns(tmp_path):
+    model = _trained(tmp_path)
+    grown = grow_depth(model, encoder_depth=1, decoder_depth=1, head_depth=3)
+    assert grown.config.diffloss_d == 3 and len(grown.diffloss.net.res_blocks) == 3
+    tokens, labels = _batch()
+    gen = torch.Generator().manual_seed(1)
+    x, z = (
+        torch.randn(16, tokens.shape[-1], generator=gen),
+        torch.randn(16, model.config.decoder_embed_dim, generator=gen),
+    )
+    t = torch.randint(0, 1000, (16,), generator=gen)
+    with torch.no_grad():
+        assert torch.allclose(grown.diffloss.net(x, t, z), model.diffloss.net(x, t, z), rtol=1e-5, atol=1e-7)
+        a = model(tokens, labels, torch.Generator().manual_seed(0))
+        b = grown(tokens, labels, torch.Generator().manual_seed(0))
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+    kept, new = grown.diffloss.net.res_blocks[0], grown.diffloss.net.res_blocks[1]  # block_positions(1, 3) == [0]
+    assert torch.equal(kept.mlp[0].weight, model.diffloss.net.res_blocks[0].mlp[0].weight)
+    assert torch.count_nonzero(new.adaLN_modulation[-1].weight) == 0  # gate 0: the identity
+    # One optimiser step moves the new block's modulation off zero (its gradient is the MLP's output).
+    grown.train()
+    opt = torch.optim.SGD(grown.parameters(), lr=0.1)
+    grown(tokens, labels, torch.Generator().manual_seed(0)).backward()
+    opt.step()
+    assert torch.count_nonzero(new.adaLN_modulation[-1].weight) > 0
+    with pytest.raises(ValueError, match="head_depth must be >= the source model's 1, got 0"):
+        grow_depth(model, encoder_depth=1, decoder_depth=1, head_depth=0)
+
+
 def test_grown_train_state_trains_under_init_from(tmp_path):
     _trained(tmp_path)
     main(
@@ -83,6 +112,7 @@ def test_grown_train_state_trains_under_init_from(tmp_path):
     assert not torch.equal(done.model.encoder_blocks[1].mlp.fc2.weight, before)  # the new block learns
     record = json.loads((tmp_path / "child.json").read_text())["train"]
     assert record["parent"]["args"]["encoder_depth"] == [1, 2]
+    assert record["parent"]["args"]["head_depth"] == [1, 1]  # the head is kept unless --head-depth is given
     assert record["parent"]["parent"]["steps_done"] == 4  # the source's own training record is kept
     assert load_model(tmp_path / "child.safetensors").config.encoder_depth == 2
 
