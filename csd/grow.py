@@ -49,7 +49,7 @@ def grow_depth(model: MAR, encoder_depth: int, decoder_depth: int, seed: int = 0
     head_depth = old.diffloss_d if head_depth is None else head_depth
     block_positions(old.encoder_depth, encoder_depth, "encoder_depth")
     block_positions(old.decoder_depth, decoder_depth, "decoder_depth")
-    block_positions(old.diffloss_d, head_depth, "head_depth")
+    head_kept = block_positions(old.diffloss_d, head_depth, "head_depth")
     config = MARConfig.from_dict(
         {**old.to_dict(), "encoder_depth": encoder_depth, "decoder_depth": decoder_depth, "diffloss_d": head_depth}
     )
@@ -66,7 +66,7 @@ def grow_depth(model: MAR, encoder_depth: int, decoder_depth: int, seed: int = 0
         for j in sorted(set(range(new_depth)) - set(kept)):
             _identity_block(getattr(grown, stack)[j])
     # Head blocks: the fresh head's modulation is zero (MLPAdaLN's init), so unmapped blocks are the identity.
-    for i, j in enumerate(block_positions(old.diffloss_d, head_depth, "head_depth")):
+    for i, j in enumerate(head_kept):
         mapping[f"diffloss.net.res_blocks.{i}."] = f"diffloss.net.res_blocks.{j}."
     state = grown.state_dict()
     for key, value in model.state_dict().items():

@@ -82,6 +82,12 @@ def test_grown_head_computes_the_same_function_and_learns(tmp_path):
     assert torch.count_nonzero(new.adaLN_modulation[-1].weight) > 0
     with pytest.raises(ValueError, match="head_depth must be >= the source model's 1, got 0"):
         grow_depth(model, encoder_depth=1, decoder_depth=1, head_depth=0)
+    # The command line passes --head-depth through and records it.
+    main([str(tmp_path / "src.safetensors"), "--encoder-depth", "1", "--decoder-depth", "1", "--head-depth", "2",
+          "--out", str(tmp_path / "h")])  # fmt: skip
+    state = torch.load(tmp_path / "h.train_state.pt", weights_only=True)
+    assert state["args"]["head_depth"] == [1, 2]
+    assert "diffloss.net.res_blocks.1.mlp.0.weight" in state["model"]
 
 
 def test_grown_train_state_trains_under_init_from(tmp_path):
