@@ -261,6 +261,11 @@ def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, con
 
 def run_bench(target, draft, sampling: SamplingConfig, csd: CSDConfig, config: BenchConfig, classifier) -> dict:
     """Every measurement of the benchmark; the headline keys are for batch 8 (or the closest) and csd.gamma."""
+    if csd.gamma_schedule:
+        raise ValueError(
+            "gamma_schedule must be empty for the benchmark, whose grid times constant draft lengths; "
+            f"got {csd.gamma_schedule} (score a schedule with python -m csd.evaluate --gamma-schedule ...)"
+        )
     config = replace(config, gammas=tuple(sorted({*config.gammas, csd.gamma})))
     t0 = time.perf_counter()
     rows, default_samples = [], None

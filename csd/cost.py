@@ -15,6 +15,7 @@ CPU) that is much cheaper, so a measured speedup can exceed this "bound".
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from csd.schedule import step_sizes
@@ -58,10 +59,18 @@ def prefill_steps(sizes: list[int], prefill: float) -> int:
     return steps
 
 
-def csd_passes(num_tokens: int, num_steps: int, gamma: int, prefill: float) -> tuple[int, int]:
-    """(target passes, draft passes) of one block-CSD generation."""
+def csd_passes(
+    num_tokens: int, num_steps: int, gamma: int, prefill: float, schedule: Sequence[int] = ()
+) -> tuple[int, int]:
+    """(target passes, draft passes) of one block-CSD generation; ``schedule``: draft lengths of the
+    first blocks (``CSDConfig.gamma_schedule``), gamma after them."""
     p = prefill_steps(step_sizes(num_tokens, num_steps), prefill)
-    return p + math.ceil((num_steps - p) / gamma), num_steps - p
+    blocks, left = 0, num_steps - p
+    for g in schedule:
+        if left <= 0:
+            break
+        blocks, left = blocks + 1, left - g
+    return p + blocks + max(0, math.ceil(left / gamma)), num_steps - p
 
 
 @dataclass(frozen=True)

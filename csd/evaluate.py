@@ -88,7 +88,7 @@ def eval_labels_seeds(n: int, seed_offset: int, num_classes: int) -> tuple[list[
 
 def fewer_steps(sampling: SamplingConfig, csd: CSDConfig, num_tokens: int) -> SamplingConfig:
     """Target-only with as many AR steps as block CSD makes target passes (the fair cheap baseline)."""
-    passes, _ = csd_passes(num_tokens, sampling.num_steps, csd.gamma, csd.prefill)
+    passes, _ = csd_passes(num_tokens, sampling.num_steps, csd.gamma, csd.prefill, csd.gamma_schedule)
     return replace(sampling, num_steps=passes)
 
 
@@ -280,6 +280,14 @@ def add_setting_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=s.temperature)
     parser.add_argument("--head-steps", type=int, default=s.head_steps)
     parser.add_argument("--gamma", type=int, default=c.gamma, help="draft length (AR steps per block)")
+    parser.add_argument(
+        "--gamma-schedule",
+        type=int,
+        nargs="*",
+        default=list(c.gamma_schedule),
+        metavar="G",
+        help="draft lengths of the first blocks, in order (gamma after them); default: none",
+    )
     parser.add_argument("--prefill", type=float, default=c.prefill)
     parser.add_argument("--tau-v", type=float, default=c.tau_v)
     parser.add_argument(
@@ -307,6 +315,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDCon
     csd = replace(
         defaults.CSD,
         gamma=args.gamma,
+        gamma_schedule=tuple(args.gamma_schedule),
         prefill=args.prefill,
         tau_v=args.tau_v,
         criterion=args.criterion,

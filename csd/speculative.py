@@ -40,7 +40,9 @@ from csd.trace import Maker, Trace
 class CSDConfig:
     """Knobs of the speculative decoder.
 
-    gamma: draft length in AR steps per block. prefill: fraction of tokens the target makes
+    gamma: draft length in AR steps per block. gamma_schedule: optional draft lengths of the first
+    blocks, in order (block b drafts gamma_schedule[b] steps; the blocks after them draft gamma);
+    empty by default, the paper's constant draft length. prefill: fraction of tokens the target makes
     before drafting starts. align: share the draft's noise with the target's chain.
     criterion: "aligned" (the paper's approximation) or "exact" (path-space reference).
     trajectory_term: sign convention of criterion (a)'s trajectory term ("derived", "published")
@@ -51,6 +53,7 @@ class CSDConfig:
     """
 
     gamma: int = 8
+    gamma_schedule: tuple[int, ...] = ()
     prefill: float = 0.05
     align: bool = True
     criterion: str = "aligned"
@@ -63,6 +66,13 @@ class CSDConfig:
     def __post_init__(self) -> None:
         if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
             raise ValueError(f"gamma (draft length) must be an int >= 1, got {self.gamma!r}")
+        sched = self.gamma_schedule
+        bad = lambda g: isinstance(g, bool) or not isinstance(g, int) or g < 1  # noqa: E731
+        if not isinstance(sched, tuple | list) or any(bad(g) for g in sched):
+            raise ValueError(
+                f"gamma_schedule (draft lengths of the first blocks) must be a sequence of ints >= 1, got {sched!r}"
+            )
+        object.__setattr__(self, "gamma_schedule", tuple(sched))
         if not (isinstance(self.prefill, int | float) and 0.0 <= self.prefill < 1.0):
             raise ValueError(f"prefill ratio must be in [0, 1), got {self.prefill!r}")
         if self.criterion not in CRITERIA:
@@ -75,6 +85,10 @@ class CSDConfig:
                 raise ValueError(f"{name} must be in [1, 10000], got {v!r}")
         if isinstance(self.max_tries, bool) or not isinstance(self.max_tries, int) or not 1 <= self.max_tries <= 10000:
             raise ValueError(f"max_tries (resampler cap) must be an int in [1, 10000], got {self.max_tries!r}")
+
+    def block_length(self, block: int) -> int:
+        """AR steps drafted in block ``block`` (0-based): the schedule's entry, else gamma."""
+        return self.gamma_schedule[block] if block < len(self.gamma_schedule) else self.gamma
 
 
 def check_pair(target: ARModel, draft: ARModel) -> None:
@@ -173,8 +187,8 @@ def speculative_generate(
 
     block_id = 0
     while s < plan.num_steps:
-        steps = range(s, min(s + csd.gamma, plan.num_steps))
-        # 2. Draft gamma AR steps, feeding the draft's own tokens back as context.
+        steps = range(s, min(s + csd.block_length(block_id), plan.num_steps))
+        # 2. Draft the block's AR steps (gamma or the schedule's entry), feeding back the draft's own tokens.
         d_tokens, d_mask = tokens.clone(), mask.clone()
         trajs, noises, conds, poss = [], [], [], []
         for j in steps:

@@ -96,13 +96,27 @@ def test_sequential_passes_name_bad_parameters():
         sequential_passes([1, 2], 0, 0.0, 0.5)
 
 
-@pytest.mark.parametrize(("gamma", "prefill"), [(1, 0.0), (2, 0.05), (3, 0.3), (8, 0.0)])
-def test_pass_counts_match_the_speculative_sampler(gamma, prefill):
+@pytest.mark.parametrize(
+    ("gamma", "prefill", "schedule"),
+    [(1, 0.0, ()), (2, 0.05, ()), (3, 0.3, ()), (8, 0.0, ()), (3, 0.0, (1, 2)), (2, 0.3, (4,)), (1, 0.0, (5, 5))],
+)
+def test_pass_counts_match_the_speculative_sampler(gamma, prefill, schedule):
     model = ToyARModel(LinearGaussianChain([0.9, 1.0], [0.0, 0.0], [0.5, 0.05], token_dim=2), seq_len=12)
-    out = speculative_generate(
-        model, model, [0], [0], SamplingConfig(num_steps=7), CSDConfig(gamma=gamma, prefill=prefill)
-    )
-    assert csd_passes(12, 7, gamma, prefill) == (out.trace.target_passes, out.trace.draft_passes)
+    csd = CSDConfig(gamma=gamma, gamma_schedule=schedule, prefill=prefill)
+    out = speculative_generate(model, model, [0], [0], SamplingConfig(num_steps=7), csd)
+    assert csd_passes(12, 7, gamma, prefill, schedule) == (out.trace.target_passes, out.trace.draft_passes)
+
+
+def test_pass_counts_of_a_draft_length_schedule():
+    # 32 steps over 64 tokens: 5% pre-fill is 4 steps; blocks of 2, 2, 4, 4 steps, then 8 + 8.
+    assert csd_passes(64, 32, 8, 0.05, (2, 2, 4, 4)) == (4 + 6, 28)
+    assert csd_passes(64, 32, 8, 0.05, (20, 20, 20)) == (4 + 2, 28)  # the schedule outlasts the steps
+    assert csd_passes(64, 32, 4, 0.05, (4, 4)) == csd_passes(64, 32, 4, 0.05)
+
+
+def test_bench_refuses_a_draft_length_schedule():
+    with pytest.raises(ValueError, match="gamma_schedule"):
+        main(["--quick", "--gamma-schedule", "2", "4", "--n", "4"])
 
 
 def test_prefill_steps_run_until_the_fraction_of_tokens_exists():

@@ -40,6 +40,20 @@ def test_fewer_steps_baseline_has_as_many_steps_as_csd_has_target_passes():
     passes, _ = csd_passes(64, 16, 4, 0.05)
     # The cosine schedule's first steps make 1, 1, 1, 2 tokens: 5% of 64 takes 4 pre-fill steps.
     assert fewer_steps(sampling, csd, num_tokens=64).num_steps == passes == 4 + 3  # + ceil(12 / 4) blocks
+    growing = CSDConfig(gamma=4, gamma_schedule=(1, 1, 2), prefill=0.05)  # blocks of 1, 1, 2, 4, 4 steps
+    assert fewer_steps(sampling, growing, num_tokens=64).num_steps == 4 + 5
+
+
+def test_gamma_schedule_flag_reaches_the_settings():
+    import argparse
+
+    from csd.evaluate import add_setting_args, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_setting_args(parser)
+    _, csd = settings_from_args(parser.parse_args(["--gamma", "8", "--gamma-schedule", "2", "2", "4"]))
+    assert (csd.gamma, csd.gamma_schedule) == (8, (2, 2, 4))
+    assert settings_from_args(parser.parse_args([]))[1].gamma_schedule == ()
 
 
 @pytest.mark.parametrize(

@@ -187,3 +187,30 @@ def test_bfloat16_backbone_keeps_heads_in_float32_and_stays_close(mar_pair):
     assert (a.tokens - b.tokens).abs().mean() < 0.1
     out = speculative_generate(target, draft, [1], [0], cfg16, CSDConfig(gamma=2))
     assert torch.isfinite(out.tokens).all()
+
+
+def test_gamma_schedule_sets_the_first_blocks_and_a_uniform_one_equals_constant_gamma(mar_pair):
+    target, draft = mar_pair
+    labels, seeds = [1, 2], [3, 4]
+    const = speculative_generate(target, draft, labels, seeds, SAMPLING, CSDConfig(gamma=2, prefill=0.0))
+    uniform = speculative_generate(
+        target, draft, labels, seeds, SAMPLING, CSDConfig(gamma=5, gamma_schedule=(2, 2, 2), prefill=0.0)
+    )
+    assert torch.equal(const.tokens, uniform.tokens) and np.array_equal(const.trace.maker, uniform.trace.maker)
+
+    # Blocks of 1 and 2 steps, then gamma = 3: AR steps {0}, {1, 2}, {3, 4, 5}.
+    growing = speculative_generate(
+        target, draft, labels, seeds, SAMPLING, CSDConfig(gamma=3, gamma_schedule=[1, 2], prefill=0.0)
+    )
+    tr = growing.trace
+    block_of_step = {0: 0, 1: 1, 2: 1, 3: 2, 4: 2, 5: 2}
+    assert all(tr.block[i, k] == block_of_step[tr.ar_step[i, k]] for i in range(2) for k in range(target.seq_len))
+    assert tr.target_passes == 3 and tr.draft_passes == SAMPLING.num_steps
+    assert growing.trace.settings["csd"]["gamma_schedule"] == (1, 2)
+    assert not torch.equal(growing.tokens, const.tokens)
+
+
+@pytest.mark.parametrize("schedule", [(2, 0), (2, True), (1.5,), 3])
+def test_bad_gamma_schedule_is_refused_by_name(schedule):
+    with pytest.raises(ValueError, match="gamma_schedule"):
+        CSDConfig(gamma_schedule=schedule)
