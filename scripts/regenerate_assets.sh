@@ -6,8 +6,9 @@
 #
 #   bash scripts/regenerate_assets.sh [PREVIOUS_TARGET.safetensors]
 #
-# With PREVIOUS_TARGET, the probe compares it with the shipped target. The full test suite then rewrites
-# the two app screenshots (tests/test_app_browser.py). On the 2-core CPU this takes about 30 minutes.
+# With PREVIOUS_TARGET, the probe compares it with the shipped target. Last, the browser test rewrites the
+# README's two app screenshots (tests/test_app_browser.py with CSD_SCREENSHOT_DIR=assets). On the 2-core
+# CPU this takes about 30 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export GRADIO_ANALYTICS_ENABLED=False
@@ -55,3 +56,6 @@ if [[ $# -ge 1 ]]; then
   echo "== probe: $1 vs the shipped target"
   python -m csd.probe "$1" "$M/shapes_target.safetensors" --n 200
 fi
+
+echo "== app screenshots (headless Chromium)"
+CSD_SCREENSHOT_DIR=assets python -m pytest -q tests/test_app_browser.py
