@@ -1,12 +1,15 @@
 """Gradio demo of continuous speculative decoding: target-only and CSD side by side, the analysis
 panels, and the method on one 1-D Gaussian.
 
-    python app.py [--host 127.0.0.1] [--port 7860] [--checkpoints DIR] [--max-batch 8] [--max-steps 64]
-                  [--max-images 32] [--threads 1] [--share]
+    python app.py [--host 127.0.0.1] [--port 7860] [--checkpoints DIR] [--hub-repo REPO]
+                  [--max-batch 8] [--max-steps 64] [--max-images 8] [--max-analysis-steps 256]
+                  [--max-seconds 75] [--threads 1] [--share]
 
-Limits also come from the environment (``CSD_MAX_BATCH``, ``CSD_MAX_STEPS``, ``CSD_MAX_IMAGES``,
-``CSD_CHECKPOINTS``, ``CSD_THREADS``); flags win. Models are loaded once and shared read-only by every request.
-Named API endpoints: ``/generate``, ``/analyze``, ``/toy`` (see ``gradio_client``).
+Settings also come from the environment (``CSD_CHECKPOINTS``, ``CSD_HUB_REPO``, ``CSD_MAX_BATCH``,
+``CSD_MAX_STEPS``, ``CSD_MAX_IMAGES``, ``CSD_MAX_ANALYSIS_STEPS``, ``CSD_MAX_SECONDS``, ``CSD_THREADS``);
+flags win. Models are loaded once and shared read-only by every request; visitors choose among
+the pairs the operator installed and never name a file or a repository. Named API endpoints:
+``/generate``, ``/analyze``, ``/toy`` (see ``gradio_client``).
 """
 
 # ruff: noqa: E402  (gradio reads GRADIO_ANALYTICS_ENABLED at import time: set it before importing)
@@ -18,6 +21,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import argparse
 import json
+import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,7 +35,8 @@ import torch
 from csd import defaults
 from csd.acceptance import CRITERIA, TRAJECTORY_TERMS
 from csd.analysis import Analysis, AnalysisSettings, Panels, Run, cost_model, run_csd, run_single
-from csd.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover, download_official
+from csd.jobs import Job, Step, Stopped
+from csd.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover, fetch_official
 from csd.sampling import SamplingConfig
 from csd.schedule import CFG_SCHEDULES
 from csd.speculative import CSDConfig
@@ -53,6 +59,7 @@ except ImportError:
 
 ROOT = Path(__file__).resolve().parent
 PRECOMPUTED = ROOT / "assets" / "analysis_default.json"
+DEFAULT_CHECKPOINTS = ROOT / "pretrained_models"  # where --hub-repo fetches to without --checkpoints
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PRECISION = "bfloat16" if DEVICE.type == "cuda" else "float32"  # backbone precision; heads stay float32
 MAX_SEED = 2**31 - 1
@@ -67,9 +74,12 @@ class Limits:
 
     max_batch: int = 8
     max_steps: int = 64
-    max_images: int = 32  # images of one analysis recompute
+    max_images: int = 8  # images of one analysis recompute
     concurrency: int = 1  # requests that run at once; the rest wait in the queue
     queue_size: int = 16
+    # Images x AR steps of one analysis recompute (about 40 runs): 256 took 60-64 s on 2 CPU cores.
+    max_analysis_steps: int = 256
+    max_seconds: float = 75.0  # a run still going after this long stops at its next AR step, with an error
 
 
 # --- controls ----------------------------------------------------------------------------------
@@ -142,11 +152,14 @@ class Request:
 
 
 class App:
-    """Handlers of the UI and the API. Holds only read-only things: the model store and the limits."""
+    """Handlers of the UI and the API. Holds only read-only things: the model store and the limits.
+    Nothing a visitor sends names a file, a directory or a repository: pairs are chosen by name among
+    those the operator installed before serving."""
 
-    def __init__(self, store: PairStore, limits: Limits, panels: Panels | None = None, checkpoints: Path | None = None):
+    def __init__(self, store: PairStore, limits: Limits, panels: Panels | None = None):
         self.store, self.limits, self.panels = store, limits, panels
-        self.checkpoints = checkpoints or ROOT / "pretrained_models"  # where a download goes
+        # The latest model runs: status ("done", "stopped", "over time", "error"), AR steps run, seconds.
+        self.history: deque[dict] = deque(maxlen=64)
 
     # --- requests -----------------------------------------------------------------------------
 
@@ -206,53 +219,124 @@ class App:
 
     # --- generate tab -------------------------------------------------------------------------
 
+    def job(self, work) -> Job:
+        """A model run for one request: progress per AR step, stopped by Stop or the time limit."""
+        return Job(work, time_limit=self.limits.max_seconds)
+
+    def follow(self, job: Job, runs: list[str], progress) -> Iterator[object]:
+        """Iterate ``job``: report each AR step to ``progress`` (phase in the label, the bar across
+        ``runs``) and pass on the values it posts; always stop the job on the way out (Stop closes
+        this generator), and turn its errors into the app's errors."""
+        t0, status = time.perf_counter(), "stopped"  # stays so when Stop closes this generator
+        try:
+            for event in job:
+                if isinstance(event, Step):
+                    i = runs.index(event.label) if event.label in runs else 0
+                    progress((i * event.total + event.done, len(runs) * event.total), desc=event.text, unit="steps")
+                yield event
+            status = "done"
+        except Stopped as err:
+            status = "over time" if err.over_time else "stopped"
+            if err.over_time:
+                raise gr.Error(
+                    f"This request {err} per request (--max-seconds, CSD_MAX_SECONDS): "
+                    "ask for fewer images, AR steps or a smaller resampler cap"
+                ) from None
+            raise gr.Error("Stopped.") from None
+        except ValueError as err:
+            status = "error"
+            raise gr.Error(f"Invalid setting: {err}") from None
+        finally:
+            job.stop()
+            self.history.append({"status": status, "steps": job.steps, "seconds": time.perf_counter() - t0})
+
     def generate(self, progress=gr.Progress(), **controls):  # noqa: B008 (Gradio's documented pattern)
-        """Target-only, then CSD, then draft-only with the same seeds; yields as each one finishes.
+        """Target-only, then CSD, then draft-only with the same seeds. Yields a status line per AR step
+        and each image as it is ready; the last message carries every output.
 
         ``controls`` are the keyword arguments of :meth:`request`."""
         r = self.request(**controls)
         skip = gr.skip()
-        progress(0.0, desc="target-only")
-        with library_errors():
-            target = run_single(r.pair, r.labels, r.seeds, r.sampling)
-        target_grid = _grid(r.pair, target)
-        yield target_grid, skip, skip, skip, skip, skip, skip
-        progress(1 / 3, desc="speculative decoding")
-        with library_errors():
-            spec = run_csd(r.pair, r.labels, r.seeds, r.sampling, r.csd)
-        csd_images = r.pair.images(spec.generation.tokens).numpy()
-        csd_grid, csd_map = display_grid(csd_images), token_map(csd_images, spec.trace.maker)
-        yield skip, csd_grid, csd_map, skip, skip, skip, skip
-        progress(2 / 3, desc="draft-only")
-        with library_errors():
-            draft = run_single(r.pair, r.labels, r.seeds, r.sampling, maker=Maker.DRAFT)
+        runs = ["target-only", "CSD", "draft-only"]
+
+        def work(job: Job) -> tuple[Run, Run, Run]:
+            target = run_single(r.pair, r.labels, r.seeds, r.sampling, on_step=job.on_step(runs[0]))
+            job.post(("target", _grid(r.pair, target)))
+            spec = run_csd(r.pair, r.labels, r.seeds, r.sampling, r.csd, on_step=job.on_step(runs[1]))
+            csd_images = r.pair.images(spec.generation.tokens).numpy()
+            job.post(("csd", display_grid(csd_images), token_map(csd_images, spec.trace.maker)))
+            draft = run_single(r.pair, r.labels, r.seeds, r.sampling, Maker.DRAFT, on_step=job.on_step(runs[2]))
+            return target, spec, draft
+
+        # Clear the outputs of any earlier run first: what is on screen is always from this run.
+        yield None, None, None, None, "Starting ...", None, None
+        job = self.job(work)
+        images = {}
+        for event in self.follow(job, runs, progress):
+            if isinstance(event, Step):
+                yield skip, skip, skip, skip, f"Running {event.text} ...", skip, skip
+            elif event[0] == "target":
+                images["target"] = event[1]
+                yield event[1], skip, skip, skip, skip, skip, skip
+            else:
+                images["csd"], images["map"] = event[1], event[2]
+                yield skip, event[1], event[2], skip, skip, skip, skip
+        target, spec, draft = job.result
         summary = run_summary(r, target, spec, draft)
-        # The last message carries every output: API clients see only this one.
         yield (
-            target_grid,
-            csd_grid,
-            csd_map,
+            images["target"],
+            images["csd"],
+            images["map"],
             _grid(r.pair, draft),
             stats_markdown(summary),
             speed_figure(target, spec, draft, summary),
             summary,
         )
 
+    @staticmethod
+    def generate_stopped():
+        """What Stop shows on the Generate tab: nothing of the stopped run."""
+        return None, None, None, None, "Stopped: the run was cancelled, and nothing from it is shown.", None, None
+
     # --- analysis tab -------------------------------------------------------------------------
 
     def analyze(self, n_images: int, progress=gr.Progress(), **controls):  # noqa: B008
-        """Recompute every analysis panel over ``n_images`` images (image i: seed + i) at the current controls."""
+        """Recompute every analysis panel over ``n_images`` images (image i: seed + i) at the current controls.
+        The panels on screen change only when every run has finished."""
         r = self.request(batch_size=1, **controls)
+        work = n_images * r.sampling.num_steps
+        if work > self.limits.max_analysis_steps:
+            raise gr.Error(
+                f"Images (n) x AR steps must be at most {self.limits.max_analysis_steps} on this server "
+                f"(--max-analysis-steps, CSD_MAX_ANALYSIS_STEPS), got {n_images} x {r.sampling.num_steps} = {work}: "
+                "ask for fewer images or AR steps"
+            )
         settings = AnalysisSettings(
             n_images=n_images, seed=r.seeds[0], label=r.labels[0], sampling=r.sampling, csd=r.csd
         )
         analysis = Analysis(r.pair, settings)
-        with library_errors():
-            for done, total, label in analysis.steps():
-                progress((done, total), desc=label, unit="runs")
-                yield f"Running {done + 1}/{total}: {label} ...", *[gr.skip()] * (len(ANALYSIS_KEYS) + 1)
-        panels = analysis.panels()
+        skips = [gr.skip()] * (len(ANALYSIS_KEYS) + 1)
+
+        def work(job: Job) -> Panels:
+            for done, total, label in analysis.steps(on_step=lambda label: job.on_step(label)):
+                job.post((done, total, label))
+            return analysis.panels()
+
+        run = (0, len(analysis), "")
+        job = self.job(work)
+        for event in self.follow(job, [], lambda *args, **kwargs: None):
+            if isinstance(event, Step):
+                done, total, _ = run
+                progress((done * event.total + event.done, total * event.total), desc=event.text, unit="steps")
+                yield f"Running {done + 1}/{total}: {event.text} ...", *skips
+            else:
+                run = event
+        panels = job.result
         yield analysis_status(panels, recomputed=True), *analysis_figures(panels), panels_json(panels)
+
+    @staticmethod
+    def analyze_stopped() -> str:
+        return "Stopped: the recompute was cancelled; the panels below are the ones shown before it."
 
     # --- toy ----------------------------------------------------------------------------------
 
@@ -277,21 +361,6 @@ class App:
         )
         note = f"{samples} samples: acceptance {result.acceptance:.3f} vs 1 - TV = {1 - z:.3f}"
         return to_plotly(toy_chart(p, q, result.samples, note=note)), stats, summary
-
-    def download(self, repo_id: str, directory: str):
-        """Fetch official checkpoints from the Hub (only when asked) and offer the pairs they complete."""
-        if not repo_id.strip():
-            raise gr.Error(
-                "Hub repository must name a repository that holds mar/<config>/checkpoint-last.pth and vae/kl16.ckpt"
-            )
-        try:
-            path = download_official(repo_id.strip(), Path(directory))
-        except ImportError:
-            raise gr.Error("Downloading needs the huggingface_hub package: pip install huggingface_hub") from None
-        except Exception as err:  # network, missing repository or files: report, keep serving
-            raise gr.Error(f"Download from {repo_id!r} failed: {err}") from None
-        self.store.add(discover(path))
-        return gr.update(choices=self.store.names), f"Pairs available: {', '.join(self.store.names)}"
 
     def default_controls(self) -> dict:
         """Keyword arguments of :meth:`request` for the default setting (:mod:`csd.defaults`), within the limits."""
@@ -583,28 +652,24 @@ def build(app: App) -> gr.Blocks:
                     speed = gr.Plot(label="Speedup", elem_id="speed-plot")
                     with gr.Accordion("Run summary (JSON)", open=False):
                         summary = gr.JSON()
+            gen_outputs = [img_target, img_csd, img_map, img_draft, stats, speed, summary]
             gen_event = run.click(
                 on_gpu(app.generate),
                 inputs_kwargs=controls,
-                outputs=[img_target, img_csd, img_map, img_draft, stats, speed, summary],
+                outputs=gen_outputs,
                 api_name="generate",
                 **models_queue,
             )
-            stop.click(None, cancels=[gen_event])
+            stop.click(app.generate_stopped, None, gen_outputs, cancels=[gen_event], api_visibility="private")
             pair = controls["pair_name"]
             pair.change(app.classes, pair, controls["class_name"], api_visibility="private")
             with gr.Accordion("Official MAR checkpoints", open=False):
                 gr.Markdown(
-                    "Official pairs (MAR-H or MAR-L target, MAR-B draft) appear when `--checkpoints DIR` or "
-                    "`CSD_CHECKPOINTS` points at the official layout (`mar/mar_base/checkpoint-last.pth`, "
-                    "`vae/kl16.ckpt`). Download from a Hugging Face Hub repository with that layout (several GB):"
+                    "Official pairs (MAR-H or MAR-L target, MAR-B draft) are offered when the operator starts "
+                    "the server with `--checkpoints DIR` (the official layout: `mar/mar_base/checkpoint-last.pth`, "
+                    "`vae/kl16.ckpt`) or `--hub-repo REPO`, which fetches that layout before serving. "
+                    f"This server has: {', '.join(app.store.names)}."
                 )
-                with gr.Row():
-                    repo = gr.Textbox(os.environ.get("CSD_HUB_REPO", ""), label="Hub repository")
-                    directory = gr.Textbox(str(app.checkpoints), label="Into directory")
-                    fetch = gr.Button("Download")
-                fetched = gr.Markdown()
-            fetch.click(app.download, [repo, directory], [pair, fetched], api_visibility="private")
 
         with gr.Tab("Analysis"):
             served_weights = app.store.source(app.panels.pair).weights if app.panels is not None else None
@@ -650,7 +715,7 @@ def build(app: App) -> gr.Blocks:
                 api_name="analyze",
                 **models_queue,
             )
-            stop_analysis.click(None, cancels=[ana_event])
+            stop_analysis.click(app.analyze_stopped, None, status, cancels=[ana_event], api_visibility="private")
 
         with gr.Tab("How it works"):
             gr.Markdown(HOW_IT_WORKS, latex_delimiters=LATEX)
@@ -691,6 +756,14 @@ def _env_int(name: str, default: int) -> int:
         raise SystemExit(f"{name} must be an integer, got {value!r}") from None
 
 
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    try:
+        return default if value is None else float(value)
+    except ValueError:
+        raise SystemExit(f"{name} must be a number, got {value!r}") from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="Serve the continuous speculative decoding demo.")
     ap.add_argument(
@@ -703,11 +776,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--checkpoints",
         type=Path,
         default=os.environ.get("CSD_CHECKPOINTS"),
-        help="directory with official MAR checkpoints (mar/<config>/checkpoint-last.pth, vae/kl16.ckpt)",
+        help="directory with official MAR checkpoints (mar/<config>/checkpoint-last.pth, vae/kl16.ckpt); "
+        f"with --hub-repo, where they are fetched (default {DEFAULT_CHECKPOINTS.relative_to(ROOT)}/)",
+    )
+    ap.add_argument(
+        "--hub-repo",
+        default=os.environ.get("CSD_HUB_REPO") or None,
+        help="Hugging Face Hub repository with the official layout, fetched into --checkpoints before serving "
+        "(several GB; the only download the app ever makes, and only when named here)",
+    )
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=_env_float("CSD_MAX_SECONDS", Limits.max_seconds),
+        help="a request still running after this many seconds stops at its next AR step, with an error",
     )
     ap.add_argument("--max-batch", type=int, default=_env_int("CSD_MAX_BATCH", Limits.max_batch))
     ap.add_argument("--max-steps", type=int, default=_env_int("CSD_MAX_STEPS", Limits.max_steps))
     ap.add_argument("--max-images", type=int, default=_env_int("CSD_MAX_IMAGES", Limits.max_images))
+    ap.add_argument(
+        "--max-analysis-steps",
+        type=int,
+        default=_env_int("CSD_MAX_ANALYSIS_STEPS", Limits.max_analysis_steps),
+        help="images x AR steps of one analysis recompute",
+    )
     ap.add_argument("--concurrency", type=int, default=Limits.concurrency, help="requests running at once")
     ap.add_argument(
         "--threads",
@@ -717,14 +809,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--share", action="store_true", help="create a public gradio.live link (off by default)")
     args = ap.parse_args(argv)
-    for name in ("max_batch", "max_steps", "max_images", "concurrency", "threads"):
+    for name in ("max_batch", "max_steps", "max_images", "max_analysis_steps", "concurrency", "threads"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.max_seconds > 0:
+        ap.error(f"--max-seconds must be > 0, got {args.max_seconds}")
+    if args.hub_repo is not None and args.checkpoints is None:
+        args.checkpoints = DEFAULT_CHECKPOINTS
     return args
 
 
-def make_app(checkpoints: Path | None, limits: Limits) -> App:
-    """The app on every pair found (the untrained pair only when nothing is installed)."""
+def make_app(checkpoints: Path | None, limits: Limits, hub_repo: str | None = None) -> App:
+    """The app on every pair found (the untrained pair only when nothing is installed). With ``hub_repo``
+    the official checkpoints are fetched into ``checkpoints`` first; a failure ends the start."""
+    if hub_repo is not None:
+        try:
+            log = lambda line: print(line, flush=True)  # noqa: E731
+            fetch_official(hub_repo, checkpoints or DEFAULT_CHECKPOINTS, log, endpoint=os.environ.get("HF_ENDPOINT"))
+        except Exception as err:  # not found, no space, no network: the server does not start
+            raise SystemExit(f"--hub-repo {hub_repo}: {err}") from None
     sources = discover(checkpoints)
     if not sources:
         print("No embedded models in assets/models and no official checkpoints: serving untrained models.")
@@ -733,7 +836,7 @@ def make_app(checkpoints: Path | None, limits: Limits) -> App:
     panels = Panels.load(PRECOMPUTED) if PRECOMPUTED.is_file() else None
     if panels is not None and panels.pair not in store.names:
         panels = None  # computed for a pair this server does not have
-    return App(store, limits, panels, checkpoints)
+    return App(store, limits, panels)
 
 
 def warm_up(app: App) -> None:
@@ -762,8 +865,15 @@ def serve(demo: gr.Blocks, limits: Limits, host: str, port: int | None, share: b
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    limits = Limits(args.max_batch, args.max_steps, args.max_images, args.concurrency)
-    app = make_app(args.checkpoints, limits)
+    limits = Limits(
+        args.max_batch,
+        args.max_steps,
+        args.max_images,
+        args.concurrency,
+        max_analysis_steps=args.max_analysis_steps,
+        max_seconds=args.max_seconds,
+    )
+    app = make_app(args.checkpoints, limits, args.hub_repo)
     print(f"Pairs: {app.store.names}; device {DEVICE}; warming up ...", flush=True)
     warm_up(app)
     serve(build(app), limits, args.host, args.port, args.share)

@@ -26,7 +26,7 @@ from csd.data import CLASS_NAMES
 from csd.evaluate import fewer_steps
 from csd.metrics import DEFAULT_CLASSIFIER, class_accuracy
 from csd.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover
-from csd.sampling import Generation, SamplingConfig, generate
+from csd.sampling import Generation, SamplingConfig, StepCallback, generate
 from csd.speculative import CSDConfig, speculative_generate
 from csd.tokenizer import PixelTokenizer
 from csd.trace import Maker, Trace
@@ -59,15 +59,27 @@ def _timed_run(fn: Callable[[], Generation]) -> Run:
 
 
 def run_single(
-    pair: ModelPair, labels: Sequence[int], seeds: Sequence[int], sampling: SamplingConfig, maker=Maker.TARGET
+    pair: ModelPair,
+    labels: Sequence[int],
+    seeds: Sequence[int],
+    sampling: SamplingConfig,
+    maker=Maker.TARGET,
+    on_step: StepCallback | None = None,
 ):
     """Target-only (``Maker.TARGET``) or draft-only (``Maker.DRAFT``) generation, timed."""
     model = pair.target if maker == Maker.TARGET else pair.draft
-    return _timed_run(lambda: generate(model, labels, seeds, sampling, maker=maker))
+    return _timed_run(lambda: generate(model, labels, seeds, sampling, maker=maker, on_step=on_step))
 
 
-def run_csd(pair: ModelPair, labels: Sequence[int], seeds: Sequence[int], sampling: SamplingConfig, csd: CSDConfig):
-    return _timed_run(lambda: speculative_generate(pair.target, pair.draft, labels, seeds, sampling, csd))
+def run_csd(
+    pair: ModelPair,
+    labels: Sequence[int],
+    seeds: Sequence[int],
+    sampling: SamplingConfig,
+    csd: CSDConfig,
+    on_step: StepCallback | None = None,
+):
+    return _timed_run(lambda: speculative_generate(pair.target, pair.draft, labels, seeds, sampling, csd, on_step))
 
 
 # --- panel data ------------------------------------------------------------------------------
@@ -336,15 +348,19 @@ class Analysis:
     def __len__(self) -> int:
         return len(self._plan) + len(self._timed)
 
-    def steps(self) -> Iterator[tuple[int, int, str]]:
-        """Run the planned generations; yields (done, total, label of the next run) before each."""
+    def steps(
+        self, on_step: Callable[[str], StepCallback | None] = lambda label: None
+    ) -> Iterator[tuple[int, int, str]]:
+        """Run the planned generations; yields (done, total, label of the next run) before each.
+        ``on_step(label)`` may give a per-AR-step callback for the run ``label``."""
         runs = [(*plan, self._runs) for plan in self._plan.values()] + [(*t, self._retimed) for t in self._timed]
         for i, (label, sampling, csd, store) in enumerate(runs):
             yield i, len(runs), label
+            callback = on_step(label)
             if csd is None:
-                run = run_single(self.pair, self.labels, self.seeds, sampling)
+                run = run_single(self.pair, self.labels, self.seeds, sampling, on_step=callback)
             else:
-                run = run_csd(self.pair, self.labels, self.seeds, sampling, csd)
+                run = run_csd(self.pair, self.labels, self.seeds, sampling, csd, on_step=callback)
             store[_key(sampling, csd)] = run
 
     def run(self, sampling: SamplingConfig, csd: CSDConfig | None) -> Run:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -186,14 +187,60 @@ def discover(checkpoints: Path | None, embedded_dir: Path = EMBEDDED_DIR) -> lis
     return found
 
 
-def download_official(repo_id: str, checkpoints: Path) -> Path:
-    """Fetch official checkpoints from a Hugging Face Hub repository that mirrors the official layout
-    (``mar/<config>/checkpoint-last.pth``, ``vae/kl16.ckpt``) into ``checkpoints``. Only on request."""
-    from huggingface_hub import snapshot_download  # optional dependency, imported only when asked
+OFFICIAL_FILES = ("vae/kl16.ckpt", *(f"mar/{c}/checkpoint-last.pth" for c in ("mar_base", *OFFICIAL_TARGETS.values())))
+DISK_MARGIN = 1 << 30  # free bytes left over after a fetch
 
-    patterns = ["vae/kl16.ckpt"] + [f"mar/{c}/checkpoint-last.pth" for c in ("mar_base", *OFFICIAL_TARGETS.values())]
-    snapshot_download(repo_id=repo_id, allow_patterns=patterns, local_dir=checkpoints)
+
+def fetch_official(
+    repo_id: str,
+    checkpoints: Path,
+    log: Callable[[str], None] = print,
+    free_bytes: Callable[[Path], int] | None = None,
+    endpoint: str | None = None,
+) -> Path:
+    """Fetch official checkpoints from a Hugging Face Hub repository that mirrors the official layout
+    (:data:`OFFICIAL_FILES`) into ``checkpoints``. For the operator, at start only (never a visitor):
+    the repository must exist and hold the MAR-B draft and the tokenizer, files already there with
+    the right size are kept, and the disk must have room for the rest (plus 1 GiB) before anything
+    is downloaded. ``endpoint``: another Hub server (default: huggingface_hub's, ``HF_ENDPOINT``).
+    Raises ValueError (naming the repository) or OSError (the directory, the space, the network)."""
+    from huggingface_hub import HfApi, snapshot_download  # a dependency of gradio; imported only when asked
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+    try:
+        info = HfApi(endpoint=endpoint).model_info(repo_id, files_metadata=True)
+    except RepositoryNotFoundError:
+        raise ValueError(f"Hub repository {repo_id!r} does not exist (or is private without a token)") from None
+    except HfHubHTTPError as err:
+        raise ValueError(f"Hub repository {repo_id!r} could not be read: {err}") from None
+    sizes = {f.rfilename: f.size or 0 for f in info.siblings or [] if f.rfilename in OFFICIAL_FILES}
+    for required in OFFICIAL_FILES[:2]:
+        if required not in sizes:
+            raise ValueError(f"Hub repository {repo_id!r} has no {required}: it is not in the official layout")
+    todo = {name: size for name, size in sizes.items() if not _has_file(checkpoints / name, size)}
+    need = sum(todo.values())
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    free = (free_bytes or (lambda path: shutil.disk_usage(path).free))(checkpoints)
+    if need + DISK_MARGIN > free:
+        raise OSError(
+            f"{checkpoints} has {_size(free)} free; fetching {len(todo)} files from {repo_id} needs {_size(need)} "
+            f"plus {_size(DISK_MARGIN)} to spare"
+        )
+    log(
+        f"Fetching {len(todo)} of {len(sizes)} official files ({_size(need)}) from Hub repository {repo_id} "
+        f"into {checkpoints} ({_size(free)} free): {', '.join(sorted(todo)) or 'all present'}"
+    )
+    if todo:
+        snapshot_download(repo_id=repo_id, allow_patterns=sorted(todo), local_dir=checkpoints, endpoint=endpoint)
     return checkpoints
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def _has_file(path: Path, size: int) -> bool:
+    return path.is_file() and path.stat().st_size == size
 
 
 class PairStore:
@@ -215,12 +262,6 @@ class PairStore:
         if name not in self._sources:
             raise ValueError(f"model pair must be one of {self.names}, got {name!r}")
         return self._sources[name]
-
-    def add(self, sources: list[PairSource]) -> None:
-        """Register newly found pairs (e.g. after a download); pairs already known are kept."""
-        with self._lock:
-            for s in sources:
-                self._sources.setdefault(s.name, s)
 
     def get(self, name: str) -> ModelPair:
         source = self.source(name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Protocol
@@ -38,6 +38,12 @@ class ARModel(Protocol):
 
     def conditions(self, tokens: Tensor, mask: Tensor, labels: Tensor, guided: bool) -> tuple[Tensor, Tensor | None]:
         """Per-position conditions z (B, N, D) and, when guided, the unconditional ones."""
+
+
+StepCallback = Callable[[int, int, str], None]
+"""``on_step(done, total, phase)``: called by a sampler after each AR step (``done`` of ``total`` steps
+processed, ``phase`` what the step was: "target", "draft", "pre-fill", "verify"). It may raise to
+stop the run there (the app's Stop button does); a sampler without one pays nothing."""
 
 
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -215,10 +221,12 @@ def generate(
     seeds: Sequence[int],
     config: SamplingConfig | None = None,
     maker: Maker = Maker.TARGET,
+    on_step: StepCallback | None = None,
 ) -> Generation:
     """Generate ``len(seeds)`` images with one model alone (the baseline of every comparison).
 
-    Image i depends only on (seeds[i], labels[i], config): the same as when generated alone."""
+    Image i depends only on (seeds[i], labels[i], config): the same as when generated alone.
+    ``on_step`` (see :data:`StepCallback`) is called after each AR step."""
     config = config or SamplingConfig()
     seeds = check_seeds(seeds)
     device = model_device(model)
@@ -242,6 +250,8 @@ def generate(
         commit(tokens, mask, pos, traj.x)
         put(trace.maker, pos, int(maker))
         put(trace.ar_step, pos, s)
+        if on_step is not None:
+            on_step(s + 1, plan.num_steps, phase)
     if maker == Maker.TARGET:
         trace.target_passes = plan.num_steps
     else:

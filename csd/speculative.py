@@ -23,6 +23,7 @@ from csd.sampling import (
     Generation,
     PhaseTimer,
     SamplingConfig,
+    StepCallback,
     backbone_conditions,
     check_labels,
     commit,
@@ -148,8 +149,13 @@ def speculative_generate(
     seeds: Sequence[int],
     sampling: SamplingConfig | None = None,
     csd: CSDConfig | None = None,
+    on_step: StepCallback | None = None,
 ) -> Generation:
-    """Generate with continuous speculative decoding; same orders and chain noise as :func:`generate`."""
+    """Generate with continuous speculative decoding; same orders and chain noise as :func:`generate`.
+
+    ``on_step(done, total, phase)`` is called after each pre-fill step ("pre-fill"), each drafted
+    step ("draft") and each block's verification ("verify", ``done`` = the block's last step + 1)."""
+    report = on_step or (lambda done, total, phase: None)
     sampling, csd = sampling or SamplingConfig(), csd or CSDConfig()
     check_pair(target, draft)
     seeds = check_seeds(seeds)
@@ -184,6 +190,7 @@ def speculative_generate(
         trace.target_passes += 1
         made += plan.sizes[s]
         s += 1
+        report(s, plan.num_steps, "pre-fill")
 
     block_id = 0
     while s < plan.num_steps:
@@ -204,6 +211,7 @@ def speculative_generate(
             poss.append(pos)
             put(trace.ar_step, pos, j)
             trace.draft_passes += 1
+            report(j + 1, plan.num_steps, "draft")
         blk = _Block(
             _cat_trajectories(trajs, batch),
             ChainNoise(_cat_rows([z.xi for z in noises], batch), _cat_rows([z.eps for z in noises], batch, dim=1)),
@@ -266,6 +274,7 @@ def speculative_generate(
         _record_block(trace, blk.pos, block_id, verdict, accepted, rejected, res)
         s = steps.stop
         block_id += 1
+        report(s, plan.num_steps, "verify")
 
     trace.times = dict(timer.times)
     return Generation(tokens.float().cpu(), trace)

@@ -79,5 +79,5 @@ def test_exact_ratio_is_the_path_density_ratio_of_linear_gaussian_chains():
     for i in range(5):
         lp = _log_normal(y[1, i], 0.9 * y[0, i] + 0.1, 0.6) + _log_normal(y[2, i], 0.7 * y[1, i], 0.4)
         lq = _log_normal(y[1, i], 0.9 * y[0, i], 0.5) + _log_normal(y[2, i], 0.8 * y[1, i] + 0.1, 0.4)
-        assert v.log_ratio[i].item() == pytest.approx(lp - lq, rel=1e-4, abs=1e-5)
+        assert v.log_ratio[i].item() == pytest.approx(float(lp - lq), rel=1e-4, abs=1e-5)
     torch.testing.assert_close(mean_p[-1], draft.states[-1] * 1.0)  # the target's last step on the draft path

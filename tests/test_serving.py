@@ -1,0 +1,207 @@
+"""Serving a public demo: no visitor reaches the server's files or the Hub, official checkpoints come
+from the operator at start, runs report progress and stop when asked, and the limits hold.
+
+Hub traffic goes to a stand-in on 127.0.0.1 (tests/fake_hub.py); nothing leaves the machine."""
+
+import threading
+import time
+
+import gradio as gr
+import pytest
+import torch
+
+pytest.importorskip("gradio_client")
+from gradio_client import Client  # noqa: E402
+
+import app  # noqa: E402
+from csd import pairs  # noqa: E402
+from csd.pairs import OFFICIAL_FILES, RANDOM_NAME, PairSource, PairStore, discover, fetch_official  # noqa: E402
+from tests.fake_hub import fake_hub  # noqa: E402
+
+OFFICIAL_REPO = {name: name.encode() * 3 for name in OFFICIAL_FILES} | {"README.md": b"not fetched"}
+STEP_DELAY = 0.02  # seconds added to every backbone pass of the slow pair: runs long enough to stop midway
+
+
+def _slow_pair(device):
+    """The untrained pair with a sleep in each backbone pass (a forward pre-hook on the first block)."""
+    pair = pairs.random_pair(device)
+    for model in (pair.target, pair.draft):
+        model.encoder_blocks[0].register_forward_pre_hook(lambda module, args: time.sleep(STEP_DELAY))
+    return pair
+
+
+SLOW_SOURCE = PairSource(RANDOM_NAME, pairs.CLASS_NAMES, "random:0", _slow_pair)
+LIMITS = app.Limits(max_batch=2, max_steps=64, max_images=2)
+
+
+@pytest.fixture(scope="module")
+def served():
+    application = app.App(PairStore([SLOW_SOURCE], torch.device("cpu")), LIMITS)
+    demo = app.build(application)
+    url = app.serve(demo, LIMITS, "127.0.0.1", None, block=False)
+    yield application, demo, Client(url, verbose=False)
+    demo.close()
+
+
+def _controls(application, **overrides):
+    return {**application.default_controls(), "batch_size": 1, "ar_steps": 64, "gamma": 4, **overrides}
+
+
+# --- no visitor reaches the server's files or the Hub ---------------------------------------------
+
+
+def test_the_page_offers_no_control_that_takes_a_path_or_a_repository(served):
+    _, demo, _ = served
+    kinds = {c["type"] for c in demo.config["components"]}
+    assert not kinds & {"textbox", "file", "uploadbutton", "fileexplorer", "code"}, kinds
+    labels = " ".join(str(c.get("props", {}).get("label", "")) for c in demo.config["components"]).lower()
+    for word in ("repository", "directory", "path", "download"):
+        assert word not in labels
+
+
+def test_every_handler_is_a_known_one_and_none_can_download(served, monkeypatch):
+    application, demo, client = served
+    handlers = {fn.fn.__name__ for fn in demo.fns.values() if fn.fn is not None}  # None: a front-end-only event
+    assert handlers <= {"generate", "analyze", "toy", "classes", "generate_stopped", "analyze_stopped"}, handlers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a request reached the Hub")
+
+    monkeypatch.setattr(pairs, "fetch_official", refuse)
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", refuse)
+    client.predict(**_controls(application, ar_steps=4), api_name="/generate")  # would fail if it fetched
+    for name in client.view_api(print_info=False, return_format="dict")["named_endpoints"]:
+        assert name in {"/generate", "/analyze", "/toy"}
+
+
+def test_fetch_official_takes_only_the_official_files_and_skips_those_present(tmp_path):
+    lines = []
+    with fake_hub({"org/mar": OFFICIAL_REPO}) as (url, requests):
+        fetch_official("org/mar", tmp_path, lines.append, endpoint=url)
+        assert all((tmp_path / name).read_bytes() == OFFICIAL_REPO[name] for name in OFFICIAL_FILES)
+        assert not (tmp_path / "README.md").exists()
+        assert "Fetching 4 of 4 official files" in lines[0] and "org/mar" in lines[0] and "free" in lines[0]
+        requests.clear()
+        fetch_official("org/mar", tmp_path, lines.append, endpoint=url)
+        assert "all present" in lines[1] and not any("/resolve/" in r for r in requests)
+    assert [s.name for s in discover(tmp_path, embedded_dir=tmp_path)] == list(pairs.OFFICIAL_TARGETS)
+
+
+def test_fetch_official_checks_the_disk_space_before_downloading(tmp_path):
+    with fake_hub({"org/mar": OFFICIAL_REPO}, sizes={"org/mar": {"mar/mar_huge/checkpoint-last.pth": 8 << 30}}) as (
+        url,
+        requests,
+    ):
+        with pytest.raises(OSError, match=r"has 2.0 GiB free; fetching 4 files from org/mar needs 8.0 GiB"):
+            fetch_official("org/mar", tmp_path, endpoint=url, free_bytes=lambda path: 2 << 30)
+        assert not any("/resolve/" in r for r in requests)  # nothing was downloaded
+
+
+def test_fetch_official_names_a_repository_that_is_not_there_or_not_official(tmp_path):
+    with fake_hub({"org/other": {"weights.bin": b"x"}}) as (url, _):
+        with pytest.raises(ValueError, match="Hub repository 'nobody/nothing' does not exist"):
+            fetch_official("nobody/nothing", tmp_path, endpoint=url)
+        with pytest.raises(ValueError, match="'org/other' has no vae/kl16.ckpt"):
+            fetch_official("org/other", tmp_path, endpoint=url)
+
+
+def test_a_missing_hub_repository_named_at_start_stops_the_start(tmp_path, monkeypatch, capsys):
+    with fake_hub({}) as (url, _):
+        monkeypatch.setenv("HF_ENDPOINT", url)
+        monkeypatch.setenv("CSD_HUB_REPO", "nobody/nothing")
+        with pytest.raises(SystemExit, match="--hub-repo nobody/nothing: Hub repository 'nobody/nothing' does not"):
+            app.main(["--checkpoints", str(tmp_path)])
+    args = app.parse_args(["--hub-repo", "org/mar"])
+    assert args.hub_repo == "org/mar" and args.checkpoints == app.DEFAULT_CHECKPOINTS
+
+
+def test_a_hub_repository_named_at_start_is_fetched_before_serving(tmp_path, monkeypatch):
+    monkeypatch.setattr(app, "discover", lambda checkpoints: [SLOW_SOURCE] if checkpoints == tmp_path else [])
+    with fake_hub({"org/mar": OFFICIAL_REPO}) as (url, _):
+        monkeypatch.setenv("HF_ENDPOINT", url)
+        application = app.make_app(tmp_path, LIMITS, hub_repo="org/mar")
+    assert (tmp_path / "vae" / "kl16.ckpt").is_file() and application.store.names == [RANDOM_NAME]
+
+
+# --- progress and stop ------------------------------------------------------------------------------
+
+
+def test_generate_reports_progress_per_ar_step_through_the_api(served):
+    application, _, client = served
+    job = client.submit(**_controls(application, ar_steps=16), api_name="/generate")
+    job.result(timeout=120)
+    statuses = [out[4] for out in job.outputs() if isinstance(out[4], str)]  # others: "no change" updates
+    running = [s for s in statuses if s.startswith("Running")]
+    # 16 target-only steps, the CSD run's pre-fill, draft and verify steps, 16 draft-only steps.
+    assert sum("target-only: AR step" in s for s in running) == 16
+    assert sum("draft-only: AR step" in s for s in running) == 16
+    assert any("CSD: AR step" in s and "(verify)" in s for s in running)
+    assert statuses[-1].startswith("### Speedup") and application.history[-1]["status"] == "done"
+
+
+def test_stop_ends_the_run_within_an_ar_step_and_the_queue_serves_the_next_request(served):
+    application, _, client = served
+    job = client.submit(**_controls(application), api_name="/generate")  # 3 runs of 64 steps: several seconds
+    deadline = time.monotonic() + 60
+    while not any(isinstance(out[4], str) and "CSD: AR step" in out[4] for out in job.outputs()):
+        assert time.monotonic() < deadline, "the run never reached CSD"
+        time.sleep(0.02)
+    job.cancel()
+    t0 = time.monotonic()
+    while not application.history or application.history[-1]["status"] != "stopped":
+        assert time.monotonic() - t0 < 10, f"the run did not stop: {list(application.history)}"
+        time.sleep(0.01)
+    stopped_after = time.monotonic() - t0
+    assert not any(t.name == "csd-job" and t.is_alive() for t in threading.enumerate())  # the worker has ended
+    record = application.history[-1]
+    assert 64 < record["steps"] < 64 + 64  # target-only finished, CSD stopped midway, draft-only never ran
+    assert stopped_after < 2.0  # one AR step is ~0.05 s here; leave room for a busy machine
+    # The next request runs at once and completes; the stopped one left no final result.
+    t1 = time.monotonic()
+    out = client.predict(**_controls(application, ar_steps=4), api_name="/generate")
+    assert out[4].startswith("### Speedup") and time.monotonic() - t1 < 30
+    assert not any(isinstance(o[4], str) and o[4].startswith("### Speedup") for o in job.outputs())
+
+
+def test_the_stop_buttons_show_nothing_of_the_stopped_run():
+    images_and_text = app.App.generate_stopped()
+    assert images_and_text[:4] == (None, None, None, None) and "Stopped" in images_and_text[4]
+    assert images_and_text[5:] == (None, None)
+    assert "panels below are the ones shown before" in app.App.analyze_stopped()
+
+
+# --- limits -------------------------------------------------------------------------------------------
+
+
+def test_a_run_past_the_time_limit_ends_with_an_error_naming_the_limit():
+    limits = app.Limits(max_batch=1, max_steps=64, max_seconds=0.2)
+    application = app.App(PairStore([SLOW_SOURCE], torch.device("cpu")), limits)
+    controls = _controls(application)
+    with pytest.raises(gr.Error, match=r"ran past the time limit of 0.2 s per request \(--max-seconds"):
+        for _ in application.generate(progress=lambda *a, **k: None, **controls):
+            pass
+    assert application.history[-1]["status"] == "over time"
+    assert application.history[-1]["seconds"] < 0.2 + 10 * STEP_DELAY + 1.0
+
+
+def test_the_time_limit_comes_from_the_environment_and_flags_win(monkeypatch):
+    monkeypatch.setenv("CSD_MAX_SECONDS", "12.5")
+    assert app.parse_args([]).max_seconds == 12.5
+    assert app.parse_args(["--max-seconds", "3"]).max_seconds == 3.0
+    with pytest.raises(SystemExit):
+        app.parse_args(["--max-seconds", "0"])
+    monkeypatch.setenv("CSD_MAX_SECONDS", "soon")
+    with pytest.raises(SystemExit, match="CSD_MAX_SECONDS must be a number"):
+        app.parse_args([])
+
+
+def test_an_analysis_past_the_work_limit_is_refused_naming_it():
+    limits = app.Limits(max_batch=1, max_steps=64, max_images=8, max_analysis_steps=16)
+    application = app.App(PairStore([SLOW_SOURCE], torch.device("cpu")), limits)
+    controls = {k: v for k, v in _controls(application, ar_steps=16).items() if k != "batch_size"}
+    with pytest.raises(gr.Error, match=r"Images \(n\) x AR steps must be at most 16 .*got 2 x 16 = 32"):
+        next(application.analyze(2, progress=lambda *a, **k: None, **controls))
+    assert app.parse_args(["--max-analysis-steps", "99"]).max_analysis_steps == 99
