@@ -32,13 +32,13 @@ import gradio as gr
 import numpy as np
 import torch
 
-from csd import defaults
 from csd.acceptance import CRITERIA, TRAJECTORY_TERMS
-from csd.analysis import Analysis, AnalysisSettings, Panels, Run, cost_model, run_csd, run_single
-from csd.jobs import Job, Step, Stopped
-from csd.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover, fetch_official
+from csd.experiments import defaults
+from csd.experiments.analysis import Analysis, AnalysisSettings, Panels, Run, cost_model, run_csd, run_single
+from csd.experiments.jobs import Job, Step, Stopped
+from csd.experiments.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover, fetch_official
+from csd.models.schedule import CFG_SCHEDULES
 from csd.sampling import SamplingConfig
-from csd.schedule import CFG_SCHEDULES
 from csd.speculative import CSDConfig
 from csd.toy import speculative_sample, total_variation
 from csd.trace import Maker
@@ -363,7 +363,8 @@ class App:
         return to_plotly(toy_chart(p, q, result.samples, note=note)), stats, summary
 
     def default_controls(self) -> dict:
-        """Keyword arguments of :meth:`request` for the default setting (:mod:`csd.defaults`), within the limits."""
+        """Keyword arguments of :meth:`request` for the default setting (:mod:`csd.experiments.defaults`),
+        within the limits."""
         s, c = defaults.SAMPLING, defaults.CSD
         first = self.store.source(self.store.names[0])
         return {
@@ -495,7 +496,8 @@ def analysis_status(panels: Panels | None, recomputed: bool = False, current_wei
     if current_weights is not None and current_weights != panels.weights:
         text += (
             f"\n\n**Warning:** computed with other weights ({panels.weights}) than the models served now "
-            f"({current_weights}): press **Recompute**, or regenerate the file with `python -m csd.analysis`."
+            f"({current_weights}): press **Recompute**, or regenerate the file with "
+            "`python -m csd.experiments.analysis`."
         )
     return text
 

@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from csd.chain import ChainNoise, GaussianChain, HeadCondition, Trajectory, run_chain
+from csd.models.schedule import CFG_SCHEDULES, step_cfg_scales, step_sizes
 from csd.rng import ImageStreams, check_seeds
-from csd.schedule import CFG_SCHEDULES, step_cfg_scales, step_sizes
 from csd.trace import Maker, Trace
 
 

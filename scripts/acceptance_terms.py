@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import torch
 
-from csd import defaults
+from csd.experiments import defaults
 from csd.models.registry import load_model
 from csd.sampling import SamplingConfig
 from csd.speculative import CSDConfig, speculative_generate

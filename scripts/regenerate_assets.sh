@@ -15,11 +15,11 @@ export GRADIO_ANALYTICS_ENABLED=False
 M=assets/models
 
 echo "== analysis panels"
-python -m csd.analysis --out assets/analysis_default.json --threads 1
+python -m csd.experiments.analysis --out assets/analysis_default.json --threads 1
 
 echo "== sample sheets (the same seeds and labels in all three)"
 for mode in target csd draft; do
-  python -m csd.evaluate --mode "$mode" --n 80 --sheet "assets/samples_${mode}.png" \
+  python -m csd.experiments.evaluate --mode "$mode" --n 80 --sheet "assets/samples_${mode}.png" \
     --out "/tmp/samples_${mode}.json" > /dev/null
 done
 
@@ -32,7 +32,7 @@ chain() {  # <name>_stage1.log.jsonl+...+<name>.log.jsonl
 python -m visualize.training "$(chain shapes_target)" "$(chain shapes_draft)" --out "$M/training_curves.png"
 
 echo "== benchmark"
-python -m csd.bench --quick --n 200 --threads 1 --gammas 1 2 4 8 --quality-gammas 1 2 4 --out bench/results
+python -m csd.experiments.bench --quick --n 200 --threads 1 --gammas 1 2 4 8 --quality-gammas 1 2 4 --out bench/results
 python - <<'EOF'
 # Paste bench/results/bench.md (without its title) between the README's bench markers.
 import re
@@ -54,7 +54,7 @@ EOF
 
 if [[ $# -ge 1 ]]; then
   echo "== probe: $1 vs the shipped target"
-  python -m csd.probe "$1" "$M/shapes_target.safetensors" --n 200
+  python -m csd.shapes.probe "$1" "$M/shapes_target.safetensors" --n 200
 fi
 
 echo "== app screenshots (headless Chromium)"

@@ -1,7 +1,7 @@
 """Side-by-side wall time of target-only and CSD with constant and growing draft lengths.
 
 Usage: python -m scripts.schedule_cost. Batch 8, one thread, 32 AR steps, tau_v 5, five interleaved
-repeats after a warm-up (``csd.bench.alternate``); prints each CSD setting's target passes and its
+repeats after a warm-up (``csd.experiments.bench.alternate``); prints each CSD setting's target passes and its
 speed-up over target-only (median over median). The benchmark's grid times constant draft lengths
 only; this times the schedules of the README's "growing blocks" table beside them."""
 
@@ -9,9 +9,9 @@ import statistics
 
 import torch
 
-from csd.bench import alternate
 from csd.cost import csd_passes
-from csd.evaluate import load_models
+from csd.experiments.bench import alternate
+from csd.experiments.evaluate import load_models
 from csd.sampling import SamplingConfig, generate
 from csd.speculative import CSDConfig, speculative_generate
 

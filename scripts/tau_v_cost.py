@@ -7,8 +7,8 @@ import statistics
 
 import torch
 
-from csd.bench import alternate
-from csd.evaluate import load_models
+from csd.experiments.bench import alternate
+from csd.experiments.evaluate import load_models
 from csd.sampling import SamplingConfig, generate
 from csd.speculative import CSDConfig, speculative_generate
 

@@ -14,9 +14,9 @@ import sys
 import torch
 
 from csd.chain import HeadCondition
-from csd.data import ShapesConfig, make_dataset
 from csd.models.registry import load_model
-from csd.tokenizer import PixelTokenizer
+from csd.models.tokenizer import PixelTokenizer
+from csd.shapes.data import ShapesConfig, make_dataset
 
 
 def mean_log_std_sum(path: str) -> float:

@@ -6,7 +6,7 @@ Each argument after the target is a trajectory term of the aligned criterion ("d
 "published", "none") or "exact" for the path-space criterion. ``--draft X`` picks another draft.
 
 Gamma 8, pre-fill 0.05, tau_v 42, 32 AR steps, CFG 3 linear, the shipped draft; the benchmark's
-labels and seeds (csd.evaluate.eval_labels_seeds).
+labels and seeds (csd.experiments.evaluate.eval_labels_seeds).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import sys
 
 import torch
 
-from csd.evaluate import eval_labels_seeds, generate_images, summarize_stats
-from csd.metrics import DEFAULT_CLASSIFIER, class_accuracy, load_classifier
+from csd.experiments.evaluate import eval_labels_seeds, generate_images, summarize_stats
 from csd.models.registry import load_model
 from csd.sampling import SamplingConfig
+from csd.shapes.metrics import DEFAULT_CLASSIFIER, class_accuracy, load_classifier
 from csd.speculative import CSDConfig
 
 

@@ -70,9 +70,9 @@ def save_tiny_pixel_pair(folder, seed: int = 0) -> tuple[str, str]:
     """A tiny random pixel MAR target (width 32) and draft (width 16) saved in the project format.
 
     Weights are perturbed away from MAR's zero-initialised head outputs, so images vary with the seed."""
+    from csd.experiments.pairs import random_pixel_config
     from csd.models.mar import MAR
     from csd.models.registry import save_model
-    from csd.pairs import random_pixel_config
 
     gen = torch.Generator().manual_seed(seed)
     paths = []

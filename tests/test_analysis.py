@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from csd.analysis import (
+from csd.cost import csd_passes, prefill_steps, simple_bound, speedup_bound
+from csd.experiments.analysis import (
     Analysis,
     AnalysisSettings,
     Histogram,
@@ -19,8 +20,7 @@ from csd.analysis import (
     run_single,
     step_costs,
 )
-from csd.cost import csd_passes, prefill_steps, simple_bound, speedup_bound
-from csd.pairs import RANDOM_SOURCE
+from csd.experiments.pairs import RANDOM_SOURCE
 from csd.sampling import SamplingConfig
 from csd.speculative import CSDConfig
 from csd.trace import Trace

@@ -16,8 +16,8 @@ from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 import app  # noqa: E402
-from csd.analysis import Panels  # noqa: E402
-from csd.pairs import RANDOM_SOURCE, PairStore  # noqa: E402
+from csd.experiments.analysis import Panels  # noqa: E402
+from csd.experiments.pairs import RANDOM_SOURCE, PairStore  # noqa: E402
 from csd.speculative import CSDConfig  # noqa: E402
 
 LIMITS = app.Limits(max_batch=2, max_steps=8, max_images=2)

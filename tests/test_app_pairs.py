@@ -3,10 +3,7 @@
 import pytest
 import torch
 
-from csd.data import CLASS_NAMES
-from csd.models.mar import MAR
-from csd.models.registry import save_model
-from csd.pairs import (
+from csd.experiments.pairs import (
     EMBEDDED_NAME,
     OFFICIAL_TARGETS,
     RANDOM_SOURCE,
@@ -16,6 +13,9 @@ from csd.pairs import (
     pixel_tokenizer,
     random_pixel_config,
 )
+from csd.models.mar import MAR
+from csd.models.registry import save_model
+from csd.shapes.data import CLASS_NAMES
 
 
 def test_nothing_is_discovered_in_an_empty_directory(tmp_path):
@@ -69,9 +69,11 @@ def test_pixel_tokenizer_needs_rgb_patches():
 
 def test_shipped_analysis_panels_were_made_from_the_shipped_weights():
     """The Analysis tab's precomputed panels must describe the embedded models in this commit."""
-    from csd import defaults
-    from csd.analysis import Panels
-    from csd.pairs import EMBEDDED_DIR, file_digest
+    from csd.experiments import defaults
+    from csd.experiments.analysis import Panels
+    from csd.experiments.pairs import EMBEDDED_DIR, file_digest
 
     panels = Panels.load(EMBEDDED_DIR.parent / "analysis_default.json")
-    assert panels.weights == file_digest(defaults.TARGET_PATH, defaults.DRAFT_PATH), "rerun python -m csd.analysis"
+    assert panels.weights == file_digest(defaults.TARGET_PATH, defaults.DRAFT_PATH), (
+        "rerun python -m csd.experiments.analysis"
+    )

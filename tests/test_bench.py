@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from csd import defaults
-from csd.bench import BenchConfig, alternate, main
 from csd.cost import StepCosts, csd_passes, prefill_steps, sequential_passes, simple_bound, speedup_bound
-from csd.evaluate import eval_labels_seeds, generate_images, load_models, quality
-from csd.metrics import REFERENCE_SEED, load_classifier, reference_features
+from csd.experiments import defaults
+from csd.experiments.bench import BenchConfig, alternate, main
+from csd.experiments.evaluate import eval_labels_seeds, generate_images, load_models, quality
+from csd.models.schedule import step_sizes
 from csd.sampling import SamplingConfig
-from csd.schedule import step_sizes
+from csd.shapes.metrics import REFERENCE_SEED, load_classifier, reference_features
 from csd.speculative import CSDConfig, speculative_generate
 from tests.helpers import LinearGaussianChain, ToyARModel, save_tiny_pixel_pair
 
@@ -211,7 +211,7 @@ def test_quick_bench_command_runs_on_the_shipped_pair(tmp_path):
     """The README's command on the embedded models, as a user runs it (smaller n and one repeat)."""
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "bench"
-    cmd = [sys.executable, "-m", "csd.bench", "--quick", "--n", "40", "--n-ref", "200", "--repeats", "1"]
+    cmd = [sys.executable, "-m", "csd.experiments.bench", "--quick", "--n", "40", "--n-ref", "200", "--repeats", "1"]
     cmd += ["--batches", "8", "--gammas", "8", "--quality-gammas", "2", "--threads", "1", "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)

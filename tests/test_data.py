@@ -1,4 +1,4 @@
-"""Specification of the procedural shapes dataset (csd.data)."""
+"""Specification of the procedural shapes dataset (csd.shapes.data)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from csd.data import (
+from csd.shapes.data import (
     CLASS_NAMES,
     NUM_CLASSES,
     ShapesConfig,

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from csd import diffusion as gd
 from csd.chain import HeadCondition, run_chain, standard_noise
+from csd.models import diffusion as gd
 from csd.models.head import DiffusionHead
 
 

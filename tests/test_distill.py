@@ -1,4 +1,4 @@
-"""Specification of distillation in csd.train: a student that also matches a frozen teacher's head."""
+"""Specification of distillation in csd.shapes.train: a student that also matches a frozen teacher's head."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from csd.checkpoint import CheckpointError
-from csd.data import make_dataset
-from csd.diffusion import Schedule, distill_loss, learned_log_variance
+from csd.experiments.pairs import file_digest
+from csd.models.checkpoint import CheckpointError
+from csd.models.diffusion import Schedule, distill_loss, learned_log_variance
 from csd.models.mar import MAR
 from csd.models.registry import load_model
-from csd.pairs import file_digest
-from csd.tokenizer import PixelTokenizer
-from csd.train import parse_args, train
+from csd.models.tokenizer import PixelTokenizer
+from csd.shapes.data import make_dataset
+from csd.shapes.train import parse_args, train
 from tests.test_train import TINY, _one_thread, tiny_config  # noqa: F401 (_one_thread: autouse fixture)
 
 # The teacher: wider than the student (TINY), with its own head.

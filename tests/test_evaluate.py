@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from csd.cost import csd_passes
-from csd.evaluate import EvalConfig, eval_labels_seeds, fewer_steps, interleave
+from csd.experiments.evaluate import EvalConfig, eval_labels_seeds, fewer_steps, interleave
 from csd.sampling import SamplingConfig
 from csd.speculative import CSDConfig
 from tests.helpers import save_tiny_pixel_pair
@@ -47,7 +47,7 @@ def test_fewer_steps_baseline_has_as_many_steps_as_csd_has_target_passes():
 def test_gamma_schedule_flag_reaches_the_settings():
     import argparse
 
-    from csd.evaluate import add_setting_args, settings_from_args
+    from csd.experiments.evaluate import add_setting_args, settings_from_args
 
     parser = argparse.ArgumentParser()
     add_setting_args(parser)
@@ -68,7 +68,7 @@ def _run(args: list[str], out: Path, nproc: int) -> dict:
     # torchrun's parser would take "--n" for an ambiguous abbreviation of its own options: use --num-images.
     launcher = ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone"] if nproc > 1 else []
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the same intra-op threads in both runs
-    cmd = [sys.executable, *launcher, "-m", "csd.evaluate", *args, "--out", str(out), "--device", "cpu"]
+    cmd = [sys.executable, *launcher, "-m", "csd.experiments.evaluate", *args, "--out", str(out), "--device", "cpu"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
@@ -96,7 +96,7 @@ def test_two_process_run_equals_single_process_run(tmp_path):
 def test_criterion_flags_reach_the_sampler(tmp_path):
     """--criterion and --trajectory-term change the acceptance test of the CSD run, and the result
     records them; the exact test scores the same images as a direct call with that setting."""
-    from csd.evaluate import generate_images, load_models, main, summarize_stats
+    from csd.experiments.evaluate import generate_images, load_models, main, summarize_stats
 
     target_path, draft_path = save_tiny_pixel_pair(tmp_path)
     args = ["--target", target_path, "--draft", draft_path, "--mode", "csd", "--n", "4", "--batch-size", "2"]
@@ -123,7 +123,7 @@ def test_criterion_flags_reach_the_sampler(tmp_path):
 
 
 def test_unknown_criterion_is_refused_by_name(capsys):
-    from csd.evaluate import main
+    from csd.experiments.evaluate import main
 
     with pytest.raises(SystemExit):
         main(["--criterion", "approximate"])

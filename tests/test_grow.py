@@ -1,4 +1,4 @@
-"""Specification of depth growth (csd.grow): a deeper model that computes the same function, ready to train."""
+"""Specification of depth growth (csd.shapes.grow): a deeper model that computes the same function, ready to train."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from csd.checkpoint import CheckpointError
-from csd.data import make_dataset
-from csd.grow import block_positions, grow_depth, main
+from csd.models.checkpoint import CheckpointError
 from csd.models.registry import load_model
-from csd.tokenizer import PixelTokenizer
-from csd.train import Trainer, train
+from csd.models.tokenizer import PixelTokenizer
+from csd.shapes.data import make_dataset
+from csd.shapes.grow import block_positions, grow_depth, main
+from csd.shapes.train import Trainer, train
 from tests.test_train import TINY, _one_thread, tiny_config  # noqa: F401 (_one_thread: autouse fixture)
 
 

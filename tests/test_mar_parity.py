@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from csd import diffusion as gd
 from csd.chain import ChainNoise, HeadCondition, run_chain
+from csd.models import diffusion as gd
 from csd.models.mar import MAR, mar_config
 
 REF = torch.load(Path(__file__).parent / "data" / "mar_reference.pt", weights_only=True)

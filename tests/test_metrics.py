@@ -11,9 +11,9 @@ import pytest
 import torch
 from scipy import linalg
 
-from csd.data import make_dataset
-from csd.fid import inception_metrics, load_reference_stats
-from csd.metrics import (
+from csd.experiments.fid import inception_metrics, load_reference_stats
+from csd.shapes.data import make_dataset
+from csd.shapes.metrics import (
     DEFAULT_CLASSIFIER,
     REFERENCE_SEED,
     TRAIN_SEED,

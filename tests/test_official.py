@@ -6,7 +6,7 @@ import pickle
 import pytest
 import torch
 
-from csd.checkpoint import CheckpointError
+from csd.models.checkpoint import CheckpointError
 from csd.models.mar import MAR, MAR_CONFIGS, mar_config
 from csd.models.official import config_from_args, load_official_mar
 

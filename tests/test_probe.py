@@ -1,4 +1,4 @@
-"""Specification of the context probe (csd.probe): inpainting real images from a fraction of their tokens."""
+"""Specification of the context probe (csd.shapes.probe): inpainting real images from a fraction of their tokens."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from csd import defaults
-from csd.data import make_dataset
+from csd.experiments import defaults
+from csd.experiments.pairs import random_pair
 from csd.models.registry import load_model
-from csd.pairs import random_pair
-from csd.probe import ProbeConfig, context_curve, inpaint, main, visible_mask
-from csd.tokenizer import PixelTokenizer
+from csd.models.tokenizer import PixelTokenizer
+from csd.shapes.data import make_dataset
+from csd.shapes.probe import ProbeConfig, context_curve, inpaint, main, visible_mask
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.3, 0.95])

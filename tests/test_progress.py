@@ -1,14 +1,14 @@
-"""Per-AR-step progress callbacks of the samplers, and stopping a run between two steps (csd.jobs)."""
+"""Per-AR-step progress callbacks of the samplers, and stopping a run between two steps (csd.experiments.jobs)."""
 
 import threading
 
 import pytest
 import torch
 
-from csd.jobs import Job, Step, Stopped
-from csd.pairs import random_pair
+from csd.experiments.jobs import Job, Step, Stopped
+from csd.experiments.pairs import random_pair
+from csd.models.schedule import step_sizes
 from csd.sampling import SamplingConfig, generate
-from csd.schedule import step_sizes
 from csd.speculative import CSDConfig, speculative_generate
 from csd.trace import Maker
 

@@ -14,8 +14,8 @@ pytest.importorskip("gradio_client")
 from gradio_client import Client  # noqa: E402
 
 import app  # noqa: E402
-from csd import pairs  # noqa: E402
-from csd.pairs import OFFICIAL_FILES, RANDOM_NAME, PairSource, PairStore, discover, fetch_official  # noqa: E402
+from csd.experiments import pairs  # noqa: E402
+from csd.experiments.pairs import OFFICIAL_FILES, RANDOM_NAME, PairSource, PairStore, discover, fetch_official  # noqa: E402
 from tests.fake_hub import fake_hub  # noqa: E402
 
 OFFICIAL_REPO = {name: name.encode() * 3 for name in OFFICIAL_FILES} | {"README.md": b"not fetched"}

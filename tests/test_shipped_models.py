@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from csd import defaults
+from csd.experiments import defaults
+from csd.experiments.pairs import file_digest
 from csd.models.registry import load_model
-from csd.pairs import file_digest
 from visualize.training import chain_logs, read_log
 
 MODELS = defaults.EMBEDDED_DIR
@@ -35,7 +35,7 @@ def test_each_stage_of_a_shipped_model_has_its_config_and_log(name):
     for stem, before, record in zip(stems[1:], records[:-1], records[1:], strict=True):
         parent = record["parent"]
         if "grow_from" in parent["args"]:
-            # A stage started through csd.grow from the weights shipped before it (under <name> then): its
+            # A stage started through csd.shapes.grow from the weights shipped before it (under <name> then): its
             # parent is the grown train state (no steps of its own), whose parent is that stage's record.
             assert parent["args"]["grow_from"].endswith(f"{name}.safetensors") and parent["steps_done"] == 0, stem
             parent = parent["parent"]
@@ -83,7 +83,7 @@ def test_the_shipped_target_was_grown_deeper_and_the_draft_distilled_from_it():
         assert record["args"]["distill_weight"] == 1.0 and record["parent"]["args"]["encoder_depth"] == [2, 2]
     assert draft3["steps_done"] == 4000 and draft["steps_done"] == 6000
     # The teacher was a copy of the shipped target (TRAINING.md gives its sha256): a new target needs a new
-    # distillation, so this fails until the draft is distilled again (csd.train now records the hash itself).
+    # distillation, so this fails until the draft is distilled again (csd.shapes.train now records the hash itself).
     assert file_digest(MODELS / "shapes_target.safetensors") == DRAFT_TEACHER, (
         "the shipped target is not the draft's teacher"
     )

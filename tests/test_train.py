@@ -1,4 +1,4 @@
-"""Specification of training (csd.train) and of the project's model files (csd.models.registry)."""
+"""Specification of training (csd.shapes.train) and of the project's model files (csd.models.registry)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from csd.checkpoint import CheckpointError, safe_torch_load
-from csd.data import make_dataset
+from csd.models.checkpoint import CheckpointError, safe_torch_load
 from csd.models.mar import MAR, mar_config, truncated_normal_ratio
 from csd.models.registry import load_model, save_model
-from csd.tokenizer import PixelTokenizer
-from csd.train import TrainConfig, Trainer, lr_at, parse_args, train
+from csd.models.tokenizer import PixelTokenizer
+from csd.shapes.data import make_dataset
+from csd.shapes.train import TrainConfig, Trainer, lr_at, parse_args, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -280,7 +280,15 @@ def test_command_line_maps_onto_the_config():
 
 def test_two_process_gloo_run(tmp_path):
     out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "csd.train"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "csd.shapes.train",
+    ]
     cmd += ["--config", "shapes_draft", "--out", str(out), "--steps", "3", "--batch-size", "4", "--data-size", "16"]
     cmd += ["--log-every", "1", "--threads", "1", "--device", "cpu", "--model-overrides", json.dumps(TINY)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from csd.checkpoint import CheckpointError
+from csd.models.checkpoint import CheckpointError
 from csd.models.vae import VAE_CONFIGS, KLAutoencoder, VAEConfig, load_kl16
 
 # Total parameters of MAR's kl16 AutoencoderKL(embed_dim=16, ch_mult=(1, 1, 2, 2, 4)).

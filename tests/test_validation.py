@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from csd.models.mar import MAR, mar_config
+from csd.models.schedule import step_sizes
+from csd.models.tokenizer import PixelTokenizer
 from csd.rng import check_seeds
 from csd.sampling import SamplingConfig, generate
-from csd.schedule import step_sizes
 from csd.speculative import CSDConfig, speculative_generate
-from csd.tokenizer import PixelTokenizer
 
 
 @pytest.mark.parametrize(
@@ -135,8 +135,8 @@ def test_unknown_precision_is_rejected():
 
 
 def test_latent_tokenizer_round_trips_through_a_tiny_vae():
+    from csd.models.tokenizer import LatentTokenizer
     from csd.models.vae import KLAutoencoder
-    from csd.tokenizer import LatentTokenizer
 
     torch.manual_seed(0)
     tok = LatentTokenizer(KLAutoencoder("tiny").eval())

@@ -6,7 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from csd.analysis import (
+from csd.experiments.analysis import (
     DistancePanel,
     Histogram,
     LogRatioPanel,

@@ -6,7 +6,7 @@ assets/models/shapes_target.log.jsonl \\
     assets/models/shapes_draft_stage1.log.jsonl+assets/models/shapes_draft.log.jsonl \\
     --out assets/models/training_curves.png
 
-``a.log.jsonl+b.log.jsonl`` draws a run started from another one (``csd.train --init-from``) after its parent.
+``a.log.jsonl+b.log.jsonl`` draws a run started from another one (``csd.shapes.train --init-from``) after its parent.
 """
 
 from __future__ import annotations

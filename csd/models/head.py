@@ -10,8 +10,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from csd import diffusion as gd
 from csd.chain import HeadCondition
+from csd.models import diffusion as gd
 
 
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
@@ -148,7 +148,7 @@ class DiffusionHead(nn.Module):
         """Per-row training loss (n,) for tokens x0 (n, d) under conditions z (n, D).
 
         teacher: another head and its conditions (n, D') for the same tokens; adds ``distill_weight``
-        times :func:`csd.diffusion.distill_loss` towards its output at the same (x_t, t)."""
+        times :func:`csd.models.diffusion.distill_loss` towards its output at the same (x_t, t)."""
         n = x0.shape[0]
         t = torch.randint(0, self.train_steps, (n,), generator=generator, device=x0.device)
         noise = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)

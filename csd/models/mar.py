@@ -142,7 +142,7 @@ _PIXEL_SHAPES = dict(
     diffusion_batch_mul=2,
     clip_x0=1.0,
     # Near-uniform mask ratios in [0.05, 1] instead of MAR's [0.7, 1]: with 64 tokens, MAR's range never
-    # shows more than 19 known tokens, and the models stopped using context beyond that (csd.probe).
+    # shows more than 19 known tokens, and the models stopped using context beyond that (csd.shapes.probe).
     mask_ratio_min=0.05,
     mask_ratio_std=1.0,
 )
@@ -315,7 +315,7 @@ class MAR(nn.Module):
         label dropout for CFG, diffusion loss on the masked tokens.
 
         teacher: a frozen model with the same tokens and head schedule. It sees the same masks and label
-        dropout, and the loss adds ``distill_weight`` times the gap to its head (csd.diffusion.distill_loss)."""
+        dropout, and the loss adds ``distill_weight`` times the gap to its head (csd.models.diffusion.distill_loss)."""
         b, n, _ = tokens.shape
         dev = tokens.device
         orders = torch.argsort(torch.rand((b, n), generator=generator, device=dev), dim=1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from csd.checkpoint import CheckpointError, load_state_strict, safe_torch_load
+from csd.models.checkpoint import CheckpointError, load_state_strict, safe_torch_load
 from csd.models.mar import MAR, MAR_CONFIGS, MARConfig, mar_config
 
 WEIGHT_ENTRIES = ("model_ema", "model")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from csd.checkpoint import CheckpointError, load_state_strict, read_safetensors, save_safetensors
+from csd.models.checkpoint import CheckpointError, load_state_strict, read_safetensors, save_safetensors
 from csd.models.mar import MAR, MARConfig
 
 SUFFIX = ".safetensors"

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from csd.checkpoint import CheckpointError, load_state_strict, safe_torch_load
+from csd.models.checkpoint import CheckpointError, load_state_strict, safe_torch_load
 
 __all__ = [
     "VAEConfig",

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from csd.pairs import load_embedded, random_pair, EMBEDDED_DIR
+from csd.experiments.pairs import load_embedded, random_pair, EMBEDDED_DIR
 from csd.sampling import SamplingConfig, generate
 from csd.speculative import CSDConfig, speculative_generate
 

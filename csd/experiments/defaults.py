@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from csd.pairs import EMBEDDED_DIR
+from csd.experiments.pairs import EMBEDDED_DIR
 from csd.sampling import SamplingConfig
 from csd.speculative import CSDConfig
 

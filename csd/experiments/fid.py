@@ -1,6 +1,6 @@
 """Optional FID and Inception Score for official MAR on ImageNet.
 
-Nothing here is needed by the embedded shapes models (they use :mod:`csd.metrics`). The Inception
+Nothing here is needed by the embedded shapes models (they use :mod:`csd.shapes.metrics`). The Inception
 network comes from an installed third-party package (``torch-fidelity`` or ``clean-fid``, imported
 only when called; both pull in torchvision, so neither is a requirement of this project) with weights
 the user supplies; the reference statistics are an ``.npz`` with ``mu`` and ``sigma`` (the format of
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from csd.metrics import frechet_from_stats, gaussian_stats
+from csd.shapes.metrics import frechet_from_stats, gaussian_stats
 
 # backend name (as installed with pip) -> import name
 BACKENDS = {"torch-fidelity": "torch_fidelity", "clean-fid": "cleanfid"}

@@ -1,6 +1,6 @@
 """How much a pixel-token MAR uses its context: inpaint held-out real images from some of their tokens.
 
-    python -m csd.probe assets/models/shapes_target.safetensors --fractions 0 0.1 0.3 0.5 0.8 0.95
+    python -m csd.shapes.probe assets/models/shapes_target.safetensors --fractions 0 0.1 0.3 0.5 0.8 0.95
 
 For each visible fraction f, every image keeps round(f * N) random tokens of a real image; the model
 predicts all the others in one step (one backbone pass, then the head chain for every masked token).
@@ -23,11 +23,11 @@ import torch
 from torch import Tensor
 
 from csd.chain import HeadCondition, run_chain, standard_noise
-from csd.data import make_dataset
-from csd.metrics import DEFAULT_CLASSIFIER, REFERENCE_SEED, class_accuracy, load_classifier
+from csd.experiments.pairs import pixel_tokenizer
 from csd.models.mar import MAR
-from csd.pairs import pixel_tokenizer
 from csd.rng import stream_seed
+from csd.shapes.data import make_dataset
+from csd.shapes.metrics import DEFAULT_CLASSIFIER, REFERENCE_SEED, class_accuracy, load_classifier
 
 DEFAULT_FRACTIONS = (0.0, 0.1, 0.3, 0.5, 0.8, 0.95)
 
@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from csd.models.registry import load_model
 
     d = ProbeConfig()
-    ap = argparse.ArgumentParser(prog="python -m csd.probe", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m csd.shapes.probe", description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+", type=Path, help="project model files (.safetensors + .json)")
     ap.add_argument("--fractions", type=float, nargs="+", default=list(d.fractions), help="visible fractions")
     ap.add_argument("--n", type=int, default=d.n)

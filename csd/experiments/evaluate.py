@@ -1,9 +1,9 @@
 """Generate N images with one sampler and score them: class accuracy and Frechet distance to real images.
 
-    python -m csd.evaluate --target assets/models/shapes_target.safetensors \\
+    python -m csd.experiments.evaluate --target assets/models/shapes_target.safetensors \\
         --draft assets/models/shapes_draft.safetensors --n 200 --mode csd --out eval.json
 
-    torchrun --nproc_per_node=K -m csd.evaluate --num-images 200 --mode csd ...
+    torchrun --nproc_per_node=K -m csd.experiments.evaluate --num-images 200 --mode csd ...
 
 Image i has seed ``seed_offset + i`` and label ``i mod classes``. Under torchrun (write
 ``--num-images``: torchrun's own parser rejects ``--n`` as ambiguous) rank r generates images
@@ -27,11 +27,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from csd import defaults
 from csd.acceptance import CRITERIA, TRAJECTORY_TERMS
 from csd.cost import csd_passes
-from csd.data import CLASS_NAMES, contact_sheet
-from csd.metrics import (
+from csd.experiments import defaults
+from csd.experiments.pairs import pixel_tokenizer
+from csd.models.registry import load_model
+from csd.sampling import Generation, SamplingConfig, generate, model_device
+from csd.shapes.data import CLASS_NAMES, contact_sheet
+from csd.shapes.metrics import (
     DEFAULT_CLASSIFIER,
     REFERENCE_SEED,
     ShapesClassifier,
@@ -42,9 +45,6 @@ from csd.metrics import (
     load_classifier,
     reference_features,
 )
-from csd.models.registry import load_model
-from csd.pairs import pixel_tokenizer
-from csd.sampling import Generation, SamplingConfig, generate, model_device
 from csd.speculative import CSDConfig, speculative_generate
 from csd.trace import Maker, Trace
 
@@ -269,7 +269,8 @@ def evaluate(
 
 
 def add_setting_args(parser: argparse.ArgumentParser) -> None:
-    """Model paths and the sampling / CSD knobs, defaulting to :mod:`csd.defaults` (shared with the bench)."""
+    """Model paths and the sampling / CSD knobs, defaulting to :mod:`csd.experiments.defaults`
+    (shared with the bench)."""
     s, c = defaults.SAMPLING, defaults.CSD
     parser.add_argument("--target", default=str(defaults.TARGET_PATH), help="target model (.safetensors + .json)")
     parser.add_argument("--draft", default=str(defaults.DRAFT_PATH), help="draft model (.safetensors + .json)")
@@ -330,7 +331,7 @@ def load_models(target_path: str | Path, draft_path: str | Path, device: torch.d
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    parser = argparse.ArgumentParser(prog="python -m csd.evaluate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m csd.experiments.evaluate", description=__doc__.split("\n")[0])
     add_setting_args(parser)
     d = EvalConfig()
     parser.add_argument("--mode", choices=MODES, default=d.mode)

@@ -7,9 +7,9 @@ moves them off the identity from the first step (the zeroed layers get non-zero 
 The token head can be deepened the same way (``--head-depth``): its new residual blocks keep the
 head's own zero-initialised AdaLN modulation (shift, scale and gate 0), so they too start as the identity.
 
-``python -m csd.grow SRC --encoder-depth 8 --decoder-depth 8 --out PREFIX`` writes ``PREFIX.train_state.pt``
+``python -m csd.shapes.grow SRC --encoder-depth 8 --decoder-depth 8 --out PREFIX`` writes ``PREFIX.train_state.pt``
 (weights = EMA = the grown source weights, fresh AdamW moments, step 0) for
-``python -m csd.train ... --model-overrides '{"encoder_depth": 8, "decoder_depth": 8}' --init-from``.
+``python -m csd.shapes.train ... --model-overrides '{"encoder_depth": 8, "decoder_depth": 8}' --init-from``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch import nn
 
 from csd.models.mar import MAR, MARConfig
 from csd.models.registry import load_model, weights_path
-from csd.train import param_groups
+from csd.shapes.train import param_groups
 
 
 def block_positions(old_depth: int, new_depth: int, name: str = "depth") -> list[int]:
@@ -90,7 +90,7 @@ def grown_train_state(
     seed: int,
     head_depth: int | None = None,
 ) -> dict:
-    """A train state (as ``csd.train`` writes it) of the grown ``src`` model, for ``--init-from``."""
+    """A train state (as ``csd.shapes.train`` writes it) of the grown ``src`` model, for ``--init-from``."""
     src = weights_path(src)
     model = load_model(src)
     grown = grow_depth(model, encoder_depth, decoder_depth, seed=seed, head_depth=head_depth)

@@ -1,6 +1,6 @@
 """Benchmark: CSD's wall-time speedup over target-only decoding next to the cost-model bound, plus quality.
 
-    python -m csd.bench [--quick] [--out bench/results] [--target T.safetensors --draft D.safetensors]
+    python -m csd.experiments.bench [--quick] [--out bench/results] [--target T.safetensors --draft D.safetensors]
 
 One run measures everything and reports ratios (absolute times depend on the machine):
 
@@ -9,7 +9,7 @@ One run measures everything and reports ratios (absolute times depend on the mac
   hit all of them alike; speedup = median target-only time / median CSD time;
 * the bound of DESIGN.md section 6 (:mod:`csd.cost`) from C_p, C_q, H_p, H_q measured in those runs;
 * acceptance and draft-target distance with and without alignment, resampler tries and cap hits;
-* class accuracy and Frechet distance (:mod:`csd.metrics`) of target-only, CSD, draft-only and
+* class accuracy and Frechet distance (:mod:`csd.shapes.metrics`) of target-only, CSD, draft-only and
   fewer-steps target images, and between CSD and target-only images;
 * optionally (``--quality-gammas``) CSD's quality at other draft lengths, on the same labels and seeds:
   the quality side of the speed-quality trade-off that gamma sets.
@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from csd import defaults
 from csd.cost import StepCosts, csd_passes, prefill_steps, simple_bound, speedup_bound
-from csd.evaluate import (
+from csd.experiments import defaults
+from csd.experiments.evaluate import (
     add_setting_args,
     eval_labels_seeds,
     fewer_steps,
@@ -44,9 +44,9 @@ from csd.evaluate import (
     settings_from_args,
     summarize_stats,
 )
-from csd.metrics import REFERENCE_SEED, frechet_distance, load_classifier, reference_features
+from csd.models.schedule import step_sizes
 from csd.sampling import SamplingConfig, generate
-from csd.schedule import step_sizes
+from csd.shapes.metrics import REFERENCE_SEED, frechet_distance, load_classifier, reference_features
 from csd.speculative import CSDConfig, speculative_generate
 from csd.trace import Maker
 
@@ -264,7 +264,7 @@ def run_bench(target, draft, sampling: SamplingConfig, csd: CSDConfig, config: B
     if csd.gamma_schedule:
         raise ValueError(
             "gamma_schedule must be empty for the benchmark, whose grid times constant draft lengths; "
-            f"got {csd.gamma_schedule} (score a schedule with python -m csd.evaluate --gamma-schedule ...)"
+            f"got {csd.gamma_schedule} (score a schedule with python -m csd.experiments.evaluate --gamma-schedule ...)"
         )
     config = replace(config, gammas=tuple(sorted({*config.gammas, csd.gamma})))
     t0 = time.perf_counter()
@@ -393,7 +393,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m csd.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m csd.experiments.bench", description=__doc__.split("\n")[0])
     add_setting_args(parser)
     parser.add_argument("--quick", action="store_true", help="reduced grid and sample sizes (minutes on a CPU)")
     parser.add_argument("--out", default="bench/results", help="folder for bench.json and bench.md")

@@ -4,7 +4,7 @@ The app's analysis tab and ``assets/analysis_default.json`` come from here. Pane
 dataclasses of lists, dicts and floats (NaN stored as None), so it round-trips through JSON;
 the figure builders in :mod:`visualize` draw it without running a model.
 
-    python -m csd.analysis --out assets/analysis_default.json --threads 1
+    python -m csd.experiments.analysis --out assets/analysis_default.json --threads 1
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from csd import defaults
 from csd.cost import StepCosts, prefill_steps, simple_bound, speedup_bound
-from csd.data import CLASS_NAMES
-from csd.evaluate import fewer_steps
-from csd.metrics import DEFAULT_CLASSIFIER, class_accuracy
-from csd.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover
+from csd.experiments import defaults
+from csd.experiments.evaluate import fewer_steps
+from csd.experiments.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover
+from csd.models.tokenizer import PixelTokenizer
 from csd.sampling import Generation, SamplingConfig, StepCallback, generate
+from csd.shapes.data import CLASS_NAMES
+from csd.shapes.metrics import DEFAULT_CLASSIFIER, class_accuracy
 from csd.speculative import CSDConfig, speculative_generate
-from csd.tokenizer import PixelTokenizer
 from csd.trace import Maker, Trace
 
 HIST_BINS = 30
@@ -440,7 +440,7 @@ def quality_measure(
 ) -> tuple[str, bool, Callable[[Generation], float]]:
     """(name, higher is better, score) of a batch of images.
 
-    The shapes classifier (:mod:`csd.metrics`) scores class accuracy where it applies (pixel pairs
+    The shapes classifier (:mod:`csd.shapes.metrics`) scores class accuracy where it applies (pixel pairs
     over the shapes classes); otherwise the score is the RMS token distance to ``reference`` (a
     target-only run with the same seeds), a measure of closeness, not of quality."""
     if isinstance(pair.tokenizer, PixelTokenizer) and pair.class_names == CLASS_NAMES and DEFAULT_CLASSIFIER.is_file():

@@ -4,7 +4,7 @@ A small CNN trained on the procedural shapes dataset plays the role Inception pl
 predictions give class accuracy, its penultimate layer gives the features whose Gaussian statistics
 are compared (Frechet distance). Numbers are only comparable for the same classifier file.
 
-Train the shipped classifier with ``python -m csd.metrics train --out assets/classifier``.
+Train the shipped classifier with ``python -m csd.shapes.metrics train --out assets/classifier``.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from csd.checkpoint import CheckpointError, load_state_strict, read_safetensors, save_safetensors
-from csd.data import NUM_CLASSES, make_dataset
+from csd.models.checkpoint import CheckpointError, load_state_strict, read_safetensors, save_safetensors
+from csd.shapes.data import NUM_CLASSES, make_dataset
 
-DEFAULT_CLASSIFIER = Path(__file__).resolve().parent.parent / "assets" / "classifier.safetensors"
+DEFAULT_CLASSIFIER = Path(__file__).resolve().parents[2] / "assets" / "classifier.safetensors"
 ARCH = "shapes_classifier"
 # Data seeds: training, validation during training, and the held-out reference set of every
-# Frechet distance. The generative models are trained on other seeds (see csd.train).
+# Frechet distance. The generative models are trained on other seeds (see csd.shapes.train).
 TRAIN_SEED, VALID_SEED, REFERENCE_SEED = 101, 102, 103
 
 
@@ -268,7 +268,7 @@ def save_classifier(model: ShapesClassifier, path: str | Path, record: dict) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m csd.metrics", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m csd.shapes.metrics", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train", help="train the shapes classifier and save it")
     tr.add_argument("--out", default=str(DEFAULT_CLASSIFIER.with_suffix("")), help="path without suffix")

@@ -1,7 +1,7 @@
 """Train a pixel-token MAR on the procedural shapes dataset, in one process or under torchrun (DDP).
 
-    python -m csd.train --config shapes_draft --out assets/models/shapes_draft --steps 8000
-    torchrun --nproc_per_node=2 -m csd.train --config shapes_draft --out runs/draft --steps 100
+    python -m csd.shapes.train --config shapes_draft --out assets/models/shapes_draft --steps 8000
+    torchrun --nproc_per_node=2 -m csd.shapes.train --config shapes_draft --out runs/draft --steps 100
 
 Files written next to ``--out`` (a path without suffix):
 
@@ -31,15 +31,15 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from csd.checkpoint import CheckpointError, load_state_strict, safe_torch_load
-from csd.data import NUM_CLASSES, ShapesConfig, make_dataset
+from csd.experiments.pairs import file_digest
+from csd.models.checkpoint import CheckpointError, load_state_strict, safe_torch_load
 from csd.models.mar import MAR, MAR_CONFIGS, MARConfig, mar_config
 from csd.models.registry import load_model, save_model, weights_path
-from csd.pairs import file_digest
+from csd.models.tokenizer import PixelTokenizer
 from csd.rng import stream_seed
 from csd.sampling import PRECISIONS as SAMPLING_PRECISIONS
+from csd.shapes.data import NUM_CLASSES, ShapesConfig, make_dataset
 from csd.speculative import check_pair
-from csd.tokenizer import PixelTokenizer
 
 LR_SCHEDULES = ("constant", "cosine")
 DEVICES = ("auto", "cpu", "cuda")
@@ -422,7 +422,7 @@ class Trainer:
         state = safe_torch_load(path)
         for key in ("model", "ema", "optimizer", "step", "args"):
             if key not in state:
-                raise CheckpointError(f"{path} is not a train state written by csd.train (no {key!r})")
+                raise CheckpointError(f"{path} is not a train state written by csd.shapes.train (no {key!r})")
         self._load_weights(state, path)
         # The loaded groups carry the parent's settings; the groups are (no decay, decay) as in param_groups.
         for group, wd in zip(self.optimizer.param_groups, (0.0, self.cfg.weight_decay), strict=True):
@@ -497,7 +497,7 @@ def train(cfg: TrainConfig) -> Trainer:
 
 def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     d = TrainConfig.__dataclass_fields__
-    p = argparse.ArgumentParser(prog="python -m csd.train", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m csd.shapes.train", description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, choices=sorted(MAR_CONFIGS), help="named MAR config")
     p.add_argument("--out", required=True, help="output path without suffix, e.g. assets/models/shapes_target")
     int_args = ("steps", "batch_size", "warmup_steps", "cooldown_steps", "data_size", "data_seed", "seed")

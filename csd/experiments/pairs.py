@@ -25,12 +25,12 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from csd.data import CLASS_NAMES
 from csd.models.mar import MAR, MARConfig
+from csd.models.tokenizer import LatentTokenizer, PixelTokenizer, to_uint8
 from csd.sampling import SamplingConfig, generate
-from csd.tokenizer import LatentTokenizer, PixelTokenizer, to_uint8
+from csd.shapes.data import CLASS_NAMES
 
-EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
+EMBEDDED_DIR = Path(__file__).resolve().parents[2] / "assets" / "models"
 EMBEDDED_NAME = "shapes (embedded)"
 RANDOM_NAME = "random (untrained)"
 # Official targets paired with MAR-B as the draft, as in the paper.
