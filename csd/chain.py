@@ -18,6 +18,14 @@ import torch
 from torch import Tensor
 
 
+def cat_rows(parts: list[Tensor], batch: int, dim: int = 0) -> Tensor:
+    """Concatenate per-step row tensors (rows image-major within each step, along ``dim``) into
+    image-major rows over all the steps: image 0's rows of every step, then image 1's, ..."""
+    split = [p.reshape(*p.shape[:dim], batch, -1, *p.shape[dim + 1 :]) for p in parts]
+    joined = torch.cat(split, dim=dim + 1)
+    return joined.reshape(*joined.shape[:dim], -1, *joined.shape[dim + 2 :])
+
+
 @dataclass(frozen=True)
 class HeadCondition:
     """What a head is conditioned on, one row per token.
@@ -43,6 +51,14 @@ class HeadCondition:
     def select(self, index: Tensor) -> HeadCondition:
         pick = lambda a: None if a is None else a[index]  # noqa: E731
         return HeadCondition(pick(self.z), pick(self.z_uncond), pick(self.cfg))
+
+    @staticmethod
+    def join(conds: list[HeadCondition], batch: int) -> HeadCondition:
+        """The conditions of several AR steps as one, rows image-major (:func:`cat_rows`)."""
+        pick = lambda name: (
+            None if getattr(conds[0], name) is None else cat_rows([getattr(c, name) for c in conds], batch)
+        )  # noqa: E731
+        return HeadCondition(pick("z"), pick("z_uncond"), pick("cfg"))
 
 
 class GaussianChain(Protocol):
@@ -70,6 +86,10 @@ class ChainNoise:
     def select(self, index: Tensor) -> ChainNoise:
         return ChainNoise(self.xi[index], self.eps[:, index])
 
+    @staticmethod
+    def join(noises: list[ChainNoise], batch: int) -> ChainNoise:
+        return ChainNoise(cat_rows([z.xi for z in noises], batch), cat_rows([z.eps for z in noises], batch, dim=1))
+
 
 @dataclass(frozen=True)
 class Trajectory:
@@ -96,6 +116,15 @@ class Trajectory:
 
     def select(self, index: Tensor) -> Trajectory:
         return Trajectory(self.x[index], self.states[:, index], self.mean[:, index], self.std[:, index])
+
+    @staticmethod
+    def join(trajs: list[Trajectory], batch: int) -> Trajectory:
+        return Trajectory(
+            x=cat_rows([t.x for t in trajs], batch),
+            states=cat_rows([t.states for t in trajs], batch, dim=1),
+            mean=cat_rows([t.mean for t in trajs], batch, dim=1),
+            std=cat_rows([t.std for t in trajs], batch, dim=1),
+        )
 
 
 def standard_noise(n: int, d: int, num_steps: int, generator: torch.Generator, device, dtype) -> ChainNoise:
@@ -134,3 +163,29 @@ def evaluate_path(
     step_idx = torch.arange(steps, device=states.device).repeat_interleave(n)  # (T*n,)
     mu, sd = head.transition(states.reshape(steps * n, d), step_idx, cond.repeat(steps))
     return mu.reshape(steps, n, d), sd.reshape(steps, n, d) * temperature
+
+
+@dataclass(frozen=True)
+class HeadChain:
+    """A :class:`GaussianChain` bound to the conditions of its rows and a temperature: the
+    :class:`csd.family.TokenChain` of every family whose head is a separate chain (MAR, Harmon)."""
+
+    head: GaussianChain
+    cond: HeadCondition
+    temperature: float = 1.0
+
+    @property
+    def rows(self) -> int:
+        return self.cond.rows
+
+    def num_steps(self) -> int:
+        return self.head.num_steps()
+
+    def run(self, noise: ChainNoise) -> Trajectory:
+        return run_chain(self.head, self.cond, noise, self.temperature)
+
+    def evaluate(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        return evaluate_path(self.head, self.cond, states, self.temperature)
+
+    def select(self, rows: Tensor) -> HeadChain:
+        return HeadChain(self.head, self.cond.select(rows), self.temperature)

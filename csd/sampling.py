@@ -1,7 +1,7 @@
-"""Target-only (or draft-only) generation with MAR's schedule, and the pieces CSD shares with it.
+"""Target-only (or draft-only) generation, and the pieces speculative decoding shares with it.
 
-One AR step = one backbone pass over the current tokens, then the head chain for the tokens of
-the step, vectorised over the batch and the step's tokens.
+One AR step = one pass of the model over the current tokens (:meth:`csd.family.ModelFamily.predict`),
+then the chains of the step's tokens, vectorised over the batch and the step's tokens.
 """
 
 from __future__ import annotations
@@ -12,33 +12,15 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Protocol
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from csd.chain import ChainNoise, GaussianChain, HeadCondition, Trajectory, run_chain
-from csd.models.schedule import CFG_SCHEDULES, step_cfg_scales, step_sizes
+from csd.chain import ChainNoise, Trajectory
+from csd.family import ModelFamily, TokenChain
+from csd.models.schedule import CFG_SCHEDULES
 from csd.rng import ImageStreams, check_seeds
 from csd.trace import Maker, Trace
-
-
-class TokenHead(Protocol):
-    def chain(self, steps: int | None = None) -> GaussianChain: ...
-
-
-class ARModel(Protocol):
-    """What the samplers need of a model (MAR implements it)."""
-
-    seq_len: int
-    token_dim: int
-    num_classes: int
-    head: TokenHead
-
-    def conditions(self, tokens: Tensor, mask: Tensor, labels: Tensor, guided: bool) -> tuple[Tensor, Tensor | None]:
-        """Per-position conditions z (B, N, D) and, when guided, the unconditional ones."""
-
 
 StepCallback = Callable[[int, int, str], None]
 """``on_step(done, total, phase)``: called by a sampler after each AR step (``done`` of ``total`` steps
@@ -112,41 +94,6 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def check_labels(labels: Sequence[int] | Tensor, num_classes: int, batch: int, device: torch.device) -> Tensor:
-    labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
-    if labels.numel() != batch:
-        raise ValueError(f"labels must hold one class id per seed ({batch}), got {labels.numel()}")
-    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
-        raise ValueError(f"class labels must be in [0, {num_classes - 1}], got {labels.tolist()}")
-    return labels.to(device)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The AR schedule of a batch: orders (B, N), tokens per step, guidance per step.
-
-    As in MAR, the tokens still masked after step s are orders[:, :masked_after[s]], so step s
-    predicts orders[:, masked_after[s]:masked_before[s]]."""
-
-    orders: Tensor
-    sizes: list[int]
-    cfg: list[float]
-
-    @property
-    def num_steps(self) -> int:
-        return len(self.sizes)
-
-    def positions(self, step: int) -> Tensor:
-        before = self.orders.shape[1] - sum(self.sizes[:step])
-        return self.orders[:, before - self.sizes[step] : before]  # (B, k)
-
-
-def make_plan(seeds: Sequence[int], num_tokens: int, config: SamplingConfig, device: torch.device) -> Plan:
-    sizes = step_sizes(num_tokens, config.num_steps)
-    orders = ImageStreams(seeds, "order", device).randperm(num_tokens)
-    return Plan(orders, sizes, step_cfg_scales(config.cfg_scale, config.cfg_schedule, sizes))
-
-
 def draw_chain_noise(streams: ImageStreams, k: int, steps: int, d: int) -> ChainNoise:
     """Noise for k tokens per image, rows image-major: xi (B*k, d), eps (T-1, B*k, d)."""
     raw = streams.randn(steps, k, d)  # (B, T, k, d)
@@ -154,15 +101,28 @@ def draw_chain_noise(streams: ImageStreams, k: int, steps: int, d: int) -> Chain
     return ChainNoise(xi=raw[:, 0].reshape(b * k, d), eps=raw[:, 1:].permute(1, 0, 2, 3).reshape(steps - 1, b * k, d))
 
 
-def gather_rows(values: Tensor, pos: Tensor) -> Tensor:
-    """values (B, N, D) at positions (B, k) -> (B*k, D), image-major."""
-    return torch.gather(values, 1, pos.unsqueeze(-1).expand(-1, -1, values.shape[-1])).reshape(-1, values.shape[-1])
-
-
-def step_condition(z: Tensor, z_uncond: Tensor | None, pos: Tensor, cfg_rows: Tensor) -> HeadCondition:
-    if z_uncond is None:
-        return HeadCondition(gather_rows(z, pos))
-    return HeadCondition(gather_rows(z, pos), gather_rows(z_uncond, pos), cfg_rows)
+def predict_step(
+    model: ModelFamily,
+    tokens: Tensor,
+    mask: Tensor,
+    conditions,
+    pos: Tensor,
+    cfg: float,
+    noise: ChainNoise,
+    config: SamplingConfig,
+    steps: int,
+    timer: PhaseTimer,
+    phase: str,
+) -> tuple[Trajectory, TokenChain]:
+    """One AR step of one model: its pass over the context (``{phase}_backbone``), then the chains of
+    the tokens at ``pos`` (``{phase}_head``). Returns the trajectory and the chains it came from."""
+    with timer(f"{phase}_backbone"):
+        chain = model.predict(
+            tokens, mask, conditions, pos, torch.full((pos.numel(),), cfg, device=pos.device), config, steps
+        )
+    with timer(f"{phase}_head"):
+        traj = chain.run(noise)
+    return traj, chain
 
 
 def commit(tokens: Tensor, mask: Tensor, pos: Tensor, x: Tensor) -> None:
@@ -172,70 +132,27 @@ def commit(tokens: Tensor, mask: Tensor, pos: Tensor, x: Tensor) -> None:
     mask.scatter_(1, pos, False)
 
 
-def put(arr: np.ndarray, pos: Tensor, values) -> None:
-    """arr[b, pos[b, j]] = values[b, j] for a (B, N) trace array; values (B*k,), (B, k) or a scalar."""
-    p = pos.cpu().numpy()
-    if isinstance(values, Tensor):
-        values = values.detach().float().cpu().numpy().reshape(p.shape)
-    arr[np.arange(p.shape[0])[:, None], p] = values
-
-
-def backbone_conditions(
-    model: ARModel, tokens: Tensor, mask: Tensor, labels: Tensor, config: SamplingConfig
-) -> tuple[Tensor, Tensor | None]:
-    """One backbone pass, under autocast when a reduced precision is asked; z comes back in float32."""
-    dtype = PRECISIONS[config.precision]
-    if dtype is None:
-        return model.conditions(tokens, mask, labels, config.guided)
-    with torch.autocast(device_type=tokens.device.type, dtype=dtype):
-        z, z_uncond = model.conditions(tokens, mask, labels, config.guided)
-    return z.float(), None if z_uncond is None else z_uncond.float()
-
-
-def predict_step(
-    model: ARModel,
-    chain: GaussianChain,
-    tokens: Tensor,
-    mask: Tensor,
-    labels: Tensor,
-    pos: Tensor,
-    cfg: float,
-    noise: ChainNoise,
-    config: SamplingConfig,
-    timer: PhaseTimer,
-    phase: str,
-) -> tuple[Trajectory, HeadCondition]:
-    """One AR step of one model: a backbone pass, then the head chains of the tokens at ``pos``."""
-    with timer(f"{phase}_backbone"):
-        z, z_uncond = backbone_conditions(model, tokens, mask, labels, config)
-    cond = step_condition(z, z_uncond, pos, torch.full((pos.numel(),), cfg, device=z.device))
-    with timer(f"{phase}_head"):
-        traj = run_chain(chain, cond, noise, config.temperature)
-    return traj, cond
-
-
 @torch.inference_mode()
 def generate(
-    model: ARModel,
-    labels: Sequence[int] | Tensor,
+    model: ModelFamily,
+    conditions: Sequence | Tensor,
     seeds: Sequence[int],
     config: SamplingConfig | None = None,
     maker: Maker = Maker.TARGET,
     on_step: StepCallback | None = None,
 ) -> Generation:
     """Generate ``len(seeds)`` images with one model alone (the baseline of every comparison).
+    ``conditions``: one per seed (class ids for MAR).
 
-    Image i depends only on (seeds[i], labels[i], config): the same as when generated alone.
+    Image i depends only on (seeds[i], conditions[i], config): the same as when generated alone.
     ``on_step`` (see :data:`StepCallback`) is called after each AR step."""
     config = config or SamplingConfig()
     seeds = check_seeds(seeds)
     device = model_device(model)
     batch, n, d = len(seeds), model.seq_len, model.token_dim
-    labels = check_labels(labels, model.num_classes, batch, device)
-    if config.num_steps > n:
-        raise ValueError(f"num_steps (AR steps) must be in [1, {n}] (the number of tokens), got {config.num_steps}")
-    chain = model.head.chain(config.head_steps)
-    plan = make_plan(seeds, n, config, device)
+    conditions = model.check_conditions(conditions, batch, device)
+    plan = model.plan(seeds, config, device)
+    steps = model.head_steps(config.head_steps)
     noise_streams = ImageStreams(seeds, "chain", device)
     timer = PhaseTimer(device)
     phase = "target" if maker == Maker.TARGET else "draft"
@@ -245,11 +162,11 @@ def generate(
     mask = torch.ones(batch, n, dtype=torch.bool, device=device)
     for s, k in enumerate(plan.sizes):
         pos = plan.positions(s)
-        noise = draw_chain_noise(noise_streams, k, chain.num_steps(), d)
-        traj, _ = predict_step(model, chain, tokens, mask, labels, pos, plan.cfg[s], noise, config, timer, phase)
+        noise = draw_chain_noise(noise_streams, k, steps, d)
+        args = (conditions, pos, plan.cfg[s], noise, config, steps, timer, phase)
+        traj, _ = predict_step(model, tokens, mask, *args)
         commit(tokens, mask, pos, traj.x)
-        put(trace.maker, pos, int(maker))
-        put(trace.ar_step, pos, s)
+        trace.record_made(pos, s, maker)
         if on_step is not None:
             on_step(s + 1, plan.num_steps, phase)
     if maker == Maker.TARGET:

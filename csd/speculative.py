@@ -8,31 +8,26 @@ every drafted token -> commit the block }.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor
 
 from csd.acceptance import CRITERIA, TRAJECTORY_TERMS, Verdict, accept, aligned_verdict, exact_verdict, path_log_ratio
-from csd.chain import ChainNoise, GaussianChain, HeadCondition, Trajectory, evaluate_path, run_chain
+from csd.chain import ChainNoise, Trajectory, cat_rows
+from csd.family import ModelFamily, Plan, TokenChain
 from csd.resample import Resampled, resample_gaussian, resample_paths
 from csd.rng import ImageStreams, check_seeds
 from csd.sampling import (
-    ARModel,
     Generation,
     PhaseTimer,
     SamplingConfig,
     StepCallback,
-    backbone_conditions,
-    check_labels,
     commit,
     draw_chain_noise,
-    make_plan,
     model_device,
     predict_step,
-    put,
-    step_condition,
 )
 from csd.trace import Maker, Trace
 
@@ -92,60 +87,21 @@ class CSDConfig:
         return self.gamma_schedule[block] if block < len(self.gamma_schedule) else self.gamma
 
 
-def check_pair(target: ARModel, draft: ARModel) -> None:
+def check_pair(target: ModelFamily, draft: ModelFamily) -> None:
     """Draft and target must share the tokenizer and token layout."""
     for attr, what in (("seq_len", "number of tokens"), ("token_dim", "token width"), ("num_classes", "classes")):
-        if getattr(target, attr) != getattr(draft, attr):
+        if getattr(target, attr, None) != getattr(draft, attr, None):
             raise ValueError(
                 f"draft model does not match the target's token layout: {what} ({attr}) is "
-                f"{getattr(draft, attr)} for the draft and {getattr(target, attr)} for the target"
+                f"{getattr(draft, attr, None)} for the draft and {getattr(target, attr, None)} for the target"
             )
-
-
-def _cat_rows(parts: list[Tensor], batch: int, dim: int = 0) -> Tensor:
-    """Concatenate per-step row tensors (image-major within each step) into image-major block rows."""
-    split = [p.reshape(*p.shape[:dim], batch, -1, *p.shape[dim + 1 :]) for p in parts]
-    joined = torch.cat(split, dim=dim + 1)
-    return joined.reshape(*joined.shape[:dim], -1, *joined.shape[dim + 2 :])
-
-
-def _cat_trajectories(trajs: list[Trajectory], batch: int) -> Trajectory:
-    return Trajectory(
-        x=_cat_rows([t.x for t in trajs], batch),
-        states=_cat_rows([t.states for t in trajs], batch, dim=1),
-        mean=_cat_rows([t.mean for t in trajs], batch, dim=1),
-        std=_cat_rows([t.std for t in trajs], batch, dim=1),
-    )
-
-
-def _cat_conditions(conds: list[HeadCondition], batch: int) -> HeadCondition:
-    pick = lambda name: (
-        None
-        if getattr(conds[0], name) is None
-        else _cat_rows(  # noqa: E731
-            [getattr(c, name) for c in conds], batch
-        )
-    )
-    return HeadCondition(pick("z"), pick("z_uncond"), pick("cfg"))
-
-
-def _rows_per_image(rows: Tensor, per_image: int, batch: int) -> Tensor:
-    """How many of the given block rows (flat, image-major indices) belong to each image."""
-    return torch.bincount(rows // per_image, minlength=batch)
-
-
-class _Block:
-    """Draft-and-verify state of one block; kept small so each phase reads as a method."""
-
-    def __init__(self, trajectory: Trajectory, noise: ChainNoise, cond_q: HeadCondition, pos: Tensor):
-        self.draft, self.noise, self.cond_q, self.pos = trajectory, noise, cond_q, pos
 
 
 @torch.inference_mode()
 def speculative_generate(
-    target: ARModel,
-    draft: ARModel,
-    labels: Sequence[int] | Tensor,
+    target: ModelFamily,
+    draft: ModelFamily,
+    conditions: Sequence | Tensor,
     seeds: Sequence[int],
     sampling: SamplingConfig | None = None,
     csd: CSDConfig | None = None,
@@ -155,197 +111,230 @@ def speculative_generate(
 
     ``on_step(done, total, phase)`` is called after each pre-fill step ("pre-fill"), each drafted
     step ("draft") and each block's verification ("verify", ``done`` = the block's last step + 1)."""
-    report = on_step or (lambda done, total, phase: None)
-    sampling, csd = sampling or SamplingConfig(), csd or CSDConfig()
-    check_pair(target, draft)
-    seeds = check_seeds(seeds)
-    device = model_device(target)
-    if model_device(draft) != device:
-        raise ValueError(f"draft model is on {model_device(draft)}, the target on {device}: use one device")
-    batch, n, d = len(seeds), target.seq_len, target.token_dim
-    labels = check_labels(labels, target.num_classes, batch, device)
-    if sampling.num_steps > n:
-        raise ValueError(f"num_steps (AR steps) must be in [1, {n}] (the number of tokens), got {sampling.num_steps}")
-    # Alignment shares every noise tensor, so both heads run the same number of transitions.
-    head_steps = sampling.head_steps or target.head.chain().num_steps()
-    chain_p, chain_q = target.head.chain(head_steps), draft.head.chain(head_steps)
-    plan = make_plan(seeds, n, sampling, device)
-    streams = {name: ImageStreams(seeds, name, device) for name in ("chain", "accept", "resample", "independent")}
-    timer = PhaseTimer(device)
-    trace = Trace.empty(batch, n, plan.sizes, {"sampling": asdict(sampling), "csd": asdict(csd)})
-    tokens = torch.zeros(batch, n, d, device=device)
-    mask = torch.ones(batch, n, dtype=torch.bool, device=device)
+    run = _Decoding.start(target, draft, conditions, seeds, sampling or SamplingConfig(), csd or CSDConfig(), on_step)
+    s = run.prefill()  # 1. the target alone until a fraction rho of the tokens exists
+    for block_id, steps in enumerate(run.blocks(s)):
+        block = run.draft_block(steps)  # 2. gamma AR steps of the draft, on its own tokens
+        check = run.verify(block)  # 3. one target pass over the context before the block
+        decision = run.accept_or_resample(block, check)  # 4. min(1, r), else a draw from max(0, p - q)
+        run.commit_block(block, block_id, decision)  # 5. the block's tokens join the context
+    return run.finish()
 
-    # 1. Pre-fill: the target alone until a fraction rho of the tokens exists.
-    s, made = 0, 0
-    while s < plan.num_steps and made < csd.prefill * n:
-        pos = plan.positions(s)
-        noise = draw_chain_noise(streams["chain"], plan.sizes[s], head_steps, d)
-        traj, _ = predict_step(
-            target, chain_p, tokens, mask, labels, pos, plan.cfg[s], noise, sampling, timer, "prefill"
+
+@dataclass
+class _Block:
+    """A drafted block: its AR steps, positions (B, k) and the draft's trajectories, noise and chains
+    (rows image-major over the block)."""
+
+    steps: range
+    pos: Tensor
+    draft: Trajectory
+    noise: ChainNoise
+    chain_q: TokenChain
+
+
+@dataclass
+class _Check:
+    """The target's side of a block: its chains and their trajectory (shared noise when aligned)."""
+
+    chain_p: TokenChain
+    target: Trajectory
+
+
+@dataclass
+class _Decision:
+    x: Tensor  # (rows, d) the block's tokens after verification
+    verdict: Verdict
+    accepted: Tensor  # (rows,) bool
+    rejected: Tensor  # (m,) row indices
+    resampled: Resampled | None
+
+
+@dataclass
+class _Decoding:
+    """The state of one speculative run; each phase of the loop above is one method."""
+
+    target: ModelFamily
+    draft: ModelFamily
+    conditions: object
+    sampling: SamplingConfig
+    csd: CSDConfig
+    plan: Plan
+    head_steps: int
+    streams: dict[str, ImageStreams]
+    timer: PhaseTimer
+    trace: Trace
+    tokens: Tensor  # (B, N, d)
+    mask: Tensor  # (B, N) True where not yet made
+    report: StepCallback
+
+    @classmethod
+    def start(cls, target, draft, conditions, seeds, sampling, csd, on_step) -> _Decoding:
+        check_pair(target, draft)
+        seeds = check_seeds(seeds)
+        device = model_device(target)
+        if model_device(draft) != device:
+            raise ValueError(f"draft model is on {model_device(draft)}, the target on {device}: use one device")
+        batch, n, d = len(seeds), target.seq_len, target.token_dim
+        plan = target.plan(seeds, sampling, device)
+        streams = {name: ImageStreams(seeds, name, device) for name in ("chain", "accept", "resample", "independent")}
+        return cls(
+            target=target,
+            draft=draft,
+            conditions=target.check_conditions(conditions, batch, device),
+            sampling=sampling,
+            csd=csd,
+            plan=plan,
+            # Alignment shares every noise tensor, so both chains run the target's number of transitions.
+            head_steps=target.head_steps(sampling.head_steps),
+            streams=streams,
+            timer=PhaseTimer(device),
+            trace=Trace.empty(batch, n, plan.sizes, {"sampling": asdict(sampling), "csd": asdict(csd)}),
+            tokens=torch.zeros(batch, n, d, device=device),
+            mask=torch.ones(batch, n, dtype=torch.bool, device=device),
+            report=on_step or (lambda done, total, phase: None),
         )
-        commit(tokens, mask, pos, traj.x)
-        put(trace.maker, pos, int(Maker.PREFILL))
-        put(trace.ar_step, pos, s)
-        trace.target_passes += 1
-        made += plan.sizes[s]
-        s += 1
-        report(s, plan.num_steps, "pre-fill")
 
-    block_id = 0
-    while s < plan.num_steps:
-        steps = range(s, min(s + csd.block_length(block_id), plan.num_steps))
-        # 2. Draft the block's AR steps (gamma or the schedule's entry), feeding back the draft's own tokens.
-        d_tokens, d_mask = tokens.clone(), mask.clone()
-        trajs, noises, conds, poss = [], [], [], []
+    @property
+    def batch(self) -> int:
+        return self.tokens.shape[0]
+
+    def _cfg_rows(self, steps: range) -> Tensor:
+        """The guidance scale of every row of a block (its AR steps may have different scales)."""
+        per_step = [torch.full((self.batch * self.plan.sizes[j],), self.plan.cfg[j]) for j in steps]
+        return cat_rows(per_step, self.batch).to(self.tokens.device)
+
+    def _noise(self, stream: str, k: int) -> ChainNoise:
+        return draw_chain_noise(self.streams[stream], k, self.head_steps, self.tokens.shape[-1])
+
+    def _step(self, model, tokens, mask, s: int, phase: str) -> tuple[Trajectory, ChainNoise, TokenChain]:
+        pos, noise = self.plan.positions(s), self._noise("chain", self.plan.sizes[s])
+        args = (self.conditions, pos, self.plan.cfg[s], noise, self.sampling, self.head_steps, self.timer, phase)
+        traj, chain = predict_step(model, tokens, mask, *args)
+        return traj, noise, chain
+
+    def prefill(self) -> int:
+        """Target-only steps until ``prefill`` of the tokens exist; returns the first step to draft."""
+        s, made, n = 0, 0, self.tokens.shape[1]
+        while s < self.plan.num_steps and made < self.csd.prefill * n:
+            traj, _, _ = self._step(self.target, self.tokens, self.mask, s, "prefill")
+            pos = self.plan.positions(s)
+            commit(self.tokens, self.mask, pos, traj.x)
+            self.trace.record_made(pos, s, Maker.PREFILL)
+            self.trace.target_passes += 1
+            made += self.plan.sizes[s]
+            s += 1
+            self.report(s, self.plan.num_steps, "pre-fill")
+        return s
+
+    def blocks(self, start: int) -> Iterator[range]:
+        """The AR steps of each block: gamma (or the schedule's entry) at a time, from ``start``."""
+        s, block = start, 0
+        while s < self.plan.num_steps:
+            steps = range(s, min(s + self.csd.block_length(block), self.plan.num_steps))
+            yield steps
+            s, block = steps.stop, block + 1
+
+    def draft_block(self, steps: range) -> _Block:
+        """The draft makes the block's AR steps one by one, feeding back its own tokens."""
+        tokens, mask = self.tokens.clone(), self.mask.clone()
+        trajs, noises, chains = [], [], []
         for j in steps:
-            pos = plan.positions(j)
-            noise = draw_chain_noise(streams["chain"], plan.sizes[j], head_steps, d)
-            traj, cond = predict_step(
-                draft, chain_q, d_tokens, d_mask, labels, pos, plan.cfg[j], noise, sampling, timer, "draft"
-            )
-            commit(d_tokens, d_mask, pos, traj.x)
+            traj, noise, chain = self._step(self.draft, tokens, mask, j, "draft")
+            pos = self.plan.positions(j)
+            commit(tokens, mask, pos, traj.x)
             trajs.append(traj)
             noises.append(noise)
-            conds.append(cond)
-            poss.append(pos)
-            put(trace.ar_step, pos, j)
-            trace.draft_passes += 1
-            report(j + 1, plan.num_steps, "draft")
-        blk = _Block(
-            _cat_trajectories(trajs, batch),
-            ChainNoise(_cat_rows([z.xi for z in noises], batch), _cat_rows([z.eps for z in noises], batch, dim=1)),
-            _cat_conditions(conds, batch),
-            torch.cat(poss, dim=1),
-        )
-        per_image = blk.pos.shape[1]
+            chains.append(chain)
+            self.trace.record_made(pos, j, None)
+            self.trace.draft_passes += 1
+            self.report(j + 1, self.plan.num_steps, "draft")
+        b = self.batch
+        pos = torch.cat([self.plan.positions(j) for j in steps], dim=1)
+        return _Block(steps, pos, Trajectory.join(trajs, b), ChainNoise.join(noises, b), self.draft.join(chains, b))
 
-        # 3. Verify: one target pass over the context before the block, then the target's chains.
-        with timer("target_backbone"):
-            z_p, zu_p = backbone_conditions(target, tokens, mask, labels, sampling)
-        trace.target_passes += 1
-        cond_p = step_condition(z_p, zu_p, blk.pos, blk.cond_q.cfg if blk.cond_q.cfg is not None else None)
-        with timer("target_head"):
-            own_noise = blk.noise if csd.align else draw_chain_noise(streams["independent"], per_image, head_steps, d)
-            traj_p = run_chain(chain_p, cond_p, own_noise, sampling.temperature)
-        distance = (blk.draft.x - traj_p.x).norm(dim=-1)
-        put(trace.distance_aligned if csd.align else trace.distance_independent, blk.pos, distance)
-        if csd.counterfactual:
-            with timer("counterfactual"):
-                other = draw_chain_noise(streams["independent"], per_image, head_steps, d) if csd.align else blk.noise
-                x_other = run_chain(chain_p, cond_p, other, sampling.temperature).x
-            put(
-                trace.distance_independent if csd.align else trace.distance_aligned,
-                blk.pos,
-                (blk.draft.x - x_other).norm(dim=-1),
-            )
+    def verify(self, block: _Block) -> _Check:
+        """The target's chains for the block from one pass over the context before it; the draft-target
+        distances (both noise choices with ``counterfactual``) go to the trace."""
+        with self.timer("target_backbone"):
+            cfg = self._cfg_rows(block.steps)
+            args = (self.conditions, block.pos, cfg, self.sampling, self.head_steps)
+            chain_p = self.target.verify(self.tokens, self.mask, *args)
+        self.trace.target_passes += 1
+        rows, aligned = block.pos.shape[1], self.csd.align
+        with self.timer("target_head"):
+            target = chain_p.run(block.noise if aligned else self._noise("independent", rows))
+        self.trace.record_distance(block.pos, (block.draft.x - target.x).norm(dim=-1), aligned)
+        if self.csd.counterfactual:
+            with self.timer("counterfactual"):
+                other = chain_p.run(self._noise("independent", rows) if aligned else block.noise)
+            self.trace.record_distance(block.pos, (block.draft.x - other.x).norm(dim=-1), not aligned)
+        return _Check(chain_p, target)
 
-        # 4. Accept or resample every drafted token.
-        with timer("verify"):
-            if csd.criterion == "aligned":
-                verdict = aligned_verdict(blk.draft, traj_p, csd.tau_v, csd.trajectory_term)
-                x_accepted = blk.draft.x
+    def accept_or_resample(self, block: _Block, check: _Check) -> _Decision:
+        """The acceptance test for every drafted token; rejected ones are redrawn from max(0, p - q)."""
+        with self.timer("verify"):
+            if self.csd.criterion == "aligned":
+                verdict = aligned_verdict(block.draft, check.target, self.csd.tau_v, self.csd.trajectory_term)
+                x = block.draft.x.clone()
             else:
-                mean_p, std_p = evaluate_path(chain_p, cond_p, blk.draft.states, sampling.temperature)
-                verdict = exact_verdict(blk.draft, mean_p, std_p)
-                x_accepted = mean_p[-1]
-            accepted = accept(verdict, streams["accept"].rand(per_image).reshape(-1))
-        with timer("resample"):
-            x = x_accepted.clone()
+                mean_p, std_p = check.chain_p.evaluate(block.draft.states)
+                verdict = exact_verdict(block.draft, mean_p, std_p)
+                x = mean_p[-1].clone()  # the target's last (noise-free) step on the draft path
+            accepted = accept(verdict, self.streams["accept"].rand(block.pos.shape[1]).reshape(-1))
+        with self.timer("resample"):
             rejected = (~accepted).nonzero().squeeze(-1)
-            res = None
-            if rejected.numel():
-                res = _resample(
-                    csd,
-                    sampling,
-                    blk,
-                    verdict,
-                    traj_p,
-                    cond_p,
-                    chain_p,
-                    chain_q,
-                    rejected,
-                    per_image,
-                    batch,
-                    streams["resample"],
-                )
-                x[rejected] = res.x
-        commit(tokens, mask, blk.pos, x)
-        _record_block(trace, blk.pos, block_id, verdict, accepted, rejected, res)
-        s = steps.stop
-        block_id += 1
-        report(s, plan.num_steps, "verify")
+            resampled = self._resample(block, check, verdict, rejected) if rejected.numel() else None
+            if resampled is not None:
+                x[rejected] = resampled.x
+        return _Decision(x, verdict, accepted, rejected, resampled)
 
-    trace.times = dict(timer.times)
-    return Generation(tokens.float().cpu(), trace)
+    def _resample(self, block: _Block, check: _Check, verdict: Verdict, rejected: Tensor) -> Resampled:
+        """Draw the rejected rows from max(0, p - q) / Z; a capped row takes the target's own sample."""
+        per_image, stream = block.pos.shape[1], self.streams["resample"]
+        owner = lambda pending: torch.bincount(rejected[pending] // per_image, minlength=self.batch)  # noqa: E731
+        fallback = check.target.x[rejected]
+        d = fallback.shape[-1]
+        if self.csd.criterion == "aligned":  # both final Gaussians, weighted by the trajectory term
+            w = self.csd.resample_widening
+            p, q = check.target, block.draft
 
+            def draws(k: int, pending: Tensor) -> tuple[Tensor, Tensor]:
+                counts = owner(pending)
+                return stream.randn_rows(counts, k, d), stream.rand_rows(counts, k)
 
-def _resample(
-    csd: CSDConfig,
-    sampling: SamplingConfig,
-    blk: _Block,
-    verdict: Verdict,
-    traj_p: Trajectory,
-    cond_p: HeadCondition,
-    chain_p: GaussianChain,
-    chain_q: GaussianChain,
-    rejected: Tensor,
-    per_image: int,
-    batch: int,
-    stream: ImageStreams,
-) -> Resampled:
-    """Draw the rejected tokens from max(0, p - q) / Z; a capped token takes the target's own sample."""
-    owner = lambda pending: _rows_per_image(rejected[pending], per_image, batch)  # noqa: E731
-    fallback = traj_p.x[rejected]
-    if csd.criterion == "aligned":
-        w = csd.resample_widening
-        d = traj_p.x.shape[-1]
+            return resample_gaussian(
+                p_mean=p.final_mean[rejected],
+                p_std=w * p.final_std[rejected],
+                q_mean=q.final_mean[rejected],
+                q_std=w * q.final_std[rejected],
+                draws=draws,
+                fallback=fallback,
+                max_tries=self.csd.max_tries,
+                log_weight=-verdict.trajectory[rejected],
+            )
+        chain_p, chain_q = check.chain_p.select(rejected), block.chain_q.select(rejected)
 
-        def draws(k: int, pending: Tensor) -> tuple[Tensor, Tensor]:
-            counts = owner(pending)
-            return stream.randn_rows(counts, k, d), stream.rand_rows(counts, k)
+        def propose(pending: Tensor) -> tuple[Tensor, Tensor]:  # a whole target path, weighed by q / p
+            raw = stream.randn_rows(owner(pending), self.head_steps, d)  # (m, T, d)
+            path = chain_p.select(pending).run(ChainNoise(raw[:, 0], raw[:, 1:].transpose(0, 1)))
+            mean_q, std_q = chain_q.select(pending).evaluate(path.states)
+            return path.x, path_log_ratio(path.states, mean_q, std_q, path.mean, path.std)
 
-        return resample_gaussian(
-            p_mean=traj_p.final_mean[rejected],
-            p_std=w * traj_p.final_std[rejected],
-            q_mean=blk.draft.final_mean[rejected],
-            q_std=w * blk.draft.final_std[rejected],
-            draws=draws,
-            fallback=fallback,
-            max_tries=csd.max_tries,
-            log_weight=-verdict.trajectory[rejected],
-        )
+        return resample_paths(propose, lambda pending: stream.rand_rows(owner(pending)), fallback, self.csd.max_tries)
 
-    cond_p_rej, cond_q_rej = cond_p.select(rejected), blk.cond_q.select(rejected)
-    steps, d = chain_p.num_steps(), traj_p.x.shape[-1]
+    def commit_block(self, block: _Block, block_id: int, decision: _Decision) -> None:
+        commit(self.tokens, self.mask, block.pos, decision.x)
+        maker = torch.full_like(decision.accepted, int(Maker.ACCEPTED), dtype=torch.int8)
+        tries = torch.zeros_like(decision.accepted, dtype=torch.int32)
+        if decision.resampled is not None:
+            res = decision.resampled
+            maker[decision.rejected] = torch.where(res.capped, int(Maker.CAPPED), int(Maker.RESAMPLED)).to(torch.int8)
+            tries[decision.rejected] = res.tries.to(torch.int32)
+        v = decision.verdict
+        self.trace.record_block(block.pos, block_id, maker, v.accept_prob, v.trajectory, v.final, tries)
+        self.report(block.steps.stop, self.plan.num_steps, "verify")
 
-    def propose(pending: Tensor) -> tuple[Tensor, Tensor]:
-        raw = stream.randn_rows(owner(pending), steps, d)  # (m, T, d)
-        noise = ChainNoise(raw[:, 0], raw[:, 1:].transpose(0, 1))
-        path = run_chain(chain_p, cond_p_rej.select(pending), noise, sampling.temperature)
-        mean_q, std_q = evaluate_path(chain_q, cond_q_rej.select(pending), path.states, sampling.temperature)
-        return path.x, path_log_ratio(path.states, mean_q, std_q, path.mean, path.std)
-
-    return resample_paths(propose, lambda pending: stream.rand_rows(owner(pending)), fallback, csd.max_tries)
-
-
-def _record_block(
-    trace: Trace,
-    pos: Tensor,
-    block_id: int,
-    verdict: Verdict,
-    accepted: Tensor,
-    rejected: Tensor,
-    res: Resampled | None,
-) -> None:
-    maker = torch.full_like(accepted, int(Maker.ACCEPTED), dtype=torch.int8)
-    tries = torch.zeros_like(accepted, dtype=torch.int32)
-    if res is not None:
-        maker[rejected] = torch.where(res.capped, int(Maker.CAPPED), int(Maker.RESAMPLED)).to(torch.int8)
-        tries[rejected] = res.tries.to(torch.int32)
-    put(trace.maker, pos, maker)
-    put(trace.block, pos, block_id)
-    put(trace.accept_prob, pos, verdict.accept_prob)
-    put(trace.log_ratio_trajectory, pos, verdict.trajectory)
-    put(trace.log_ratio_final, pos, verdict.final)
-    put(trace.resample_tries, pos, tries)
+    def finish(self) -> Generation:
+        self.trace.times = dict(self.timer.times)
+        return Generation(self.tokens.float().cpu(), self.trace)

@@ -6,6 +6,15 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
+from torch import Tensor
+
+
+def _put(arr: np.ndarray, pos: Tensor, values) -> None:
+    """arr[b, pos[b, j]] = values[b, j] for a (B, N) array; values (B*k,), (B, k) or a scalar."""
+    p = pos.cpu().numpy()
+    if isinstance(values, Tensor):
+        values = values.detach().float().cpu().numpy().reshape(p.shape)
+    arr[np.arange(p.shape[0])[:, None], p] = values
 
 
 class Maker(IntEnum):
@@ -57,6 +66,36 @@ class Trace:
             step_sizes=list(step_sizes),
             settings=dict(settings or {}),
         )
+
+    # --- writing (the samplers write the trace only through these) -----------------------------
+
+    def record_made(self, pos: Tensor, step: int, maker: Maker | None) -> None:
+        """Tokens at ``pos`` (B, k) made at AR step ``step``; ``maker`` None: drafted, not yet decided."""
+        _put(self.ar_step, pos, step)
+        if maker is not None:
+            _put(self.maker, pos, int(maker))
+
+    def record_distance(self, pos: Tensor, distance: Tensor, aligned: bool) -> None:
+        """||x^q - x^p|| of a block's tokens, with shared (``aligned``) or independent noise."""
+        _put(self.distance_aligned if aligned else self.distance_independent, pos, distance)
+
+    def record_block(
+        self,
+        pos: Tensor,
+        block: int,
+        maker: Tensor,
+        accept_prob: Tensor,
+        log_ratio_trajectory: Tensor,
+        log_ratio_final: Tensor,
+        resample_tries: Tensor,
+    ) -> None:
+        """What verification decided for a block's tokens at ``pos`` (B, k); values per row (B*k,)."""
+        _put(self.maker, pos, maker)
+        _put(self.block, pos, block)
+        _put(self.accept_prob, pos, accept_prob)
+        _put(self.log_ratio_trajectory, pos, log_ratio_trajectory)
+        _put(self.log_ratio_final, pos, log_ratio_final)
+        _put(self.resample_tries, pos, resample_tries)
 
     # --- summaries ---------------------------------------------------------------------------
 

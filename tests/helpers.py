@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from csd.chain import HeadCondition
+from csd.models.masked import MaskedARFamily
 
 
 class LinearGaussianChain:
@@ -47,8 +48,8 @@ class _Head:
         return self._chain
 
 
-class ToyARModel(nn.Module):
-    """An ARModel whose condition is a per-class vector, whatever the context: tokens are i.i.d."""
+class ToyARModel(MaskedARFamily, nn.Module):
+    """A masked-AR model whose condition is a per-class vector, whatever the context: tokens are i.i.d."""
 
     def __init__(self, chain: LinearGaussianChain, seq_len: int = 4, num_classes: int = 3, shifts=None):
         super().__init__()

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from csd.models.head import DiffusionHead
+from csd.models.masked import MaskedARFamily
 from csd.models.transformer import Block
 
 
@@ -190,7 +191,7 @@ def truncated_normal_ratio(
     return min(1.0, max(mask_ratio_min, 1.0 + std * x))
 
 
-class MAR(nn.Module):
+class MAR(MaskedARFamily, nn.Module):
     def __init__(self, config: MARConfig):
         super().__init__()
         c = self.config = config

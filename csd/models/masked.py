@@ -1,0 +1,86 @@
+"""The masked-AR family (MAR, and Harmon after it): the :class:`csd.family.ModelFamily` of a model that
+predicts a random-order set of tokens per AR step from one backbone pass, through a separate
+diffusion head.
+
+A model mixes in :class:`MaskedARFamily` and provides ``seq_len``, ``token_dim``, ``num_classes``,
+``head`` (``head.chain(steps)`` -> a :class:`~csd.chain.GaussianChain`) and
+``conditions(tokens, mask, labels, guided)``. Class labels are its conditions; a text-conditioned
+model overrides :meth:`MaskedARFamily.check_conditions` (prompts) and ``conditions``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from csd.chain import HeadChain, HeadCondition
+from csd.family import Plan
+from csd.models.schedule import step_cfg_scales, step_sizes
+from csd.rng import ImageStreams
+from csd.sampling import PRECISIONS
+
+
+def check_labels(labels: Sequence[int] | Tensor, num_classes: int, batch: int, device: torch.device) -> Tensor:
+    labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
+    if labels.numel() != batch:
+        raise ValueError(f"labels must hold one class id per seed ({batch}), got {labels.numel()}")
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(f"class labels must be in [0, {num_classes - 1}], got {labels.tolist()}")
+    return labels.to(device)
+
+
+def gather_rows(values: Tensor, pos: Tensor) -> Tensor:
+    """values (B, N, D) at positions (B, k) -> (B*k, D), image-major."""
+    return torch.gather(values, 1, pos.unsqueeze(-1).expand(-1, -1, values.shape[-1])).reshape(-1, values.shape[-1])
+
+
+def masked_plan(seeds: Sequence[int], num_tokens: int, num_steps: int, cfg: float, schedule: str, device) -> Plan:
+    """MAR's schedule: a random order per image (its "order" stream), the cosine mask schedule and the
+    CFG ramp over the steps."""
+    sizes = step_sizes(num_tokens, num_steps)
+    orders = ImageStreams(seeds, "order", device).randperm(num_tokens)
+    return Plan(orders, sizes, step_cfg_scales(cfg, schedule, sizes))
+
+
+class MaskedARFamily:
+    """:class:`csd.family.ModelFamily` for masked AR models with a diffusion head (see the module doc)."""
+
+    def check_conditions(self, conditions, batch: int, device: torch.device) -> Tensor:
+        return check_labels(conditions, self.num_classes, batch, device)
+
+    def plan(self, seeds: Sequence[int], config, device: torch.device) -> Plan:
+        if config.num_steps > self.seq_len:
+            raise ValueError(
+                f"num_steps (AR steps) must be in [1, {self.seq_len}] (the number of tokens), got {config.num_steps}"
+            )
+        return masked_plan(seeds, self.seq_len, config.num_steps, config.cfg_scale, config.cfg_schedule, device)
+
+    def head_steps(self, steps: int | None) -> int:
+        return self.head.chain(steps).num_steps()
+
+    def guided_conditions(self, tokens: Tensor, mask: Tensor, labels: Tensor, config) -> tuple[Tensor, Tensor | None]:
+        """One backbone pass, under autocast when a reduced precision is asked; z comes back in float32."""
+        dtype = PRECISIONS[config.precision]
+        if dtype is None:
+            return self.conditions(tokens, mask, labels, config.guided)
+        with torch.autocast(device_type=tokens.device.type, dtype=dtype):
+            z, z_uncond = self.conditions(tokens, mask, labels, config.guided)
+        return z.float(), None if z_uncond is None else z_uncond.float()
+
+    def predict(self, tokens, mask, conditions, pos, cfg, config, steps: int) -> HeadChain:
+        z, z_uncond = self.guided_conditions(tokens, mask, conditions, config)
+        if z_uncond is None:
+            cond = HeadCondition(gather_rows(z, pos))
+        else:
+            cond = HeadCondition(gather_rows(z, pos), gather_rows(z_uncond, pos), cfg)
+        return HeadChain(self.head.chain(steps), cond, config.temperature)
+
+    # One pass over the context before a block gives every position's condition: verifying a block is
+    # predicting all of its positions at once.
+    verify = predict
+
+    def join(self, chains: Sequence[HeadChain], batch: int) -> HeadChain:
+        first = chains[0]
+        return HeadChain(first.head, HeadCondition.join([c.cond for c in chains], batch), first.temperature)
