@@ -82,10 +82,12 @@ class Limits:
     max_seconds: float = 75.0  # a run still going after this long stops at its next AR step, with an error
 
 
-# --- controls ----------------------------------------------------------------------------------
+# --- controls ------------------------------------------------------------------------------------
 
 
 def _valid_values(component: gr.components.Component) -> str:
+    if isinstance(component, gr.Checkbox):
+        return "true or false"
     if isinstance(component, gr.Slider | gr.Number):
         if component.precision == 0:
             return f"an integer in [{int(component.minimum)}, {int(component.maximum)}]"
@@ -102,6 +104,8 @@ def named(component: gr.components.Component) -> gr.components.Component:
     check = component.preprocess
 
     def preprocess(payload):
+        if isinstance(component, gr.Checkbox) and not isinstance(payload, bool):
+            raise gr.Error(f"{component.label} must be true or false, got {payload!r}")
         try:
             return check(payload)
         except (gr.Error, TypeError, ValueError):
@@ -111,26 +115,93 @@ def named(component: gr.components.Component) -> gr.components.Component:
     return component
 
 
-def slider(*args, **kwargs) -> gr.Slider:
-    return named(gr.Slider(*args, **kwargs))
+@dataclass(frozen=True)
+class Control:
+    """One setting of a run, declared once: the handlers take it by ``name`` (the API's keyword), the
+    page shows ``kind(label=..., value=default, **options)``, and ``field`` says which config it sets
+    ("sampling.num_steps", "csd.gamma"; None: the request reads it itself)."""
+
+    label: str
+    kind: type[gr.components.Component]
+    default: object
+    options: dict
+    field: str | None = None
+    advanced: bool = False
+
+    def component(self) -> gr.components.Component:
+        return named(self.kind(label=self.label, value=self.default, **self.options))
 
 
-def number(**kwargs) -> gr.Number:
-    return named(gr.Number(**kwargs))
+INTEGER = {"step": 1, "precision": 0}
 
 
-def radio(*args, **kwargs) -> gr.Radio:
-    return named(gr.Radio(*args, **kwargs))
+def _slider(label: str, default, lo, hi, step=1, field=None, info=None, advanced=False) -> Control:
+    """A slider control; an int ``step`` makes it take integers only."""
+    options = {"minimum": lo, "maximum": hi, **(INTEGER if isinstance(step, int) else {"step": step})}
+    return Control(label, gr.Slider, default, options | ({"info": info} if info else {}), field, advanced)
 
 
-def dropdown(*args, **kwargs) -> gr.Dropdown:
-    return named(gr.Dropdown(*args, **kwargs))
+def _radio(label: str, default, choices, field: str, info=None, advanced=False) -> Control:
+    return Control(
+        label, gr.Radio, default, {"choices": list(choices)} | ({"info": info} if info else {}), field, advanced
+    )
 
 
-def _flag(label: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise gr.Error(f"{label} must be true or false, got {value!r}")
-    return value
+def declare_controls(store: PairStore, limits: Limits) -> dict[str, Control]:
+    """Every control of the Generate tab (the Analysis tab reuses them but the batch size), in page order,
+    with the default setting (:mod:`csd.experiments.defaults`) within the limits."""
+    s, c, first = defaults.SAMPLING, defaults.CSD, store.source(store.names[0])
+    classes = {"choices": list(first.class_names), "allow_custom_value": True}  # follow the pair: request checks
+    return {
+        "pair_name": Control("Model pair", gr.Dropdown, first.name, {"choices": store.names}),
+        "class_name": Control("Class", gr.Dropdown, first.class_names[0], classes),
+        "seed": Control("Seed", gr.Number, 0, {"minimum": 0, "maximum": MAX_SEED, "precision": 0}),
+        "batch_size": _slider("Batch size", min(defaults.BATCH_SIZE, limits.max_batch), 1, limits.max_batch),
+        "ar_steps": _slider(
+            "AR steps", min(s.num_steps, limits.max_steps), 1, limits.max_steps, 1, "sampling.num_steps"
+        ),
+        "gamma": _slider("Draft length gamma", c.gamma, 1, 32, 1, "csd.gamma", "AR steps per target pass"),
+        "prefill": _slider(
+            "Pre-fill ratio",
+            c.prefill,
+            0.0,
+            0.5,
+            0.01,
+            "csd.prefill",
+            "fraction of tokens the target makes before drafting",
+        ),
+        "cfg_scale": _slider("CFG scale", s.cfg_scale, 1.0, 10.0, 0.1, "sampling.cfg_scale"),
+        "cfg_schedule": _radio("CFG schedule", s.cfg_schedule, CFG_SCHEDULES, "sampling.cfg_schedule"),
+        "temperature": _slider("Temperature", s.temperature, 0.1, 2.0, 0.05, "sampling.temperature"),
+        "align": Control("Trajectory alignment (shared noise)", gr.Checkbox, c.align, {}, "csd.align"),
+        "criterion": _radio(
+            "Acceptance criterion",
+            c.criterion,
+            CRITERIA,
+            "csd.criterion",
+            "aligned: the paper's approximation; exact: path-space reference",
+        ),
+        "tau_v": _slider("Verification widening tau_v", c.tau_v, 1.0, 100.0, 0.5, "csd.tau_v", advanced=True),
+        "trajectory_term": _radio(
+            "Trajectory term",
+            c.trajectory_term,
+            TRAJECTORY_TERMS,
+            "csd.trajectory_term",
+            "derived sign, published sign, or none (final-step term only)",
+            advanced=True,
+        ),
+        "resample_widening": _slider(
+            "Resample widening",
+            c.resample_widening,
+            1.0,
+            100.0,
+            0.5,
+            "csd.resample_widening",
+            "equal to tau_v makes test and resampling self-consistent",
+            advanced=True,
+        ),
+        "max_tries": _slider("Resampler cap", c.max_tries, 1, 1000, 1, "csd.max_tries", advanced=True),
+    }
 
 
 @contextmanager
@@ -158,31 +229,19 @@ class App:
 
     def __init__(self, store: PairStore, limits: Limits, panels: Panels | None = None):
         self.store, self.limits, self.panels = store, limits, panels
+        self.controls = declare_controls(store, limits)
         # The latest model runs: status ("done", "stopped", "over time", "error"), AR steps run, seconds.
         self.history: deque[dict] = deque(maxlen=64)
 
     # --- requests -----------------------------------------------------------------------------
 
-    def request(
-        self,
-        pair_name: str,
-        class_name: str,
-        seed: int,
-        batch_size: int,
-        ar_steps: int,
-        gamma: int,
-        prefill: float,
-        cfg_scale: float,
-        cfg_schedule: str,
-        temperature: float,
-        align: bool,
-        criterion: str,
-        tau_v: float,
-        trajectory_term: str,
-        resample_widening: float,
-        max_tries: int,
-    ) -> Request:
-        """Validate the controls (each error names its control and range) and load the pair."""
+    def request(self, **values) -> Request:
+        """Validate the controls (each error names its control and range) and load the pair.
+        ``values``: one per control of :func:`declare_controls`, by name."""
+        if set(values) != set(self.controls):
+            missing, unknown = sorted(set(self.controls) - set(values)), sorted(set(values) - set(self.controls))
+            raise gr.Error(f"Controls missing: {missing}; unknown: {unknown}")
+        pair_name, class_name = values["pair_name"], values["class_name"]
         if pair_name not in self.store.names:
             raise gr.Error(f"Model pair must be one of {self.store.names}, got {pair_name!r}")
         names = self.store.source(pair_name).class_names
@@ -190,34 +249,25 @@ class App:
             raise gr.Error(
                 f"Class must be one of the {len(names)} classes of {pair_name} ({names[0]}, ...), got {class_name!r}"
             )
+        if not isinstance(values["align"], bool):
+            raise gr.Error(f"{self.controls['align'].label} must be true or false, got {values['align']!r}")
+        fields = {"sampling": {"precision": PRECISION}, "csd": {}}
+        for name, control in self.controls.items():
+            if control.field is not None:
+                config, field = control.field.split(".")
+                fields[config][field] = values[name]
         with library_errors():
-            sampling = SamplingConfig(
-                num_steps=ar_steps,
-                cfg_scale=cfg_scale,
-                cfg_schedule=cfg_schedule,
-                temperature=temperature,
-                precision=PRECISION,
-            )
-            csd = CSDConfig(
-                gamma=gamma,
-                prefill=prefill,
-                align=_flag("Trajectory alignment", align),
-                criterion=criterion,
-                trajectory_term=trajectory_term,
-                tau_v=tau_v,
-                resample_widening=resample_widening,
-                max_tries=max_tries,
-            )
+            sampling, csd = SamplingConfig(**fields["sampling"]), CSDConfig(**fields["csd"])
         try:
             pair = self.store.get(pair_name)
         except (OSError, ValueError) as err:  # missing or mismatched checkpoint files
             raise gr.Error(f"Model pair {pair_name!r} could not be loaded: {err}") from None
-        if ar_steps > pair.num_tokens:
-            raise gr.Error(f"AR steps must be in [1, {pair.num_tokens}] (the tokens of {pair_name}), got {ar_steps}")
-        label = names.index(class_name)
-        return Request(pair, [label] * batch_size, [seed + i for i in range(batch_size)], sampling, csd)
-
-    # --- generate tab -------------------------------------------------------------------------
+        if sampling.num_steps > pair.num_tokens:
+            raise gr.Error(
+                f"AR steps must be in [1, {pair.num_tokens}] (the tokens of {pair_name}), got {sampling.num_steps}"
+            )
+        seed, batch = values["seed"], values["batch_size"]
+        return Request(pair, [names.index(class_name)] * batch, [seed + i for i in range(batch)], sampling, csd)
 
     def job(self, work) -> Job:
         """A model run for one request: progress per AR step, stopped by Stop or the time limit."""
@@ -303,7 +353,7 @@ class App:
     def analyze(self, n_images: int, progress=gr.Progress(), **controls):  # noqa: B008
         """Recompute every analysis panel over ``n_images`` images (image i: seed + i) at the current controls.
         The panels on screen change only when every run has finished."""
-        r = self.request(batch_size=1, **controls)
+        r = self.request(**controls, batch_size=1)
         work = n_images * r.sampling.num_steps
         if work > self.limits.max_analysis_steps:
             raise gr.Error(
@@ -363,28 +413,8 @@ class App:
         return to_plotly(toy_chart(p, q, result.samples, note=note)), stats, summary
 
     def default_controls(self) -> dict:
-        """Keyword arguments of :meth:`request` for the default setting (:mod:`csd.experiments.defaults`),
-        within the limits."""
-        s, c = defaults.SAMPLING, defaults.CSD
-        first = self.store.source(self.store.names[0])
-        return {
-            "pair_name": first.name,
-            "class_name": first.class_names[0],
-            "seed": 0,
-            "batch_size": min(defaults.BATCH_SIZE, self.limits.max_batch),
-            "ar_steps": min(s.num_steps, self.limits.max_steps),
-            "gamma": c.gamma,
-            "prefill": c.prefill,
-            "cfg_scale": s.cfg_scale,
-            "cfg_schedule": s.cfg_schedule,
-            "temperature": s.temperature,
-            "align": c.align,
-            "criterion": c.criterion,
-            "tau_v": c.tau_v,
-            "trajectory_term": c.trajectory_term,
-            "resample_widening": c.resample_widening,
-            "max_tries": c.max_tries,
-        }
+        """Keyword arguments of :meth:`request` for the default setting, within the limits."""
+        return {name: control.default for name, control in self.controls.items()}
 
     def classes(self, pair_name: str):
         names = self.store.source(pair_name).class_names
@@ -506,55 +536,7 @@ def panels_json(panels: Panels | None) -> dict | None:
     return None if panels is None else json.loads(panels.to_json())
 
 
-HOW_IT_WORKS = r"""
-### The idea in plain words
-
-A continuous autoregressive image model (MAR) makes an image in **AR steps**: at each step its big
-*backbone* looks at the tokens made so far and gives every missing position a condition $z$; a small
-*token head* then turns $z$ into a continuous token by running a short chain of Gaussian steps
-(a little diffusion model). The backbone is the expensive part.
-
-**Speculative decoding** lets a small *draft* model $q$ make the next $\gamma$ AR steps alone, then
-asks the large *target* model $p$ to check all of them with **one** backbone pass. Each drafted token
-$x$ is kept with probability $\min(1, p(x)/q(x))$; a rejected token is redrawn from what the draft
-under-represents,
-
-$$p'(x) = \frac{\max(0,\, p(x) - q(x))}{Z}, \qquad Z = \int \max(0,\, p - q)\,dx = \mathrm{TV}(p, q).$$
-
-Kept and redrawn tokens together follow $p$ exactly, and a token is kept with probability
-$1 - \mathrm{TV}(p, q)$. The toy below runs exactly this on one 1-D Gaussian.
-
-### What is special about continuous tokens
-
-* **No closed-form densities.** The head's output density $p(x)$ is an integral over its whole
-  noise chain. The paper compares the two models' chains instead: the draft's path and the target's
-  path, made from **the same noise** (trajectory alignment), give $\log r = T + F$ with the
-  *trajectory term* and the *final-step term*
-  $$T = \sum_t \sum_d \left(\log \sigma^q_{t,d} - \log \sigma^p_{t,d}\right),$$
-  $$F = \log \mathcal N\!\left(x^q;\,\mu^p_0,\,(\tau_v\sigma^p_0)^2\right)
-      - \log \mathcal N\!\left(x^q;\,\mu^q_0,\,(\tau_v\sigma^q_0)^2\right),$$
-  and the token is accepted with probability $\min(1, r)$. This is an approximation; the *exact*
-  criterion (the target's densities along the draft's path) is offered as a reference and accepts
-  almost nothing on real models.
-* **Alignment** makes the two chains start from the same noise, so drafted and target tokens land
-  close together and acceptance rises (the *Analysis* tab shows both distances).
-* **Resampling without $Z$.** $p'$ has no closed form either. Acceptance-rejection does it: draw
-  $x \sim p$, keep it with probability $\max(0, 1 - q(x)/p(x))$; on average this takes $1/Z$ tries
-  (capped; a capped token takes the target's own sample).
-* **Pre-fill.** The target makes the first few percent of tokens alone, where the draft is worst.
-
-### Why it is faster (and by how much at most)
-
-With block verification the target runs one backbone pass per $\gamma$ drafted steps, whatever is
-accepted. With backbone costs $C_p$, $C_q$ and cheap heads, the speedup is bounded by
-$$\frac{C_p}{C_q + C_p/\gamma}.$$
-Acceptance decides how much of the image is the draft's and how often the resampler runs, not the
-number of target passes.
-
-A note on $\tau_v$: the test widens both final Gaussians by $\tau_v$, while the resampler draws from
-them widened by *resample widening* (1 by default, as in the published code). Only when the two are
-equal is test-and-resample self-consistent.
-"""
+HOW_IT_WORKS = ROOT / "docs" / "how_it_works.md"  # the "How it works" tab
 
 
 # --- layout --------------------------------------------------------------------------------------
@@ -568,182 +550,120 @@ THEME = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"], font_m
 LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
 
 
+def generate_tab(app: App, queue: dict) -> dict[str, gr.components.Component]:
+    """Controls, the three runs side by side, Stop; returns the controls (the Analysis tab reads them)."""
+    with gr.Row():
+        with gr.Column(scale=1, min_width=300):
+            controls = {name: c.component() for name, c in app.controls.items() if not c.advanced}
+            with gr.Accordion("Advanced", open=False):
+                controls |= {name: c.component() for name, c in app.controls.items() if c.advanced}
+            with gr.Row():
+                run = gr.Button("Generate", variant="primary")
+                stop = gr.Button("Stop")
+        with gr.Column(scale=3):
+            img = {"type": "numpy", "format": "png", "elem_classes": "csd-img", "interactive": False}
+            with gr.Row():
+                target = gr.Image(elem_id="img-target", label="Target only", **img)
+                csd = gr.Image(elem_id="img-csd", label="Speculative (CSD)", **img)
+            with gr.Row():
+                token_map = gr.Image(elem_id="img-map", label="Accepted-token map (CSD)", **img)
+                draft = gr.Image(elem_id="img-draft", label="Draft only (same seeds)", **img)
+            gr.HTML(legend_html())
+            stats = gr.Markdown("Press **Generate**: target-only, CSD and draft-only run with the same seeds.")
+            speed = gr.Plot(label="Speedup", elem_id="speed-plot")
+            with gr.Accordion("Run summary (JSON)", open=False):
+                summary = gr.JSON()
+    outputs = [target, csd, token_map, draft, stats, speed, summary]
+    event = run.click(on_gpu(app.generate), inputs_kwargs=controls, outputs=outputs, api_name="generate", **queue)
+    stop.click(app.generate_stopped, None, outputs, cancels=[event], api_visibility="private")
+    pair = controls["pair_name"]
+    pair.change(app.classes, pair, controls["class_name"], api_visibility="private")
+    with gr.Accordion("Official MAR checkpoints", open=False):
+        gr.Markdown(
+            "Official pairs (MAR-H or MAR-L target, MAR-B draft) are offered when the operator starts "
+            "the server with `--checkpoints DIR` (the official layout: `mar/mar_base/checkpoint-last.pth`, "
+            "`vae/kl16.ckpt`) or `--hub-repo REPO`, which fetches that layout before serving. "
+            f"This server has: {', '.join(app.store.names)}."
+        )
+    return controls
+
+
+ANALYSIS_SECTIONS = (  # (title, panels in the row), in the order of ANALYSIS_KEYS
+    ("(a) Draft-target distance with and without alignment", 2),
+    ("(b) Acceptance per AR step under pre-fill", 1),
+    ("(c) Resampler", 2),
+    ("Acceptance vs draft length, CFG scale, temperature", 3),
+    ("The split of log r", 1),
+    ("Where the time goes, and quality vs time", 2),
+)
+
+
+def analysis_tab(app: App, controls: dict[str, gr.components.Component], queue: dict) -> None:
+    """The panels, precomputed for the default setting, recomputed for the Generate tab's controls."""
+    served_weights = app.store.source(app.panels.pair).weights if app.panels is not None else None
+    status = gr.Markdown(analysis_status(app.panels, current_weights=served_weights))
+    gr.Markdown(
+        "Panels over *n* images (image *i*: seed + i, class + i) at the current Generate-tab controls; "
+        "each sweep varies one knob around them. Recomputing takes a few dozen runs."
+    )
+    with gr.Row():
+        lim = app.limits
+        n_default = min(AnalysisSettings.n_images, lim.max_images)
+        n_images = _slider("Images (n)", n_default, 1, lim.max_images).component()
+        recompute = gr.Button("Recompute for current controls", variant="primary")
+        stop = gr.Button("Stop")
+    figures, plots = iter(analysis_figures(app.panels)), []
+    for title, count in ANALYSIS_SECTIONS:
+        gr.Markdown(f"#### {title}")
+        with gr.Row():
+            for _ in range(count):
+                key = ANALYSIS_KEYS[len(plots)]
+                plots.append(gr.Plot(next(figures), show_label=False, elem_id=f"panel-{key}"))
+    with gr.Accordion("Panel data (JSON)", open=False):
+        data = gr.JSON(panels_json(app.panels))
+    # One image per seed: the batch size plays no role in the analysis.
+    inputs = {name: c for name, c in controls.items() if name != "batch_size"} | {"n_images": n_images}
+    outputs = [status, *plots, data]
+    event = recompute.click(on_gpu(app.analyze), inputs_kwargs=inputs, outputs=outputs, api_name="analyze", **queue)
+    stop.click(app.analyze_stopped, None, status, cancels=[event], api_visibility="private")
+
+
+def how_it_works_tab(app: App) -> None:
+    """The method in words and formulas, and the 1-D toy."""
+    gr.Markdown(HOW_IT_WORKS.read_text(), latex_delimiters=LATEX)
+    gr.Markdown("### Try it on one Gaussian token", latex_delimiters=LATEX)
+    slider = lambda label, value, lo, hi, step: named(gr.Slider(lo, hi, value=value, step=step, label=label))  # noqa: E731
+    with gr.Row():
+        with gr.Column(scale=1, min_width=280):
+            inputs = [
+                slider("Target p mean", 0.0, -5.0, 5.0, 0.1),
+                slider("Target p std", 1.0, 0.1, 5.0, 0.05),
+                slider("Draft q mean", 1.0, -5.0, 5.0, 0.1),
+                slider("Draft q std", 1.5, 0.1, 5.0, 0.05),
+                named(gr.Slider(100, 200_000, value=20_000, step=100, precision=0, label="Samples N")),
+                named(gr.Number(value=0, minimum=0, maximum=MAX_SEED, precision=0, label="Seed")),
+            ]
+            sample = gr.Button("Sample", variant="primary")
+        with gr.Column(scale=2):
+            plot, stats, summary = app.toy(0.0, 1.0, 1.0, 1.5, 20_000, 0)
+            outputs = [gr.Plot(plot, show_label=False), gr.Markdown(stats), gr.JSON(summary, label="Toy summary")]
+    gr.on([sample.click] + [x.release for x in inputs[:4]], app.toy, inputs, outputs, api_name="toy")
+
+
 def build(app: App) -> gr.Blocks:
-    lim, d = app.limits, app.default_controls()
-    first = app.store.source(d["pair_name"])
-    integer = {"step": 1, "precision": 0}
     # Generation and analysis share one queue slot group: at most `concurrency` model runs at once.
-    models_queue = {"concurrency_id": "models", "concurrency_limit": lim.concurrency}
+    queue = {"concurrency_id": "models", "concurrency_limit": app.limits.concurrency}
     with gr.Blocks(title="Continuous speculative decoding") as demo:
         gr.Markdown(
             "# Continuous speculative decoding\nA small *draft* model proposes image tokens, a large *target* "
             "model verifies them in one pass. Same seed, same noise: compare target-only and CSD side by side."
         )
         with gr.Tab("Generate"):
-            with gr.Row():
-                with gr.Column(scale=1, min_width=300):
-                    # Keyed by the keyword arguments of App.request.
-                    controls = {
-                        "pair_name": dropdown(app.store.names, value=d["pair_name"], label="Model pair"),
-                        # Choices follow the pair, so the handler checks the class.
-                        "class_name": dropdown(
-                            list(first.class_names), value=d["class_name"], label="Class", allow_custom_value=True
-                        ),
-                        "seed": number(value=d["seed"], minimum=0, maximum=MAX_SEED, precision=0, label="Seed"),
-                        "batch_size": slider(1, lim.max_batch, value=d["batch_size"], label="Batch size", **integer),
-                        "ar_steps": slider(1, lim.max_steps, value=d["ar_steps"], label="AR steps", **integer),
-                        "gamma": slider(
-                            1,
-                            32,
-                            value=d["gamma"],
-                            label="Draft length gamma",
-                            info="AR steps per target pass",
-                            **integer,
-                        ),
-                        "prefill": slider(
-                            0.0,
-                            0.5,
-                            value=d["prefill"],
-                            step=0.01,
-                            label="Pre-fill ratio",
-                            info="fraction of tokens the target makes before drafting",
-                        ),
-                        "cfg_scale": slider(1.0, 10.0, value=d["cfg_scale"], step=0.1, label="CFG scale"),
-                        "cfg_schedule": radio(list(CFG_SCHEDULES), value=d["cfg_schedule"], label="CFG schedule"),
-                        "temperature": slider(0.1, 2.0, value=d["temperature"], step=0.05, label="Temperature"),
-                        "align": gr.Checkbox(value=d["align"], label="Trajectory alignment (shared noise)"),
-                        "criterion": radio(
-                            list(CRITERIA),
-                            value=d["criterion"],
-                            label="Acceptance criterion",
-                            info="aligned: the paper's approximation; exact: path-space reference",
-                        ),
-                    }
-                    with gr.Accordion("Advanced", open=False):
-                        controls["tau_v"] = slider(
-                            1.0, 100.0, value=d["tau_v"], step=0.5, label="Verification widening tau_v"
-                        )
-                        controls["trajectory_term"] = radio(
-                            list(TRAJECTORY_TERMS),
-                            value=d["trajectory_term"],
-                            label="Trajectory term",
-                            info="derived sign, published sign, or none (final-step term only)",
-                        )
-                        controls["resample_widening"] = slider(
-                            1.0,
-                            100.0,
-                            value=d["resample_widening"],
-                            step=0.5,
-                            label="Resample widening",
-                            info="equal to tau_v makes test and resampling self-consistent",
-                        )
-                        controls["max_tries"] = slider(1, 1000, value=d["max_tries"], label="Resampler cap", **integer)
-                    with gr.Row():
-                        run = gr.Button("Generate", variant="primary")
-                        stop = gr.Button("Stop")
-                with gr.Column(scale=3):
-                    img_kw = {"type": "numpy", "format": "png", "elem_classes": "csd-img", "interactive": False}
-                    with gr.Row():
-                        img_target = gr.Image(elem_id="img-target", label="Target only", **img_kw)
-                        img_csd = gr.Image(elem_id="img-csd", label="Speculative (CSD)", **img_kw)
-                    with gr.Row():
-                        img_map = gr.Image(elem_id="img-map", label="Accepted-token map (CSD)", **img_kw)
-                        img_draft = gr.Image(elem_id="img-draft", label="Draft only (same seeds)", **img_kw)
-                    gr.HTML(legend_html())
-                    stats = gr.Markdown("Press **Generate**: target-only, CSD and draft-only run with the same seeds.")
-                    speed = gr.Plot(label="Speedup", elem_id="speed-plot")
-                    with gr.Accordion("Run summary (JSON)", open=False):
-                        summary = gr.JSON()
-            gen_outputs = [img_target, img_csd, img_map, img_draft, stats, speed, summary]
-            gen_event = run.click(
-                on_gpu(app.generate),
-                inputs_kwargs=controls,
-                outputs=gen_outputs,
-                api_name="generate",
-                **models_queue,
-            )
-            stop.click(app.generate_stopped, None, gen_outputs, cancels=[gen_event], api_visibility="private")
-            pair = controls["pair_name"]
-            pair.change(app.classes, pair, controls["class_name"], api_visibility="private")
-            with gr.Accordion("Official MAR checkpoints", open=False):
-                gr.Markdown(
-                    "Official pairs (MAR-H or MAR-L target, MAR-B draft) are offered when the operator starts "
-                    "the server with `--checkpoints DIR` (the official layout: `mar/mar_base/checkpoint-last.pth`, "
-                    "`vae/kl16.ckpt`) or `--hub-repo REPO`, which fetches that layout before serving. "
-                    f"This server has: {', '.join(app.store.names)}."
-                )
-
+            controls = generate_tab(app, queue)
         with gr.Tab("Analysis"):
-            served_weights = app.store.source(app.panels.pair).weights if app.panels is not None else None
-            status = gr.Markdown(analysis_status(app.panels, current_weights=served_weights))
-            gr.Markdown(
-                "Panels over *n* images (image *i*: seed + i, class + i) at the current Generate-tab controls; "
-                "each sweep varies one knob around them. Recomputing takes a few dozen runs."
-            )
-            with gr.Row():
-                n_images = slider(
-                    1,
-                    lim.max_images,
-                    value=min(AnalysisSettings.n_images, lim.max_images),
-                    label="Images (n)",
-                    **integer,
-                )
-                recompute = gr.Button("Recompute for current controls", variant="primary")
-                stop_analysis = gr.Button("Stop")
-            figures = analysis_figures(app.panels)
-            plots = []
-            sections = (
-                ("(a) Draft-target distance with and without alignment", 2),
-                ("(b) Acceptance per AR step under pre-fill", 1),
-                ("(c) Resampler", 2),
-                ("Acceptance vs draft length, CFG scale, temperature", 3),
-                ("The split of log r", 1),
-                ("Where the time goes, and quality vs time", 2),
-            )
-            for title, count in sections:
-                gr.Markdown(f"#### {title}")
-                with gr.Row():
-                    for _ in range(count):
-                        plots.append(
-                            gr.Plot(figures[len(plots)], show_label=False, elem_id=f"panel-{ANALYSIS_KEYS[len(plots)]}")
-                        )
-            with gr.Accordion("Panel data (JSON)", open=False):
-                data = gr.JSON(panels_json(app.panels))
-            ana_event = recompute.click(
-                on_gpu(app.analyze),
-                # One image per seed: the batch size plays no role in the analysis.
-                inputs_kwargs={**{k: v for k, v in controls.items() if k != "batch_size"}, "n_images": n_images},
-                outputs=[status, *plots, data],
-                api_name="analyze",
-                **models_queue,
-            )
-            stop_analysis.click(app.analyze_stopped, None, status, cancels=[ana_event], api_visibility="private")
-
+            analysis_tab(app, controls, queue)
         with gr.Tab("How it works"):
-            gr.Markdown(HOW_IT_WORKS, latex_delimiters=LATEX)
-            gr.Markdown("### Try it on one Gaussian token", latex_delimiters=LATEX)
-            with gr.Row():
-                with gr.Column(scale=1, min_width=280):
-                    p_mean = slider(-5.0, 5.0, value=0.0, step=0.1, label="Target p mean")
-                    p_std = slider(0.1, 5.0, value=1.0, step=0.05, label="Target p std")
-                    q_mean = slider(-5.0, 5.0, value=1.0, step=0.1, label="Draft q mean")
-                    q_std = slider(0.1, 5.0, value=1.5, step=0.05, label="Draft q std")
-                    n = slider(100, 200_000, value=20_000, step=100, precision=0, label="Samples N")
-                    toy_seed = number(value=0, minimum=0, maximum=MAX_SEED, precision=0, label="Seed")
-                    toy_run = gr.Button("Sample", variant="primary")
-                with gr.Column(scale=2):
-                    toy_inputs = [p_mean, p_std, q_mean, q_std, n, toy_seed]
-                    first_toy = app.toy(0.0, 1.0, 1.0, 1.5, 20_000, 0)
-                    toy_plot = gr.Plot(first_toy[0], show_label=False)
-                    toy_stats = gr.Markdown(first_toy[1])
-                    toy_summary = gr.JSON(first_toy[2], label="Toy summary")
-            gr.on(
-                [toy_run.click] + [x.release for x in toy_inputs[:4]],
-                app.toy,
-                toy_inputs,
-                [toy_plot, toy_stats, toy_summary],
-                api_name="toy",
-            )
+            how_it_works_tab(app)
     return demo
 
 

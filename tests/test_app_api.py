@@ -109,7 +109,7 @@ def test_toy_acceptance_matches_one_minus_total_variation(client):
         ({"class_name": "blob"}, "Class must be one of the 10 classes"),
         ({"pair_name": "nope"}, "Model pair must be one of"),
         ({"seed": -1}, r"Seed must be an integer in \[0, 2147483647\]"),
-        ({"align": "yes"}, "Trajectory alignment must be true or false"),
+        ({"align": "yes"}, r"Trajectory alignment \(shared noise\) must be true or false"),
     ],
 )
 def test_generate_rejects_bad_input_naming_the_control(served, overrides, named):
