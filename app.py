@@ -12,7 +12,6 @@ the pairs the operator installed and never name a file or a repository. Named AP
 ``/generate``, ``/analyze``, ``/toy`` (see ``gradio_client``).
 """
 
-# ruff: noqa: E402  (gradio reads GRADIO_ANALYTICS_ENABLED at import time: set it before importing)
 from __future__ import annotations
 
 import os
@@ -632,7 +631,7 @@ def how_it_works_tab(app: App) -> None:
     """The method in words and formulas, and the 1-D toy."""
     gr.Markdown(HOW_IT_WORKS.read_text(), latex_delimiters=LATEX)
     gr.Markdown("### Try it on one Gaussian token", latex_delimiters=LATEX)
-    slider = lambda label, value, lo, hi, step: named(gr.Slider(lo, hi, value=value, step=step, label=label))  # noqa: E731
+    slider = lambda label, value, lo, hi, step: named(gr.Slider(lo, hi, value=value, step=step, label=label))
     with gr.Row():
         with gr.Column(scale=1, min_width=280):
             inputs = [
@@ -746,7 +745,7 @@ def make_app(checkpoints: Path | None, limits: Limits, hub_repo: str | None = No
     the official checkpoints are fetched into ``checkpoints`` first; a failure ends the start."""
     if hub_repo is not None:
         try:
-            log = lambda line: print(line, flush=True)  # noqa: E731
+            log = lambda line: print(line, flush=True)
             fetch_official(hub_repo, checkpoints or DEFAULT_CHECKPOINTS, log, endpoint=os.environ.get("HF_ENDPOINT"))
         except Exception as err:  # not found, no space, no network: the server does not start
             raise SystemExit(f"--hub-repo {hub_repo}: {err}") from None

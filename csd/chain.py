@@ -45,11 +45,11 @@ class HeadCondition:
 
     def repeat(self, times: int) -> HeadCondition:
         """The condition tiled ``times`` times along rows (to evaluate T steps in one call)."""
-        rep = lambda a: None if a is None else a.repeat(times, *([1] * (a.dim() - 1)))  # noqa: E731
+        rep = lambda a: None if a is None else a.repeat(times, *([1] * (a.dim() - 1)))
         return HeadCondition(rep(self.z), rep(self.z_uncond), rep(self.cfg))
 
     def select(self, index: Tensor) -> HeadCondition:
-        pick = lambda a: None if a is None else a[index]  # noqa: E731
+        pick = lambda a: None if a is None else a[index]
         return HeadCondition(pick(self.z), pick(self.z_uncond), pick(self.cfg))
 
     @staticmethod
@@ -57,7 +57,7 @@ class HeadCondition:
         """The conditions of several AR steps as one, rows image-major (:func:`cat_rows`)."""
         pick = lambda name: (
             None if getattr(conds[0], name) is None else cat_rows([getattr(c, name) for c in conds], batch)
-        )  # noqa: E731
+        )
         return HeadCondition(pick("z"), pick("z_uncond"), pick("cfg"))
 
 

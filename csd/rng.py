@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from csd.checks import is_int
+
 STREAMS = ("order", "chain", "accept", "resample", "independent")
 
 
@@ -26,7 +28,7 @@ def stream_seed(seed: int, stream: str) -> int:
 def check_seeds(seeds: Sequence[int]) -> list[int]:
     out = []
     for s in seeds:
-        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63:
+        if not is_int(s) or not 0 <= s < 2**63:
             raise ValueError(f"seed must be an int in [0, 2**63), got {s!r}")
         out.append(int(s))
     if not out:

@@ -6,7 +6,6 @@ then the chains of the step's tokens, vectorised over the batch and the step's t
 
 from __future__ import annotations
 
-import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -17,6 +16,7 @@ import torch
 from torch import Tensor
 
 from csd.chain import ChainNoise, Trajectory
+from csd.checks import check_choice, check_int, check_number
 from csd.family import ModelFamily, TokenChain
 from csd.models.schedule import CFG_SCHEDULES
 from csd.rng import ImageStreams, check_seeds
@@ -31,10 +31,6 @@ stop the run there (the app's Stop button does); a sampler without one pays noth
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 @dataclass(frozen=True)
 class SamplingConfig:
     """Knobs shared by every sampler. ``head_steps=None`` uses the target's default."""
@@ -47,18 +43,13 @@ class SamplingConfig:
     precision: str = "float32"  # backbone precision; heads and all densities stay in float32
 
     def __post_init__(self) -> None:
-        if not _is_int(self.num_steps) or self.num_steps < 1:
-            raise ValueError(f"num_steps (AR steps) must be an int >= 1, got {self.num_steps!r}")
-        if not math.isfinite(self.cfg_scale) or not 0.0 <= self.cfg_scale <= 100.0:
-            raise ValueError(f"cfg_scale must be in [0, 100], got {self.cfg_scale!r}")
-        if self.cfg_schedule not in CFG_SCHEDULES:
-            raise ValueError(f"cfg_schedule must be one of {CFG_SCHEDULES}, got {self.cfg_schedule!r}")
-        if not math.isfinite(self.temperature) or not 0.0 < self.temperature <= 10.0:
-            raise ValueError(f"temperature must be in (0, 10], got {self.temperature!r}")
-        if self.head_steps is not None and (not _is_int(self.head_steps) or not 1 <= self.head_steps <= 1000):
-            raise ValueError(f"head_steps must be an int in [1, 1000] or None, got {self.head_steps!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {self.precision!r}")
+        check_int("num_steps (AR steps)", self.num_steps, 1)
+        check_number("cfg_scale", self.cfg_scale, 0.0, 100.0)
+        check_choice("cfg_schedule", self.cfg_schedule, CFG_SCHEDULES)
+        check_number("temperature", self.temperature, 0.0, 10.0, lo_open=True)
+        if self.head_steps is not None:
+            check_int("head_steps", self.head_steps, 1, 1000, word="None or an int")
+        check_choice("precision", self.precision, tuple(PRECISIONS))
 
     @property
     def guided(self) -> bool:

@@ -7,7 +7,6 @@ every drafted token -> commit the block }.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
@@ -16,6 +15,7 @@ from torch import Tensor
 
 from csd.acceptance import CRITERIA, TRAJECTORY_TERMS, Verdict, accept, aligned_verdict, exact_verdict, path_log_ratio
 from csd.chain import ChainNoise, Trajectory, cat_rows
+from csd.checks import check_choice, check_int, check_ints, check_number
 from csd.family import ModelFamily, Plan, TokenChain
 from csd.resample import Resampled, resample_gaussian, resample_paths
 from csd.rng import ImageStreams, check_seeds
@@ -60,27 +60,15 @@ class CSDConfig:
     counterfactual: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
-            raise ValueError(f"gamma (draft length) must be an int >= 1, got {self.gamma!r}")
-        sched = self.gamma_schedule
-        bad = lambda g: isinstance(g, bool) or not isinstance(g, int) or g < 1  # noqa: E731
-        if not isinstance(sched, tuple | list) or any(bad(g) for g in sched):
-            raise ValueError(
-                f"gamma_schedule (draft lengths of the first blocks) must be a sequence of ints >= 1, got {sched!r}"
-            )
-        object.__setattr__(self, "gamma_schedule", tuple(sched))
-        if not (isinstance(self.prefill, int | float) and 0.0 <= self.prefill < 1.0):
-            raise ValueError(f"prefill ratio must be in [0, 1), got {self.prefill!r}")
-        if self.criterion not in CRITERIA:
-            raise ValueError(f"criterion must be one of {CRITERIA}, got {self.criterion!r}")
-        if self.trajectory_term not in TRAJECTORY_TERMS:
-            raise ValueError(f"trajectory_term must be one of {TRAJECTORY_TERMS}, got {self.trajectory_term!r}")
-        for name in ("tau_v", "resample_widening"):
-            v = getattr(self, name)
-            if not (isinstance(v, int | float) and math.isfinite(v) and 1.0 <= v <= 1e4):
-                raise ValueError(f"{name} must be in [1, 10000], got {v!r}")
-        if isinstance(self.max_tries, bool) or not isinstance(self.max_tries, int) or not 1 <= self.max_tries <= 10000:
-            raise ValueError(f"max_tries (resampler cap) must be an int in [1, 10000], got {self.max_tries!r}")
+        check_int("gamma (draft length)", self.gamma, 1)
+        schedule = check_ints("gamma_schedule (draft lengths of the first blocks)", self.gamma_schedule, 1)
+        object.__setattr__(self, "gamma_schedule", schedule)
+        check_number("prefill ratio", self.prefill, 0.0, 1.0, hi_open=True)
+        check_choice("criterion", self.criterion, CRITERIA)
+        check_choice("trajectory_term", self.trajectory_term, TRAJECTORY_TERMS)
+        check_number("tau_v", self.tau_v, 1.0, 1e4)
+        check_number("resample_widening", self.resample_widening, 1.0, 1e4)
+        check_int("max_tries (resampler cap)", self.max_tries, 1, 10000)
 
     def block_length(self, block: int) -> int:
         """AR steps drafted in block ``block`` (0-based): the schedule's entry, else gamma."""
@@ -292,7 +280,7 @@ class _Decoding:
     def _resample(self, block: _Block, check: _Check, verdict: Verdict, rejected: Tensor) -> Resampled:
         """Draw the rejected rows from max(0, p - q) / Z; a capped row takes the target's own sample."""
         per_image, stream = block.pos.shape[1], self.streams["resample"]
-        owner = lambda pending: torch.bincount(rejected[pending] // per_image, minlength=self.batch)  # noqa: E731
+        owner = lambda pending: torch.bincount(rejected[pending] // per_image, minlength=self.batch)
         fallback = check.target.x[rejected]
         d = fallback.shape[-1]
         if self.csd.criterion == "aligned":  # both final Gaussians, weighted by the trajectory term

@@ -46,7 +46,7 @@ def total_variation(p: tuple[float, float], q: tuple[float, float], points: int 
     lo = min(p[0] - 10 * p[1], q[0] - 10 * q[1])
     hi = max(p[0] + 10 * p[1], q[0] + 10 * q[1])
     x = np.linspace(lo, hi, points)
-    pdf = lambda m, s: np.exp(-0.5 * ((x - m) / s) ** 2) / (s * math.sqrt(2 * math.pi))  # noqa: E731
+    pdf = lambda m, s: np.exp(-0.5 * ((x - m) / s) ** 2) / (s * math.sqrt(2 * math.pi))
     return float(np.maximum(0.0, pdf(*p) - pdf(*q)).sum() * (x[1] - x[0]))
 
 
@@ -59,7 +59,7 @@ def speculative_sample(
     if not 1 <= n <= 1_000_000:
         raise ValueError(f"number of samples must be in [1, 1000000], got {n!r}")
     g = torch.Generator().manual_seed(seed)
-    col = lambda v: torch.full((n, 1), float(v), dtype=torch.float64)  # noqa: E731
+    col = lambda v: torch.full((n, 1), float(v), dtype=torch.float64)
     mp, sp, mq, sq = col(p[0]), col(p[1]), col(q[0]), col(q[1])
     x = mq + sq * torch.randn((n, 1), generator=g, dtype=torch.float64)
     log_r = normal_logpdf(x, mp, sp) - normal_logpdf(x, mq, sq)

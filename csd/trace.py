@@ -52,7 +52,7 @@ class Trace:
 
     @classmethod
     def empty(cls, batch: int, num_tokens: int, step_sizes: list[int], settings: dict | None = None) -> Trace:
-        nan = lambda: np.full((batch, num_tokens), np.nan, dtype=np.float32)  # noqa: E731
+        nan = lambda: np.full((batch, num_tokens), np.nan, dtype=np.float32)
         return cls(
             maker=np.full((batch, num_tokens), -1, dtype=np.int8),
             ar_step=np.full((batch, num_tokens), -1, dtype=np.int16),

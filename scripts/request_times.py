@@ -55,7 +55,7 @@ def main() -> None:
     torch.set_num_threads(1)
     application = app.make_app(None, replace(LIMITS, max_seconds=1e9))
     base = {**application.default_controls(), "batch_size": LIMITS.max_batch}
-    quiet = lambda *a, **k: None  # noqa: E731
+    quiet = lambda *a, **k: None
     rows = {}
     for name, over in GENERATE.items():
         rows[name] = _drain(application.generate(progress=quiet, **{**base, **over}))

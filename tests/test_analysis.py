@@ -6,7 +6,6 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-import torch
 
 from csd.cost import csd_passes, prefill_steps, simple_bound, speedup_bound
 from csd.experiments.analysis import (
@@ -20,7 +19,6 @@ from csd.experiments.analysis import (
     run_single,
     step_costs,
 )
-from csd.experiments.pairs import RANDOM_SOURCE
 from csd.sampling import SamplingConfig
 from csd.speculative import CSDConfig
 from csd.trace import Trace
@@ -36,18 +34,9 @@ SETTINGS = AnalysisSettings(
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared CPU extra threads can cost 50x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
-def pair():
-    return RANDOM_SOURCE.load(torch.device("cpu"))
+def pair(one_thread, random_models):
+    return random_models
 
 
 @pytest.fixture(scope="module")

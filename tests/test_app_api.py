@@ -12,13 +12,13 @@ import torch
 from PIL import Image
 
 pytest.importorskip("gradio_client")
-from gradio_client import Client  # noqa: E402
-from gradio_client.exceptions import AppError  # noqa: E402
+from gradio_client import Client
+from gradio_client.exceptions import AppError
 
-import app  # noqa: E402
-from csd.experiments.analysis import Panels  # noqa: E402
-from csd.experiments.pairs import RANDOM_SOURCE, PairStore  # noqa: E402
-from csd.speculative import CSDConfig  # noqa: E402
+import app
+from csd.experiments.analysis import Panels
+from csd.experiments.pairs import RANDOM_SOURCE, PairStore
+from csd.speculative import CSDConfig
 
 LIMITS = app.Limits(max_batch=2, max_steps=8, max_images=2)
 SMALL = {"batch_size": 2, "ar_steps": 8, "gamma": 4}  # within LIMITS

@@ -149,13 +149,6 @@ HEADLINE_KEYS = (
 )
 
 
-@pytest.fixture
-def restore_threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
 def test_quick_bench_writes_every_key_and_a_table(tmp_path, restore_threads):
     target, draft = save_tiny_pixel_pair(tmp_path)
     # One thread: tiny ops on a busy machine are far slower with two spinning OpenMP threads.

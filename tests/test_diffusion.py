@@ -14,7 +14,7 @@ from csd.models.head import DiffusionHead
 def test_cosine_betas_follow_alpha_bar_formula():
     betas = gd.cosine_betas(1000)
     ab = np.cumprod(1 - betas)
-    f = lambda s: math.cos((s + 0.008) / 1.008 * math.pi / 2) ** 2  # noqa: E731
+    f = lambda s: math.cos((s + 0.008) / 1.008 * math.pi / 2) ** 2
     assert ab[499] == pytest.approx(f(0.5) / f(0.0), rel=1e-9)
     assert betas.max() <= 0.999
 

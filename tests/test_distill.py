@@ -18,7 +18,9 @@ from csd.models.registry import load_model
 from csd.models.tokenizer import PixelTokenizer
 from csd.shapes.data import make_dataset
 from csd.shapes.train import parse_args, train
-from tests.test_train import TINY, _one_thread, tiny_config  # noqa: F401 (_one_thread: autouse fixture)
+from tests.test_train import TINY, tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # The teacher: wider than the student (TINY), with its own head.
 TEACHER = {**TINY, "encoder_embed_dim": 48, "decoder_embed_dim": 48, "diffloss_w": 48}
@@ -57,7 +59,7 @@ def test_distill_loss_is_zero_only_at_the_teachers_output():
     assert distill_loss(schedule, eps_off, out, t) == pytest.approx(torch.full((6,), 0.01), rel=1e-4)
     var_off = out.clone()
     var_off[:, 4:] += 0.2  # v shifts the log-variance by 0.1 * (log beta_t - log posterior variance)
-    logvar = lambda o: learned_log_variance(schedule, o[:, 4:], t)  # noqa: E731
+    logvar = lambda o: learned_log_variance(schedule, o[:, 4:], t)
     want = ((logvar(var_off) - logvar(out)) ** 2).mean(-1)
     assert torch.allclose(distill_loss(schedule, var_off, out, t), want) and (want > 0).all()
 

@@ -93,7 +93,7 @@ def test_two_process_run_equals_single_process_run(tmp_path):
         assert double[key] == pytest.approx(single[key], rel=1e-9, nan_ok=True)
 
 
-def test_criterion_flags_reach_the_sampler(tmp_path):
+def test_criterion_flags_reach_the_sampler(tmp_path, restore_threads):
     """--criterion and --trajectory-term change the acceptance test of the CSD run, and the result
     records them; the exact test scores the same images as a direct call with that setting."""
     from csd.experiments.evaluate import generate_images, load_models, main, summarize_stats
@@ -101,13 +101,9 @@ def test_criterion_flags_reach_the_sampler(tmp_path):
     target_path, draft_path = save_tiny_pixel_pair(tmp_path)
     args = ["--target", target_path, "--draft", draft_path, "--mode", "csd", "--n", "4", "--batch-size", "2"]
     args += ["--n-ref", "30", "--num-steps", "6", "--gamma", "2", "--threads", "1"]
-    before = torch.get_num_threads()
-    try:
-        exact = main([*args, "--criterion", "exact", "--out", str(tmp_path / "exact.json")])
-        none = main([*args, "--trajectory-term", "none"])
-        default = main(args)
-    finally:
-        torch.set_num_threads(before)
+    exact = main([*args, "--criterion", "exact", "--out", str(tmp_path / "exact.json")])
+    none = main([*args, "--trajectory-term", "none"])
+    default = main(args)
     assert exact["settings"]["csd"]["criterion"] == "exact" and none["settings"]["csd"]["trajectory_term"] == "none"
     assert default["settings"]["csd"]["criterion"] == "aligned"
     assert json.loads((tmp_path / "exact.json").read_text())["acceptance_rate"] == exact["acceptance_rate"]

@@ -13,7 +13,9 @@ from csd.models.tokenizer import PixelTokenizer
 from csd.shapes.data import make_dataset
 from csd.shapes.grow import block_positions, grow_depth, main
 from csd.shapes.train import Trainer, train
-from tests.test_train import TINY, _one_thread, tiny_config  # noqa: F401 (_one_thread: autouse fixture)
+from tests.test_train import TINY, tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _batch(n: int = 8):

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from csd.experiments import defaults
-from csd.experiments.pairs import random_pair
 from csd.models.registry import load_model
 from csd.models.tokenizer import PixelTokenizer
 from csd.shapes.data import make_dataset
@@ -29,8 +28,8 @@ def test_fractions_outside_the_range_are_refused_naming_the_parameter(fractions)
         ProbeConfig(fractions=fractions)
 
 
-def test_inpaint_keeps_the_visible_tokens_and_is_seeded():
-    model = random_pair().target
+def test_inpaint_keeps_the_visible_tokens_and_is_seeded(random_models):
+    model = random_models.target
     data = make_dataset(4, 7)
     tokens, labels = PixelTokenizer(4).encode(data.images), data.labels
     mask = visible_mask(4, 64, 0.5, torch.Generator().manual_seed(1))

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from csd.experiments.jobs import Job, Step, Stopped
-from csd.experiments.pairs import random_pair
 from csd.models.schedule import step_sizes
 from csd.sampling import SamplingConfig, generate
 from csd.speculative import CSDConfig, speculative_generate
@@ -17,8 +16,8 @@ CSD = CSDConfig(gamma=3, prefill=0.15)
 
 
 @pytest.fixture(scope="module")
-def pair():
-    return random_pair()
+def pair(random_models):
+    return random_models
 
 
 def _recorder():

@@ -26,7 +26,7 @@ def _draws(g: torch.Generator, d: int):
 def _resample(n, p, q, seed, max_tries=10_000):
     (mp, sp), (mq, sq) = p, q
     d = len(mp)
-    t = lambda v: torch.tensor(v, dtype=torch.float64).expand(n, d)  # noqa: E731
+    t = lambda v: torch.tensor(v, dtype=torch.float64).expand(n, d)
     return resample_gaussian(
         t(mp),
         t(sp),
@@ -39,7 +39,7 @@ def _resample(n, p, q, seed, max_tries=10_000):
 
 
 def _modified_density_1d(x, p, q):
-    pdf = lambda m, s: np.exp(-0.5 * ((x - m) / s) ** 2) / (s * math.sqrt(2 * math.pi))  # noqa: E731
+    pdf = lambda m, s: np.exp(-0.5 * ((x - m) / s) ** 2) / (s * math.sqrt(2 * math.pi))
     return np.maximum(0.0, pdf(*p) - pdf(*q))
 
 
@@ -86,7 +86,7 @@ def test_resampled_2d_tokens_follow_modified_distribution_chi_square():
     lp = normal_logpdf(pts, torch.tensor(p[0], dtype=torch.float64), torch.tensor(p[1], dtype=torch.float64))
     lq = normal_logpdf(pts, torch.tensor(q[0], dtype=torch.float64), torch.tensor(q[1], dtype=torch.float64))
     dens = np.maximum(0.0, lp.exp().numpy() - lq.exp().numpy())
-    cell = lambda v: np.clip(np.digitize(v, edges) - 1, -1, len(edges) - 1)  # -1 / 8: outside  # noqa: E731
+    cell = lambda v: np.clip(np.digitize(v, edges) - 1, -1, len(edges) - 1)  # -1 / 8: outside
     # Expected probability of each of the 10x10 cells (8x8 inner + outer ring bins), by grid integration.
     expected = np.zeros((10, 10))
     np.add.at(expected, (cell(gx.ravel()) + 1, cell(gy.ravel()) + 1), dens.ravel())
@@ -118,7 +118,7 @@ def test_cap_returns_fallback_and_flags_it():
 def test_weight_on_q_changes_acceptance():
     # With log w = -inf q vanishes, so the first proposal is always kept.
     n = 50
-    t = lambda v: torch.full((n, 1), v, dtype=torch.float64)  # noqa: E731
+    t = lambda v: torch.full((n, 1), v, dtype=torch.float64)
     res = resample_gaussian(
         t(0.0),
         t(1.0),

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 pytest.importorskip("gradio_client")
-from gradio_client import Client  # noqa: E402
+from gradio_client import Client
 
-import app  # noqa: E402
-from csd.experiments import pairs  # noqa: E402
-from csd.experiments.pairs import OFFICIAL_FILES, RANDOM_NAME, PairSource, PairStore, discover, fetch_official  # noqa: E402
-from tests.fake_hub import fake_hub  # noqa: E402
+import app
+from csd.experiments import pairs
+from csd.experiments.pairs import OFFICIAL_FILES, RANDOM_NAME, PairSource, PairStore, discover, fetch_official
+from tests.fake_hub import fake_hub
 
 OFFICIAL_REPO = {name: name.encode() * 3 for name in OFFICIAL_FILES} | {"README.md": b"not fetched"}
 STEP_DELAY = 0.02  # seconds added to every backbone pass of the slow pair: runs long enough to stop midway

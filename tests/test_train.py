@@ -36,13 +36,7 @@ TINY = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Bit-exact comparisons between runs need the same reduction order: one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # bit-exact comparisons between runs
 
 
 def tiny_config(out: Path, **kw) -> TrainConfig:

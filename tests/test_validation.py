@@ -48,9 +48,8 @@ def test_sampling_config_rejects(kwargs, match):
 
 
 @pytest.fixture(scope="module")
-def model() -> MAR:
-    torch.manual_seed(0)
-    return MAR(mar_config("mar_test", clip_x0=1.0)).eval()
+def model(mar_test) -> MAR:
+    return mar_test
 
 
 def test_more_ar_steps_than_tokens_is_rejected(model):

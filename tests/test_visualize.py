@@ -142,7 +142,7 @@ def test_token_map_tints_each_cell_with_its_maker_colour():
     maker[0, 0] = Maker.PREFILL
     out = token_map(images, maker, alpha=1.0)
     cell = 32  # 4 px tokens upscaled 8x
-    inside = lambda r, c: out[r * cell + cell // 2, c * cell + cell // 2]  # noqa: E731
+    inside = lambda r, c: out[r * cell + cell // 2, c * cell + cell // 2]
     assert tuple(inside(0, 0)) == MAKER_STYLE[Maker.PREFILL][1]
     assert tuple(inside(0, 1)) == MAKER_STYLE[Maker.ACCEPTED][1]
 

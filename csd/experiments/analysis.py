@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from csd.checks import check_int
 from csd.cost import StepCosts, prefill_steps, simple_bound, speedup_bound
 from csd.experiments import defaults
 from csd.experiments.evaluate import fewer_steps
@@ -237,7 +238,7 @@ class Panels:
 
     @classmethod
     def from_dict(cls, d: dict) -> Panels:
-        spreads = lambda m: {k: Spread(**v) for k, v in m.items()}  # noqa: E731
+        spreads = lambda m: {k: Spread(**v) for k, v in m.items()}
         dist, pre, res, lr = d["distance"], d["prefill"], d["resampler"], d["log_ratio"]
         return cls(
             pair=d["pair"],
@@ -280,8 +281,7 @@ class AnalysisSettings:
     step_fractions: tuple[float, ...] = (1.0, 0.5, 0.25)
 
     def __post_init__(self) -> None:
-        if isinstance(self.n_images, bool) or not isinstance(self.n_images, int) or self.n_images < 1:
-            raise ValueError(f"number of images must be an int >= 1, got {self.n_images!r}")
+        check_int("number of images", self.n_images, 1)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -449,7 +449,7 @@ def quality_measure(
             True,
             lambda g: class_accuracy(pair.tokenizer.decode(g.tokens), labels),
         )
-    rms = lambda g: float((g.tokens - reference.tokens).pow(2).mean(dim=(1, 2)).sqrt().mean())  # noqa: E731
+    rms = lambda g: float((g.tokens - reference.tokens).pow(2).mean(dim=(1, 2)).sqrt().mean())
     return f"RMS distance to target-only ({reference.trace.target_passes} AR steps)", False, rms
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from csd.checks import check_int, is_int
 from csd.cost import StepCosts, csd_passes, prefill_steps, simple_bound, speedup_bound
 from csd.experiments import defaults
 from csd.experiments.evaluate import (
@@ -66,14 +67,12 @@ class BenchConfig:
     def __post_init__(self) -> None:
         for name in ("gammas", "batches", "quality_gammas"):
             values = getattr(self, name)
-            bad = any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values)
+            bad = any(not is_int(v) or v < 1 for v in values)
             if bad or (not values and name != "quality_gammas"):
                 what = "a tuple" if name == "quality_gammas" else "a non-empty tuple"
                 raise ValueError(f"{name} must be {what} of ints >= 1, got {values!r}")
         for name, lo in (("repeats", 1), ("warmup", 0), ("n", 2), ("n_ref", 2)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+            check_int(name, getattr(self, name), lo)
 
 
 QUICK = BenchConfig(gammas=(4, 8), batches=(1, 8), repeats=3, n=100, n_ref=1000)
@@ -202,9 +201,7 @@ def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, con
     """Accuracy and Frechet distances of every sampler, and CSD's acceptance with and without alignment."""
     labels, seeds = eval_labels_seeds(config.n, 0, target.num_classes)
     ref = reference_features(config.n_ref, REFERENCE_SEED, classifier)
-    gen = lambda mode, c=csd: generate_images(  # noqa: E731
-        mode, target, draft, labels, seeds, sampling, c, defaults.BATCH_SIZE
-    )
+    gen = lambda mode, c=csd: generate_images(mode, target, draft, labels, seeds, sampling, c, defaults.BATCH_SIZE)
     out, feats = {}, {}
     # Counterfactual runs add the other noise choice's target chain; the committed images are unchanged.
     for key, mode, setting in (

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from csd.acceptance import CRITERIA, TRAJECTORY_TERMS
+from csd.checks import check_int
 from csd.cost import csd_passes
 from csd.experiments import defaults
 from csd.experiments.pairs import pixel_tokenizer
@@ -76,9 +77,7 @@ class EvalConfig:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         for name, lo in (("n", 2), ("batch_size", 1), ("seed_offset", 0), ("n_ref", 2), ("ref_seed", 0)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+            check_int(name, getattr(self, name), lo)
 
 
 def eval_labels_seeds(n: int, seed_offset: int, num_classes: int) -> tuple[list[int], list[int]]:
@@ -115,7 +114,7 @@ def run_mode(
 
 def image_stats(trace: Trace) -> np.ndarray:
     """(B, len(STAT_NAMES)) per-image token counts, resampler tries and draft-target distance sums."""
-    count = lambda maker: (trace.maker == maker).sum(axis=1)  # noqa: E731
+    count = lambda maker: (trace.maker == maker).sum(axis=1)
     columns = [
         trace.verified.sum(axis=1),
         count(Maker.ACCEPTED),
@@ -151,7 +150,7 @@ def generate_images(
 def summarize_stats(stats: np.ndarray) -> dict[str, float | int]:
     """Acceptance, resampler and distance numbers of a set of images (NaN where nothing applies)."""
     total = dict(zip(STAT_NAMES, stats.sum(axis=0), strict=True))
-    ratio = lambda a, b: float(total[a] / total[b]) if total[b] else float("nan")  # noqa: E731
+    ratio = lambda a, b: float(total[a] / total[b]) if total[b] else float("nan")
     redrawn = total["resampled"] + total["capped"]
     return {
         "acceptance_rate": ratio("accepted", "verified"),

@@ -145,11 +145,12 @@ def random_pixel_config(width: int, depth: int) -> MARConfig:
 
 def random_pair(device: torch.device | str = "cpu", seed: int = 0) -> ModelPair:
     """Untrained pixel models (target wider and deeper than the draft): fast, for tests and fallback."""
-    torch.manual_seed(seed)  # weights only; sampling never reads the global generator
-    target, draft = MAR(random_pixel_config(64, 2)), MAR(random_pixel_config(32, 1))
-    with torch.no_grad():  # MAR zero-initialises the head's output layer: perturb so the two models differ
-        for p in (*target.parameters(), *draft.parameters()):
-            p.add_(0.05 * torch.randn_like(p))
+    with torch.random.fork_rng(devices=[]):  # layer init reads the global generator: leave the caller's alone
+        torch.manual_seed(seed)
+        target, draft = MAR(random_pixel_config(64, 2)), MAR(random_pixel_config(32, 1))
+        with torch.no_grad():  # MAR zero-initialises the head's output layer: perturb so the two models differ
+            for p in (*target.parameters(), *draft.parameters()):
+                p.add_(0.05 * torch.randn_like(p))
     tokenizer = pixel_tokenizer(target.token_dim)
     return _pair(RANDOM_NAME, target, draft, tokenizer, CLASS_NAMES, f"random:{seed}", torch.device(device))
 
@@ -178,7 +179,7 @@ def discover(checkpoints: Path | None, embedded_dir: Path = EMBEDDED_DIR) -> lis
     if all(f.is_file() for f in files):
         found.append(PairSource(EMBEDDED_NAME, CLASS_NAMES, file_digest(*files), partial(load_embedded, embedded_dir)))
     if checkpoints is not None:
-        have = lambda config: (checkpoints / "mar" / config / "checkpoint-last.pth").is_file()  # noqa: E731
+        have = lambda config: (checkpoints / "mar" / config / "checkpoint-last.pth").is_file()
         if have("mar_base") and (checkpoints / "vae" / "kl16.ckpt").is_file():
             for name, config in OFFICIAL_TARGETS.items():
                 if have(config):

@@ -83,7 +83,7 @@ class Schedule:
         post_var = betas * (1.0 - ac_prev) / (1.0 - ac)
         # The posterior variance is 0 at t = 0; MAR (like ADM) uses the t = 1 value there.
         post_logvar = np.log(np.append(post_var[1], post_var[1:])) if len(betas) > 1 else np.log(betas)
-        f64 = lambda a: torch.as_tensor(a, dtype=torch.float64)  # noqa: E731
+        f64 = lambda a: torch.as_tensor(a, dtype=torch.float64)
         return cls(
             betas=f64(betas),
             alphas_cumprod=f64(ac),

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from csd.chain import HeadCondition
+from csd.checks import check_int
 from csd.models import diffusion as gd
 
 
@@ -129,8 +130,7 @@ class DiffusionHead(nn.Module):
 
     def chain(self, steps: int | None = None) -> DiffusionChain:
         steps = self.sampling_steps if steps is None else steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= self.train_steps:
-            raise ValueError(f"head_steps must be an int in [1, {self.train_steps}], got {steps!r}")
+        check_int("head_steps", steps, 1, self.train_steps)
         if steps not in self._schedules:  # a benign race: both writers store equal schedules
             self._schedules[steps] = gd.Schedule.cosine(self.train_steps, steps)
         return DiffusionChain(self.net, self._schedules[steps], self.clip_x0)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from csd.checks import check_int, is_int
 from csd.models.checkpoint import CheckpointError, load_state_strict, safe_torch_load
 
 __all__ = [
@@ -37,16 +38,14 @@ TRAINING_ONLY_PREFIX = "loss."
 
 
 def _check_int(name: str, value: object, low: int) -> None:
-    # bool is an int subclass; reject it so that e.g. ch=True is not silently accepted.
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"VAEConfig.{name} must be an integer >= {low}, got {value!r}")
+    check_int(f"VAEConfig.{name}", value, low, word="an integer")
 
 
 def _check_int_tuple(name: str, value: tuple, low: int, allow_empty: bool) -> None:
     if not allow_empty and len(value) == 0:
         raise ValueError(f"VAEConfig.{name} must be a non-empty tuple of integers >= {low}, got {value!r}")
     for v in value:
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        if not is_int(v) or v < low:
             raise ValueError(f"VAEConfig.{name} must contain only integers >= {low}, got {value!r}")
 
 

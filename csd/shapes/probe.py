@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from csd.chain import HeadCondition, run_chain, standard_noise
+from csd.checks import check_int, check_number
 from csd.experiments.pairs import pixel_tokenizer
 from csd.models.mar import MAR
 from csd.rng import stream_seed
@@ -45,10 +46,8 @@ class ProbeConfig:
         object.__setattr__(self, "fractions", tuple(float(f) for f in self.fractions))
         if not self.fractions or any(not (math.isfinite(f) and 0.0 <= f < 1.0) for f in self.fractions):
             raise ValueError(f"fractions (visible tokens) must each be in [0, 1), got {list(self.fractions)}")
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
-        if not (math.isfinite(self.cfg_scale) and 0.0 <= self.cfg_scale <= 100.0):
-            raise ValueError(f"cfg_scale must be in [0, 100], got {self.cfg_scale!r}")
+        check_int("n", self.n, 1)
+        check_number("cfg_scale", self.cfg_scale, 0.0, 100.0)
 
 
 def visible_mask(batch: int, num_tokens: int, fraction: float, generator: torch.Generator) -> Tensor:

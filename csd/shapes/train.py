@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from csd.checks import check_int
 from csd.experiments.pairs import file_digest
 from csd.models.checkpoint import CheckpointError, load_state_strict, safe_torch_load
 from csd.models.mar import MAR, MAR_CONFIGS, MARConfig, mar_config
@@ -165,8 +166,7 @@ class TrainConfig:
 
 
 def _check_int(name: str, value, lo: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"TrainConfig.{name} must be an int >= {lo}, got {value!r}")
+    check_int(f"TrainConfig.{name}", value, lo)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

@@ -1,0 +1,39 @@
+"""Fixtures shared by the test modules."""
+
+import pytest
+import torch
+
+from csd.experiments.pairs import random_pair
+from csd.models.mar import MAR, mar_config
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module: bit-exact comparisons between runs need one reduction order, and tiny
+    models gain nothing from intra-op threads (on a shared CPU extra threads can cost 50x)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def restore_threads():
+    """For a test whose code under test sets the thread count itself."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def random_models():
+    """The untrained pixel pair (target wider and deeper than the draft), built once."""
+    return random_pair()
+
+
+@pytest.fixture(scope="session")
+def mar_test() -> MAR:
+    """The tiny KL-16-shaped MAR of the unit tests, seeded, with clipped x0."""
+    with torch.random.fork_rng(devices=[]):  # layer init reads the global generator
+        torch.manual_seed(0)
+        return MAR(mar_config("mar_test", clip_x0=1.0)).eval()
