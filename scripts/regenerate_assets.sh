@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate everything in the repository that is computed from the shipped weights, after new weights
 # are copied to assets/models/: the app's precomputed analysis panels, the three sample sheets, the
-# training curves, the benchmark (and its block in the README) and the probe table (printed only).
+# training curves, the benchmark (its tables in docs/results.md and the README) and the probe table (printed only).
 # Run it alone on the machine (the benchmark times things), from the repository root:
 #
 #   bash scripts/regenerate_assets.sh [PREVIOUS_TARGET.safetensors]
@@ -13,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export GRADIO_ANALYTICS_ENABLED=False
 M=assets/models
+H=assets/history/stages  # the records and logs of the earlier training stages
 
 echo "== analysis panels"
 python -m csd.experiments.analysis --out assets/analysis_default.json --threads 1
@@ -26,31 +27,14 @@ done
 echo "== training curves (every stage's log, oldest first)"
 chain() {  # <name>_stage1.log.jsonl+...+<name>.log.jsonl
   local name=$1 k=1 logs=""
-  while [[ -f "$M/${name}_stage${k}.log.jsonl" ]]; do logs+="$M/${name}_stage${k}.log.jsonl+"; k=$((k + 1)); done
+  while [[ -f "$H/${name}_stage${k}.log.jsonl" ]]; do logs+="$H/${name}_stage${k}.log.jsonl+"; k=$((k + 1)); done
   echo "${logs}$M/${name}.log.jsonl"
 }
 python -m visualize.training "$(chain shapes_target)" "$(chain shapes_draft)" --out "$M/training_curves.png"
 
 echo "== benchmark"
-python -m csd.experiments.bench --quick --n 200 --threads 1 --gammas 1 2 4 8 --quality-gammas 1 2 4 --out bench/results
-python - <<'EOF'
-# Paste bench/results/bench.md (without its title) between the README's bench markers.
-import re
-from pathlib import Path
-
-table = Path("bench/results/bench.md").read_text().split("\n", 1)[1].strip()
-readme = Path("README.md")
-text, n = re.subn(
-    r"(<!-- bench:start -->\n).*?(\n<!-- bench:end -->)",
-    lambda m: m.group(1) + table + m.group(2),
-    readme.read_text(),
-    flags=re.S,
-)
-if n != 1:
-    raise SystemExit("README.md: expected one <!-- bench:start --> ... <!-- bench:end --> block")
-readme.write_text(text)
-print("README bench block updated")
-EOF
+python -m csd.experiments.bench --quick --n 200 --threads 1 --gammas 1 2 4 8 --quality-gammas 1 2 4 --out bench/results \
+  --update-docs  # the tables into docs/results.md and the README's headline
 
 if [[ $# -ge 1 ]]; then
   echo "== probe: $1 vs the shipped target"

@@ -5,6 +5,7 @@ weights, the presets are the shipped architectures, and the precomputed panels w
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,16 +16,18 @@ from csd.models.registry import load_model
 from visualize.training import chain_logs, read_log
 
 MODELS = defaults.EMBEDDED_DIR
+HISTORY = MODELS.parent / "history" / "stages"
 DRAFT_TEACHER = "sha256:9f0ddae7e89ad54a"  # file_digest of the target the shipped draft was distilled from
 
 
-def stages(name: str) -> list[str]:
-    """File stems of a model's training stages, oldest first: <name>_stage1, <name>_stage2, ..., <name>."""
+def stages(name: str) -> list[Path]:
+    """Files (without suffix) of a model's training stages, oldest first: the earlier stages under
+    assets/history/stages/, then the shipped model."""
     found, k = [], 1
-    while (MODELS / f"{name}_stage{k}.json").exists():
-        found.append(f"{name}_stage{k}")
+    while (HISTORY / f"{name}_stage{k}.json").exists():
+        found.append(HISTORY / f"{name}_stage{k}")
         k += 1
-    return [*found, name]
+    return [*found, MODELS / name]
 
 
 @pytest.mark.parametrize("name", ["shapes_target", "shapes_draft"])
@@ -33,7 +36,7 @@ def test_each_stage_of_a_shipped_model_has_its_config_and_log(name):
     log is shipped and ends where its record says, and each stage ends at the bottom of its LR decay."""
     stems = stages(name)
     assert len(stems) >= 2, "the shipped models were trained in stages (assets/models/TRAINING.md)"
-    records = [json.loads((MODELS / f"{s}.json").read_text())["train"] for s in stems]
+    records = [json.loads(Path(f"{s}.json").read_text())["train"] for s in stems]
     assert "parent" not in records[0]
     for stem, before, record in zip(stems[1:], records[:-1], records[1:], strict=True):
         parent = record["parent"]
@@ -48,9 +51,9 @@ def test_each_stage_of_a_shipped_model_has_its_config_and_log(name):
         assert parent["args"] == before["args"], stem
         # The parent is the train state the stage before wrote: under its shipped name, or where that run
         # wrote it when it was trained outside the tree (its args.out).
-        written = (f"{stems[stems.index(stem) - 1]}.train_state.pt", f"{before['args']['out']}.train_state.pt")
+        written = (f"{stems[stems.index(stem) - 1].name}.train_state.pt", f"{before['args']['out']}.train_state.pt")
         assert parent["path"].endswith(written[0]) or parent["path"] == written[1], (stem, parent["path"])
-    logs = [read_log(MODELS / f"{s}.log.jsonl") for s in stems]
+    logs = [read_log(Path(f"{s}.log.jsonl")) for s in stems]
     for stem, log, record in zip(stems, logs, records, strict=True):
         assert log[-1]["step"] == record["steps_done"] == record["args"]["steps"], stem
         assert log[-1]["lr"] < 1e-3 * record["args"]["lr"], stem  # the end of a linear decay to 0
@@ -61,7 +64,7 @@ def test_each_stage_of_a_shipped_model_has_its_config_and_log(name):
 def test_later_stages_train_with_wider_mask_ratios(name):
     """Stage 1 used MAR's mask ratios (>= 0.7); the shipped weights were trained on near-uniform ones."""
     first, *_ = stages(name)
-    stage1 = json.loads((MODELS / f"{first}.json").read_text())["config"]
+    stage1 = json.loads(Path(f"{first}.json").read_text())["config"]
     assert stage1["mask_ratio_min"] == 0.7 and "mask_ratio_std" not in stage1  # written before the field existed
     config = load_model(MODELS / f"{name}.safetensors").config
     assert (config.mask_ratio_min, config.mask_ratio_std) == (0.05, 1.0)
@@ -70,15 +73,15 @@ def test_later_stages_train_with_wider_mask_ratios(name):
 def test_the_shipped_target_was_grown_deeper_and_the_draft_distilled_from_it():
     """Stage 10 of the target grew 6 + 6 -> 8 + 8 blocks and stage 11 grew 8 + 8 -> 10 + 10. The draft kept its
     size: stage 3 was trained against the stage-10 target's head (--distill-from; that target was in
-    assets/models/tried/ then, and is in the git history now), stage 4 against the shipped stage-11 target's
+    assets/history/tried/ then, and is in the git history now), stage 4 against the shipped stage-11 target's
     (a copy of assets/models/shapes_target.safetensors outside the tree, TRAINING.md)."""
     target = json.loads((MODELS / "shapes_target.json").read_text())["train"]
     assert target["parent"]["args"]["encoder_depth"] == target["parent"]["args"]["decoder_depth"] == [8, 10]
     model = load_model(MODELS / "shapes_target.safetensors")
     assert (model.config.encoder_depth, model.config.decoder_depth) == (10, 10)
-    stage10 = json.loads((MODELS / "shapes_target_stage10.json").read_text())["train"]
+    stage10 = json.loads((HISTORY / "shapes_target_stage10.json").read_text())["train"]
     assert stage10["parent"]["args"]["encoder_depth"] == stage10["parent"]["args"]["decoder_depth"] == [6, 8]
-    draft3 = json.loads((MODELS / "shapes_draft_stage3.json").read_text())["train"]
+    draft3 = json.loads((HISTORY / "shapes_draft_stage3.json").read_text())["train"]
     assert draft3["args"]["distill_from"].endswith("shapes_target_stage10.safetensors")
     draft = json.loads((MODELS / "shapes_draft.json").read_text())["train"]
     assert draft["args"]["distill_from"].endswith("/shapes_target.safetensors")

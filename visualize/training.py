@@ -1,9 +1,9 @@
 """Training curves of the embedded models from their ``*.log.jsonl`` files (loss and learning rate per step).
 
 python -m visualize.training \\
-    assets/models/shapes_target_stage1.log.jsonl+assets/models/shapes_target_stage2.log.jsonl+\\
+    assets/history/stages/shapes_target_stage1.log.jsonl+assets/history/stages/shapes_target_stage2.log.jsonl+\\
 assets/models/shapes_target.log.jsonl \\
-    assets/models/shapes_draft_stage1.log.jsonl+assets/models/shapes_draft.log.jsonl \\
+    assets/history/stages/shapes_draft_stage1.log.jsonl+assets/models/shapes_draft.log.jsonl \\
     --out assets/models/training_curves.png
 
 ``a.log.jsonl+b.log.jsonl`` draws a run started from another one (``csd.shapes.train --init-from``) after its parent.

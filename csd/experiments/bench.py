@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -52,6 +53,8 @@ from csd.speculative import CSDConfig, speculative_generate
 from csd.trace import Maker
 
 REAL_SEED = REFERENCE_SEED + 1  # a second real set: the Frechet distance a perfect sampler would get at this n
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -389,6 +392,59 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def headline_markdown(result: dict) -> str:
+    """The README's table: every sampler of the quality section at the default batch, time as a speed-up."""
+    s = result["settings"]
+    lines = [
+        f"| {s['sampling']['num_steps']} AR steps, batch {s['default_batch']}, {s['bench']['n']} images "
+        "| speed-up | target passes | acceptance | class accuracy | Frechet distance |",
+        "| --- | --- | --- | --- | --- | --- |",
+        f"| target only | 1.00x | {s['sampling']['num_steps']} | | {_f(result['accuracy_target'], 3)} "
+        f"| {_f(result['fd_target'], 1)} |",
+    ]
+    by_gamma = {q["gamma"]: q for q in result.get("quality_by_gamma", [])}
+    main_row = next(r for r in result["rows"] if r["batch"] == s["default_batch"] and r["gamma"] == s["csd"]["gamma"])
+    by_gamma[s["csd"]["gamma"]] = {
+        "speedup": result["speedup"],
+        "target_passes": main_row["target_passes"],
+        "acceptance": result["acceptance_aligned"],
+        "accuracy": result["accuracy_csd"],
+        "fd": result["fd_csd"],
+    }
+    for g, q in sorted(by_gamma.items()):
+        default = " (default)" if g == s["csd"]["gamma"] else ""
+        lines.append(
+            f"| CSD, gamma {g}{default} | {_f(q['speedup'])}x | {q['target_passes']} | {_f(q['acceptance'], 2)} "
+            f"| {_f(q['accuracy'], 3)} | {_f(q['fd'], 1)} |"
+        )
+    lines += [
+        f"| target, {main_row['target_passes']} AR steps | {_f(1 / result['fewer_steps_time'])}x "
+        f"| {main_row['target_passes']} | | {_f(result['accuracy_fewer'], 3)} | {_f(result['fd_fewer'], 1)} |",
+        f"| draft only | {_f(1 / result['draft_time'])}x | 0 | | {_f(result['accuracy_draft'], 3)} "
+        f"| {_f(result['fd_draft'], 1)} |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def paste_block(path: Path, marker: str, text: str) -> None:
+    """Replace what stands between ``<!-- marker:start -->`` and ``<!-- marker:end -->`` in a Markdown file."""
+    new, n = re.subn(
+        rf"(<!-- {marker}:start -->\n).*?(<!-- {marker}:end -->)",
+        lambda m: m.group(1) + text.strip() + "\n" + m.group(2),
+        path.read_text(),
+        flags=re.S,
+    )
+    if n != 1:
+        raise ValueError(f"{path}: expected one <!-- {marker}:start --> ... <!-- {marker}:end --> block, found {n}")
+    path.write_text(new)
+
+
+def update_docs(result: dict, root: Path = ROOT) -> None:
+    """The benchmark's Markdown into docs/results.md and its headline table into the README."""
+    paste_block(root / "docs" / "results.md", "bench", markdown(result).split("\n", 2)[2])
+    paste_block(root / "README.md", "headline", headline_markdown(result))
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m csd.experiments.bench", description=__doc__.split("\n")[0])
     add_setting_args(parser)
@@ -401,6 +457,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--n-ref", type=int, help="held-out real images")
     parser.add_argument(
         "--quality-gammas", type=int, nargs="+", help="also score CSD images made with these draft lengths"
+    )
+    parser.add_argument(
+        "--update-docs", action="store_true", help="write the tables into docs/results.md and the README's headline"
     )
     args = parser.parse_args(argv)
 
@@ -421,6 +480,9 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "bench.md").write_text(table)
     print(table)
     print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
+    if args.update_docs:
+        update_docs(result)
+        print("updated docs/results.md and README.md")
     return result
 
 

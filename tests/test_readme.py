@@ -1,0 +1,66 @@
+"""The README is a front page that tells the truth: its library example runs as written, and its
+headline table is the benchmark's (bench/results/bench.json)."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from csd.experiments.bench import headline_markdown
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def test_the_library_example_runs_as_written(tmp_path, monkeypatch, capsys, one_thread):
+    code = re.search(r"## Using the library\n\n```python\n(.*?)```", README, re.S)[1]
+    (tmp_path / "assets").symlink_to(ROOT / "assets")  # the example's relative paths, without writing in the tree
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert re.search(r"target passes: 32 -> \d+ \(\+ \d+ draft passes\)", out), out
+    assert "drafted tokens accepted:" in out and "seconds per phase:" in out
+    for name in ("target", "csd"):
+        with Image.open(tmp_path / f"{name}.png") as img:
+            assert img.size == (32, 64)  # two 32x32 images, stacked
+
+
+def test_the_headline_table_is_the_benchmarks():
+    block = re.search(r"<!-- headline:start -->\n(.*?)<!-- headline:end -->", README, re.S)[1]
+    assert block == headline_markdown(json.loads((ROOT / "bench" / "results" / "bench.json").read_text()))
+
+
+def test_the_results_page_holds_the_benchmarks_markdown():
+    results = (ROOT / "docs" / "results.md").read_text()
+    block = re.search(r"<!-- bench:start -->\n(.*?)<!-- bench:end -->", results, re.S)[1]
+    bench_md = (ROOT / "bench" / "results" / "bench.md").read_text()
+    assert block.strip() == bench_md.split("\n", 2)[2].strip()  # without its title
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in (ROOT / "docs").glob("*.md")) + ["README.md"])
+def test_relative_links_point_at_files_that_exist(page):
+    path = ROOT / page if page == "README.md" else ROOT / "docs" / page
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
+        assert (path.parent / target).exists(), f"{page} links to {target}, which does not exist"
+
+
+def test_the_front_page_is_short():
+    assert len(README.splitlines()) <= 160
+
+
+def test_update_docs_rewrites_both_blocks_from_a_result(tmp_path):
+    from csd.experiments.bench import markdown, update_docs
+
+    result = json.loads((ROOT / "bench" / "results" / "bench.json").read_text())
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "results.md").write_text("a\n<!-- bench:start -->\nold\n<!-- bench:end -->\nb\n")
+    (tmp_path / "README.md").write_text("<!-- headline:start -->\nold\n<!-- headline:end -->\n")
+    update_docs(result, root=tmp_path)
+    assert (tmp_path / "docs" / "results.md").read_text().startswith("a\n<!-- bench:start -->\nS = 32 AR steps")
+    assert markdown(result).split("\n", 2)[2].strip() in (tmp_path / "docs" / "results.md").read_text()
+    assert headline_markdown(result) in (tmp_path / "README.md").read_text()
+    (tmp_path / "README.md").write_text("no markers\n")
+    with pytest.raises(ValueError, match="expected one <!-- headline:start -->"):
+        update_docs(result, root=tmp_path)
