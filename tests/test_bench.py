@@ -14,7 +14,7 @@ import torch
 
 from csd.cost import StepCosts, csd_passes, prefill_steps, sequential_passes, simple_bound, speedup_bound
 from csd.experiments import defaults
-from csd.experiments.bench import BenchConfig, alternate, main
+from csd.experiments.bench import BenchConfig, alternate, compare_settings, main, parse_setting
 from csd.experiments.evaluate import eval_labels_seeds, generate_images, load_models, quality
 from csd.models.schedule import step_sizes
 from csd.sampling import SamplingConfig
@@ -117,6 +117,28 @@ def test_pass_counts_of_a_draft_length_schedule():
 def test_bench_refuses_a_draft_length_schedule():
     with pytest.raises(ValueError, match="gamma_schedule"):
         main(["--quick", "--gamma-schedule", "2", "4", "--n", "4"])
+
+
+def test_compare_settings_parse_over_the_base_setting_and_name_bad_keys():
+    base = CSDConfig(gamma=8, tau_v=42.0)
+    got = parse_setting("gamma=4,tau_v=5,gamma_schedule=2:2,align=false,criterion=exact", base)
+    assert got == CSDConfig(gamma=4, tau_v=5.0, gamma_schedule=(2, 2), align=False, criterion="exact")
+    assert parse_setting("", base) == base
+    with pytest.raises(ValueError, match=r"--compare setting 'gama=4': expected key=value with a key in \["):
+        parse_setting("gama=4", base)
+    with pytest.raises(ValueError, match="gamma"):
+        parse_setting("gamma=0", base)
+
+
+def test_compare_times_every_setting_beside_target_only(random_models, one_thread):
+    settings = {"g2": CSDConfig(gamma=2), "sched": CSDConfig(gamma=4, gamma_schedule=(1, 2))}
+    sampling = SamplingConfig(num_steps=8)
+    rows = compare_settings(random_models.target, random_models.draft, sampling, settings, batch=2, repeats=1)
+    assert [r["setting"] for r in rows] == ["g2", "sched"]
+    for row, csd in zip(rows, settings.values(), strict=True):
+        spec = speculative_generate(random_models.target, random_models.draft, [0, 1], [0, 1], sampling, csd)
+        assert row["target_passes"] == spec.trace.target_passes
+        assert 0 < row["min"] <= row["max"]
 
 
 def test_prefill_steps_run_until_the_fraction_of_tokens_exists():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -9,13 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from csd.cost import csd_passes
 from csd.experiments.evaluate import EvalConfig, eval_labels_seeds, fewer_steps, interleave
 from csd.sampling import SamplingConfig
-from csd.speculative import CSDConfig
+from csd.speculative import CSDConfig, speculative_generate
 from tests.helpers import save_tiny_pixel_pair
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,3 +126,30 @@ def test_unknown_criterion_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         main(["--criterion", "approximate"])
     assert "--criterion" in capsys.readouterr().err
+
+
+def test_acceptance_terms_are_the_mean_kept_probability_of_each_part_of_log_r(random_models, one_thread):
+    from csd.experiments.evaluate import image_stats, summarize_stats
+
+    sampling, csd = SamplingConfig(num_steps=8, cfg_scale=2.0), CSDConfig(gamma=4)
+    trace = speculative_generate(random_models.target, random_models.draft, [1, 2, 3], [4, 5, 6], sampling, csd).trace
+    got = summarize_stats(image_stats(trace))
+    v = trace.verified
+    kept = lambda log_r: np.minimum(1.0, np.exp(log_r[v])).mean()
+    traj, final = trace.log_ratio_trajectory, trace.log_ratio_final
+    assert got["mean_accept_prob"] == pytest.approx(trace.mean_accept_prob, rel=1e-5)
+    assert got["accept_prob_trajectory_term_alone"] == pytest.approx(kept(traj), rel=1e-5)
+    assert got["accept_prob_final_term_alone"] == pytest.approx(kept(final), rel=1e-5)
+
+
+def test_perturbed_draft_is_seeded_and_scaled_per_tensor():
+    from csd.experiments.evaluate import perturb_weights
+    from csd.experiments.pairs import random_pixel_config
+    from csd.models.mar import MAR
+
+    base = MAR(random_pixel_config(16, 1))
+    a, b = (perturb_weights(copy.deepcopy(base), 0.01) for _ in range(2))
+    for wa, wb, w in zip(a.parameters(), b.parameters(), base.parameters(), strict=True):
+        torch.testing.assert_close(wa, wb)  # same seed, same noise
+        if w.numel() > 100 and w.std() > 0:
+            assert 0.005 < ((wa - w).std() / w.std()).item() < 0.02

@@ -1,6 +1,8 @@
 """What the shipped embedded models do (their provenance is tested in test_provenance.py)."""
 
 from csd.experiments import defaults
+from csd.models.registry import load_model
+from csd.shapes.probe import head_log_std_sum
 
 MODELS = defaults.EMBEDDED_DIR
 
@@ -11,8 +13,6 @@ def test_the_shipped_drafts_head_stds_match_the_targets():
     draft (-1422 vs -1477), so nearly every drafted token passed. After distillation it is a few nats: the
     stage-3 draft and the stage-11 target, grown from its teacher, -1474 vs -1479; the stage-4 draft, distilled
     from the stage-11 target, -1474 too."""
-    from scripts.trajectory_stds import mean_log_std_sum
-
-    draft = mean_log_std_sum(str(MODELS / "shapes_draft.safetensors"))
-    target = mean_log_std_sum(str(MODELS / "shapes_target.safetensors"))
+    draft = head_log_std_sum(load_model(MODELS / "shapes_draft.safetensors"))
+    target = head_log_std_sum(load_model(MODELS / "shapes_target.safetensors"))
     assert abs(draft - target) < 10 and target < -1450

@@ -20,6 +20,7 @@ Writes ``bench.json`` and ``bench.md`` to ``--out``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import re
@@ -264,7 +265,7 @@ def run_bench(target, draft, sampling: SamplingConfig, csd: CSDConfig, config: B
     if csd.gamma_schedule:
         raise ValueError(
             "gamma_schedule must be empty for the benchmark, whose grid times constant draft lengths; "
-            f"got {csd.gamma_schedule} (score a schedule with python -m csd.experiments.evaluate --gamma-schedule ...)"
+            f"got {csd.gamma_schedule} (time one with --compare 'gamma_schedule=2:2:4', score it with evaluate)"
         )
     config = replace(config, gammas=tuple(sorted({*config.gammas, csd.gamma})))
     t0 = time.perf_counter()
@@ -426,6 +427,48 @@ def headline_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parse_setting(spec: str, base: CSDConfig) -> CSDConfig:
+    """A CSD setting from ``key=value`` pairs over ``base``: "gamma=4,tau_v=5", "gamma_schedule=2:2:4:4";
+    errors name the key and its valid values."""
+    fields = {f.name: f.type for f in dataclasses.fields(CSDConfig) if f.name != "counterfactual"}
+    changes = {}
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key not in fields or not value:
+            raise ValueError(f"--compare setting {item!r}: expected key=value with a key in {sorted(fields)}")
+        if key == "gamma_schedule":
+            changes[key] = tuple(int(v) for v in value.split(":") if v)
+        elif key == "align":
+            changes[key] = {"true": True, "false": False}[value.lower()]
+        elif key in ("criterion", "trajectory_term"):
+            changes[key] = value
+        else:
+            changes[key] = (int if key in ("gamma", "max_tries") else float)(value)
+    return replace(base, **changes)
+
+
+def compare_settings(
+    target, draft, sampling: SamplingConfig, settings: dict[str, CSDConfig], batch: int, repeats: int
+) -> list[dict]:
+    """Target-only and every CSD setting timed side by side (interleaved after a warm-up, one process):
+    per setting its target passes (from the cost model, equal to the sampler's) and its speed-up,
+    median over median, with the spread of the per-round ratios."""
+    labels, seeds = [i % target.num_classes for i in range(batch)], list(range(100, 100 + batch))
+    runs = {"target-only": lambda: generate(target, labels, seeds, sampling)}
+    for name, csd in settings.items():
+        runs[name] = lambda csd=csd: speculative_generate(target, draft, labels, seeds, sampling, csd)
+    timed = alternate(runs, repeats)
+    base = timed["target-only"]
+    rows = []
+    for name, csd in settings.items():
+        lo, hi = ratio_spread(base, timed[name])
+        passes, _ = csd_passes(target.seq_len, sampling.num_steps, csd.gamma, csd.prefill, csd.gamma_schedule)
+        speedup = base.median / timed[name].median
+        rows.append({"setting": name, "target_passes": passes, "speedup": speedup, "min": lo, "max": hi})
+    return rows
+
+
 def paste_block(path: Path, marker: str, text: str) -> None:
     """Replace what stands between ``<!-- marker:start -->`` and ``<!-- marker:end -->`` in a Markdown file."""
     new, n = re.subn(
@@ -461,6 +504,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--update-docs", action="store_true", help="write the tables into docs/results.md and the README's headline"
     )
+    parser.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="SETTING",
+        help="only time target-only against these CSD settings side by side, e.g. 'gamma=4,tau_v=5' "
+        "'gamma=8,gamma_schedule=2:2:4:4' (each over the --gamma/--tau-v/... setting); batch: the first --batches",
+    )
     args = parser.parse_args(argv)
 
     if args.threads:
@@ -471,6 +521,15 @@ def main(argv: list[str] | None = None) -> dict:
     config = replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in grid.items() if v is not None})
     sampling, csd = settings_from_args(args)
     target, draft = load_models(args.target, args.draft, torch.device(args.device))
+    if args.compare:
+        settings = {spec: parse_setting(spec, csd) for spec in args.compare}
+        batch = config.batches[-1] if args.batches is None else args.batches[0]
+        rows = compare_settings(target, draft, sampling, settings, batch, config.repeats)
+        print(f"batch {batch}, {sampling.num_steps} AR steps, {config.repeats} repeats; vs target-only:")
+        for r in rows:
+            spread = f"({r['min']:.2f}-{r['max']:.2f})"
+            print(f"  {r['setting']}: {r['target_passes']} target passes, {r['speedup']:.2f}x {spread}")
+        return {"compare": rows, "batch": batch}
     result = run_bench(target, draft, sampling, csd, config, load_classifier(args.classifier))
     result["settings"]["models"] = {"target": args.target, "draft": args.draft}
     out = Path(args.out)

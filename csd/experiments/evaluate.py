@@ -61,6 +61,10 @@ STAT_NAMES = (
     "distance_aligned_count",
     "distance_independent_sum",
     "distance_independent_count",
+    # Sums over verified tokens of min(1, r) for log r, its trajectory term alone and its final-step term alone.
+    "accept_prob_sum",
+    "accept_trajectory_sum",
+    "accept_final_sum",
 )
 
 
@@ -124,6 +128,9 @@ def image_stats(trace: Trace) -> np.ndarray:
     ]
     for distance in (trace.distance_aligned, trace.distance_independent):
         columns += [np.nansum(distance, axis=1), np.isfinite(distance).sum(axis=1)]
+    kept = lambda log_r: np.where(trace.verified, np.exp(np.minimum(np.nan_to_num(log_r), 0.0)), 0.0).sum(axis=1)
+    traj, final = trace.log_ratio_trajectory, trace.log_ratio_final
+    columns += [kept(traj + final), kept(traj), kept(final)]
     return np.stack(columns, axis=1).astype(np.float64)
 
 
@@ -159,6 +166,10 @@ def summarize_stats(stats: np.ndarray) -> dict[str, float | int]:
         "drafted_tokens": int(total["verified"]),
         "distance_aligned": ratio("distance_aligned_sum", "distance_aligned_count"),
         "distance_independent": ratio("distance_independent_sum", "distance_independent_count"),
+        # Mean min(1, r) over drafted tokens, and what it would be with only one term of log r.
+        "mean_accept_prob": ratio("accept_prob_sum", "verified"),
+        "accept_prob_trajectory_term_alone": ratio("accept_trajectory_sum", "verified"),
+        "accept_prob_final_term_alone": ratio("accept_final_sum", "verified"),
     }
 
 
@@ -329,6 +340,16 @@ def load_models(target_path: str | Path, draft_path: str | Path, device: torch.d
     return tuple(load_model(p, device).requires_grad_(False) for p in (target_path, draft_path))
 
 
+def perturb_weights(model, relative_std: float, seed: int = 0):
+    """Add Gaussian noise of ``relative_std`` times each tensor's std to every weight, in place (seeded):
+    a draft that differs from its target by a known small amount."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for w in model.parameters():
+            w.add_(relative_std * w.std() * torch.randn(w.shape, generator=g).to(w.device))
+    return model
+
+
 def main(argv: list[str] | None = None) -> dict | None:
     parser = argparse.ArgumentParser(prog="python -m csd.experiments.evaluate", description=__doc__.split("\n")[0])
     add_setting_args(parser)
@@ -342,6 +363,14 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--ref-seed", type=int, default=d.ref_seed)
     parser.add_argument("--out", default=None, help="write the result as JSON here")
     parser.add_argument("--sheet", default=None, help="write a PNG contact sheet of the images here")
+    parser.add_argument(
+        "--perturb-draft",
+        type=float,
+        default=0.0,
+        metavar="STD",
+        help="add seeded weight noise of STD x each tensor's std to the draft (with --draft = --target: a pair "
+        "whose heads agree)",
+    )
     args = parser.parse_args(argv)
 
     if args.threads:
@@ -351,6 +380,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     rank, world, device = init_distributed(args.device)
     try:
         target, draft = load_models(args.target, args.draft, device)
+        if args.perturb_draft:
+            perturb_weights(draft, args.perturb_draft)
         classifier = load_classifier(args.classifier)
         result = evaluate(target, draft, sampling, csd, config, classifier, rank, world, args.sheet)
         if world > 1:

@@ -26,8 +26,9 @@ from csd.chain import HeadCondition, run_chain, standard_noise
 from csd.checks import check_int, check_number
 from csd.experiments.pairs import pixel_tokenizer
 from csd.models.mar import MAR
+from csd.models.tokenizer import PixelTokenizer
 from csd.rng import stream_seed
-from csd.shapes.data import make_dataset
+from csd.shapes.data import ShapesConfig, make_dataset
 from csd.shapes.metrics import DEFAULT_CLASSIFIER, REFERENCE_SEED, class_accuracy, load_classifier
 
 DEFAULT_FRACTIONS = (0.0, 0.1, 0.3, 0.5, 0.8, 0.95)
@@ -128,6 +129,30 @@ def markdown(results: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+@torch.no_grad()
+def head_log_std_sum(model, n: int = 16, seed: int = 9) -> float:
+    """Sum over a chain's stochastic steps of the log head stds, per token (mean over tokens): what the
+    aligned criterion's trajectory term compares (draft's minus target's, :mod:`csd.acceptance`).
+
+    ``n`` held-out images with half of their tokens known (the same positions and noise for every
+    model, so two models' sums compare), CFG 1, one chain per masked token."""
+    data = make_dataset(n, seed, ShapesConfig(image_size=32))
+    tokens = PixelTokenizer(4).encode(data.images)
+    order = torch.rand(n, tokens.shape[1], generator=torch.Generator().manual_seed(0))
+    mask = order.argsort(1).argsort(1) < tokens.shape[1] // 2  # half the tokens unknown
+    z, _ = model.conditions(tokens, mask, data.labels, False)
+    z = z[mask]
+    chain, rows = model.head.chain(None), z.shape[0]
+    cond = HeadCondition(z=z, z_uncond=None, cfg=torch.ones(rows))
+    y = torch.randn(rows, model.token_dim, generator=torch.Generator().manual_seed(1))
+    total = 0.0
+    for k in range(chain.num_steps() - 1):  # the stochastic steps
+        mean, std = chain.transition(y, k, cond)
+        total += std.log().sum(-1).mean().item()
+        y = mean + std * torch.randn(rows, model.token_dim, generator=torch.Generator().manual_seed(100 + k))
+    return total
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from csd.models.registry import load_model
 
@@ -141,9 +166,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--head-steps", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument(
+        "--head-stds",
+        action="store_true",
+        help="instead: each model's sum of log head stds per token (what the trajectory term compares)",
+    )
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.head_stds:
+        for path in args.models:
+            print(f"{path}: sum of log head std per token {head_log_std_sum(load_model(path)):.1f}")
+        return
     config = ProbeConfig(args.fractions, args.n, seed=args.seed, cfg_scale=args.cfg_scale, head_steps=args.head_steps)
     stems = [p.name.removesuffix(".safetensors") for p in args.models]
     names = stems if len(set(stems)) == len(stems) else [str(p) for p in args.models]
