@@ -669,20 +669,14 @@ def build(app: App) -> gr.Blocks:
 # --- serving -------------------------------------------------------------------------------------
 
 
-def _env_int(name: str, default: int) -> int:
+def _env(name: str, default, kind: type = int):
+    """An environment setting parsed as ``kind`` (int or float); a bad one stops the start, naming it."""
     value = os.environ.get(name)
     try:
-        return default if value is None else int(value)
+        return default if value is None else kind(value)
     except ValueError:
-        raise SystemExit(f"{name} must be an integer, got {value!r}") from None
-
-
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    try:
-        return default if value is None else float(value)
-    except ValueError:
-        raise SystemExit(f"{name} must be a number, got {value!r}") from None
+        word = "an integer" if kind is int else "a number"
+        raise SystemExit(f"{name} must be {word}, got {value!r}") from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -692,7 +686,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),  # Hugging Face Spaces set 0.0.0.0 here
         help="interface to listen on (0.0.0.0 for all)",
     )
-    ap.add_argument("--port", type=int, default=_env_int("GRADIO_SERVER_PORT", 7860))
+    ap.add_argument("--port", type=int, default=_env("GRADIO_SERVER_PORT", 7860))
     ap.add_argument(
         "--checkpoints",
         type=Path,
@@ -709,23 +703,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--max-seconds",
         type=float,
-        default=_env_float("CSD_MAX_SECONDS", Limits.max_seconds),
+        default=_env("CSD_MAX_SECONDS", Limits.max_seconds, float),
         help="a request still running after this many seconds stops at its next AR step, with an error",
     )
-    ap.add_argument("--max-batch", type=int, default=_env_int("CSD_MAX_BATCH", Limits.max_batch))
-    ap.add_argument("--max-steps", type=int, default=_env_int("CSD_MAX_STEPS", Limits.max_steps))
-    ap.add_argument("--max-images", type=int, default=_env_int("CSD_MAX_IMAGES", Limits.max_images))
+    ap.add_argument("--max-batch", type=int, default=_env("CSD_MAX_BATCH", Limits.max_batch))
+    ap.add_argument("--max-steps", type=int, default=_env("CSD_MAX_STEPS", Limits.max_steps))
+    ap.add_argument("--max-images", type=int, default=_env("CSD_MAX_IMAGES", Limits.max_images))
     ap.add_argument(
         "--max-analysis-steps",
         type=int,
-        default=_env_int("CSD_MAX_ANALYSIS_STEPS", Limits.max_analysis_steps),
+        default=_env("CSD_MAX_ANALYSIS_STEPS", Limits.max_analysis_steps),
         help="images x AR steps of one analysis recompute",
     )
     ap.add_argument("--concurrency", type=int, default=Limits.concurrency, help="requests running at once")
     ap.add_argument(
         "--threads",
         type=int,
-        default=_env_int("CSD_THREADS", CPU_THREADS if DEVICE.type == "cpu" else torch.get_num_threads()),
+        default=_env("CSD_THREADS", CPU_THREADS if DEVICE.type == "cpu" else torch.get_num_threads()),
         help=f"torch CPU threads (default {CPU_THREADS} on a CPU-only machine)",
     )
     ap.add_argument("--share", action="store_true", help="create a public gradio.live link (off by default)")

@@ -158,11 +158,8 @@ def generate(
         traj, _ = predict_step(model, tokens, mask, *args)
         commit(tokens, mask, pos, traj.x)
         trace.record_made(pos, s, maker)
+        trace.record_pass(phase)
         if on_step is not None:
             on_step(s + 1, plan.num_steps, phase)
-    if maker == Maker.TARGET:
-        trace.target_passes = plan.num_steps
-    else:
-        trace.draft_passes = plan.num_steps
-    trace.times = dict(timer.times)
+    trace.record_times(timer.times)
     return Generation(tokens.float().cpu(), trace)

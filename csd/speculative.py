@@ -209,7 +209,7 @@ class _Decoding:
             pos = self.plan.positions(s)
             commit(self.tokens, self.mask, pos, traj.x)
             self.trace.record_made(pos, s, Maker.PREFILL)
-            self.trace.target_passes += 1
+            self.trace.record_pass("target")
             made += self.plan.sizes[s]
             s += 1
             self.report(s, self.plan.num_steps, "pre-fill")
@@ -235,7 +235,7 @@ class _Decoding:
             noises.append(noise)
             chains.append(chain)
             self.trace.record_made(pos, j, None)
-            self.trace.draft_passes += 1
+            self.trace.record_pass("draft")
             self.report(j + 1, self.plan.num_steps, "draft")
         b = self.batch
         pos = torch.cat([self.plan.positions(j) for j in steps], dim=1)
@@ -248,7 +248,7 @@ class _Decoding:
             cfg = self._cfg_rows(block.steps)
             args = (self.conditions, block.pos, cfg, self.sampling, self.head_steps)
             chain_p = self.target.verify(self.tokens, self.mask, *args)
-        self.trace.target_passes += 1
+        self.trace.record_pass("target")
         rows, aligned = block.pos.shape[1], self.csd.align
         with self.timer("target_head"):
             target = chain_p.run(block.noise if aligned else self._noise("independent", rows))
@@ -324,5 +324,5 @@ class _Decoding:
         self.report(block.steps.stop, self.plan.num_steps, "verify")
 
     def finish(self) -> Generation:
-        self.trace.times = dict(self.timer.times)
+        self.trace.record_times(self.timer.times)
         return Generation(self.tokens.float().cpu(), self.trace)

@@ -75,6 +75,19 @@ class Trace:
         if maker is not None:
             _put(self.maker, pos, int(maker))
 
+    def record_pass(self, model: str) -> None:
+        """One backbone pass of the "target" or the "draft" (a CFG pass over a doubled batch counts once)."""
+        if model == "target":
+            self.target_passes += 1
+        elif model == "draft":
+            self.draft_passes += 1
+        else:
+            raise ValueError(f"model must be 'target' or 'draft', got {model!r}")
+
+    def record_times(self, times: dict[str, float]) -> None:
+        """Seconds per phase of the whole run."""
+        self.times = dict(times)
+
     def record_distance(self, pos: Tensor, distance: Tensor, aligned: bool) -> None:
         """||x^q - x^p|| of a block's tokens, with shared (``aligned``) or independent noise."""
         _put(self.distance_aligned if aligned else self.distance_independent, pos, distance)
