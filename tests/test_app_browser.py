@@ -1,5 +1,5 @@
 """End to end in headless Chromium: open the app, generate, see both images and the speedup figure,
-open the analysis tab (precomputed panels show at once) and take screenshots: into ``$CSD_SCREENSHOT_DIR``
+stop a second run midway, open the analysis tab (precomputed panels show at once) and take screenshots: into ``$CSD_SCREENSHOT_DIR``
 (``assets`` in scripts/regenerate_assets.sh, for the README) or else a temporary folder.
 
 Needs Debian's ``chromium`` and Playwright for Python (its wheel carries the driver; no browser
@@ -8,6 +8,7 @@ download). Without them the test is skipped, except under CI=true where it fails
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,17 @@ def test_generate_then_analysis_in_chromium(served, tmp_path):
             page.locator("#speed-plot .js-plotly-plot").wait_for(state="visible")
             assert "Speedup" in page.locator("#speed-plot").inner_text()
             page.screenshot(path=shots / "screenshot_generate.png", full_page=True)
+
+            # A second run shows its progress per AR step; Stop ends it and clears what it had shown.
+            page.get_by_role("button", name="Generate", exact=True).click()
+            page.get_by_text("AR step", exact=False).first.wait_for(state="visible")
+            page.get_by_role("button", name="Stop", exact=True).first.click()
+            page.get_by_text("Stopped: the run was cancelled").wait_for(state="visible")
+            assert page.locator("#img-csd img").count() == 0
+            deadline = time.monotonic() + 30
+            while not application.history or application.history[-1]["status"] != "stopped":
+                assert time.monotonic() < deadline, list(application.history)
+                time.sleep(0.05)
 
             page.get_by_role("tab", name="Analysis").click()
             if application.panels is None:  # no precomputed panels for the served pair: the tab says so
