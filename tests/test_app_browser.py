@@ -1,6 +1,7 @@
 """End to end in headless Chromium: open the app, generate, see both images and the speedup figure,
-stop a second run midway, open the analysis tab (precomputed panels show at once) and take screenshots: into ``$CSD_SCREENSHOT_DIR``
-(``assets`` in scripts/regenerate_assets.sh, for the README) or else a temporary folder.
+stop a second run midway, open the analysis tab (precomputed panels show at once) and take screenshots:
+into ``$CSD_SCREENSHOT_DIR`` (``assets`` in scripts/regenerate_assets.sh, for the README) or else a
+temporary folder.
 
 Needs Debian's ``chromium`` and Playwright for Python (its wheel carries the driver; no browser
 download). Without them the test is skipped, except under CI=true where it fails.
