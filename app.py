@@ -20,6 +20,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import argparse
 import json
+import math
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ import torch
 from csd.acceptance import CRITERIA, TRAJECTORY_TERMS
 from csd.experiments import defaults
 from csd.experiments.analysis import Analysis, AnalysisSettings, Panels, Run, cost_model, run_csd, run_single
+from csd.experiments.inspection import Frame, artifact_hints, inspect_token, replay_frames, token_index
 from csd.experiments.jobs import Job, Step, Stopped
 from csd.experiments.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover, fetch_official
 from csd.models.schedule import CFG_SCHEDULES
@@ -41,9 +43,10 @@ from csd.sampling import SamplingConfig
 from csd.speculative import CSDConfig
 from csd.toy import speculative_sample, total_variation
 from csd.trace import Maker
-from visualize.images import display_grid, legend_html, token_map
+from visualize.images import display_grid, legend_html, locate, token_map, upscale
 from visualize.panels import analysis_charts, time_breakdown
 from visualize.render import to_plotly
+from visualize.replay import REPLAY_STYLE, chains_chart, frame_images
 from visualize.toy import toy_chart
 
 try:  # Hugging Face ZeroGPU: a GPU is attached only inside functions decorated with spaces.GPU
@@ -221,6 +224,28 @@ class Request:
     csd: CSDConfig
 
 
+@dataclass
+class Inspected:
+    """The latest Generate run of one visitor, kept in that session's gr.State for the Inspect tab:
+    the CSD run with its details and the target-only run with the same seeds."""
+
+    pair_name: str
+    csd: Run
+    target: Run
+    frames: list[Frame]
+    hints: list[dict]
+
+    @classmethod
+    def of(cls, pair_name: str, spec: Run, target: Run) -> Inspected:
+        tokens, target_tokens = spec.generation.tokens, target.generation.tokens
+        frames = replay_frames(tokens, spec.trace, target_tokens, target.trace)
+        return cls(pair_name, spec, target, frames, artifact_hints(tokens, spec.trace, target_tokens))
+
+    def token(self, image: int, row: int, column: int) -> dict:
+        index = token_index(self.csd.trace.num_tokens, row, column)
+        return inspect_token(self.csd.generation.tokens, self.csd.trace, self.target.generation.tokens, image, index)
+
+
 class App:
     """Handlers of the UI and the API. Holds only read-only things: the model store and the limits.
     Nothing a visitor sends names a file, a directory or a repository: pairs are chosen by name among
@@ -311,25 +336,25 @@ class App:
         def work(job: Job) -> tuple[Run, Run, Run]:
             target = run_single(r.pair, r.labels, r.seeds, r.sampling, on_step=job.on_step(runs[0]))
             job.post(("target", _grid(r.pair, target)))
-            spec = run_csd(r.pair, r.labels, r.seeds, r.sampling, r.csd, on_step=job.on_step(runs[1]))
+            spec = run_csd(r.pair, r.labels, r.seeds, r.sampling, r.csd, job.on_step(runs[1]), keep_details=True)
             csd_images = r.pair.images(spec.generation.tokens).numpy()
             job.post(("csd", display_grid(csd_images), token_map(csd_images, spec.trace.maker)))
             draft = run_single(r.pair, r.labels, r.seeds, r.sampling, Maker.DRAFT, on_step=job.on_step(runs[2]))
             return target, spec, draft
 
         # Clear the outputs of any earlier run first: what is on screen is always from this run.
-        yield None, None, None, None, "Starting ...", None, None
+        yield None, None, None, None, "Starting ...", None, None, None
         job = self.job(work)
         images = {}
         for event in self.follow(job, runs, progress):
             if isinstance(event, Step):
-                yield skip, skip, skip, skip, f"Running {event.text} ...", skip, skip
+                yield skip, skip, skip, skip, f"Running {event.text} ...", skip, skip, skip
             elif event[0] == "target":
                 images["target"] = event[1]
-                yield event[1], skip, skip, skip, skip, skip, skip
+                yield event[1], skip, skip, skip, skip, skip, skip, skip
             else:
                 images["csd"], images["map"] = event[1], event[2]
-                yield skip, event[1], event[2], skip, skip, skip, skip
+                yield skip, event[1], event[2], skip, skip, skip, skip, skip
         target, spec, draft = job.result
         summary = run_summary(r, target, spec, draft)
         yield (
@@ -340,12 +365,94 @@ class App:
             stats_markdown(summary),
             speed_figure(target, spec, draft, summary),
             summary,
+            Inspected.of(r.pair.name, spec, target),
         )
 
     @staticmethod
     def generate_stopped():
-        """What Stop shows on the Generate tab: nothing of the stopped run."""
-        return None, None, None, None, "Stopped: the run was cancelled, and nothing from it is shown.", None, None
+        """What Stop shows on the Generate tab: nothing of the stopped run (and nothing to inspect)."""
+        return None, None, None, None, "Stopped: the run was cancelled, and nothing from it is shown.", None, None, None
+
+    # --- inspect tab --------------------------------------------------------------------------
+
+    def replay(self, run: Inspected | None, frame: int):
+        """Frame ``frame`` of the session's latest run: its label, the CSD canvas, its status map and the
+        target-only canvas after as many AR steps."""
+        if run is None:
+            return "Press **Generate** first: the latest run of this page is replayed here.", None, None, None
+        if not isinstance(frame, int) or not 0 <= frame < len(run.frames):
+            raise gr.Error(f"Frame must be an integer in [0, {len(run.frames) - 1}], got {frame!r}")
+        f = run.frames[frame]
+        decode = lambda tokens: self.store.get(run.pair_name).images(tokens).numpy()
+        csd, status, target = frame_images(f, decode)
+        label = f"**Frame {frame + 1} of {len(run.frames)}:** {f.label} ({f.ar_steps} AR steps made)"
+        return label, csd, status, target
+
+    def show_token(self, run: Inspected | None, image: int, row: int, column: int):
+        """The token at (row, column) of image ``image``: a summary, the candidate values as patches in
+        the image, both chains' transitions, and every number as JSON."""
+        if run is None:
+            return "Press **Generate** first.", None, None, None
+        try:
+            info = run.token(image, row, column)
+        except ValueError as err:
+            raise gr.Error(f"Invalid token: {err}") from None
+        pair = self.store.get(run.pair_name)
+        return token_markdown(info), token_patches(pair, run, info), to_plotly(chains_chart(info)), info
+
+    def select_on_map(self, run: Inspected | None, evt: gr.SelectData):
+        """A click on the status map -> (image, row, column) of the token under it."""
+        if run is None:
+            raise gr.Error("Press **Generate** first.")
+        x, y = evt.index
+        trace = run.csd.trace
+        size = self.store.get(run.pair_name).images(run.csd.generation.tokens[:1]).shape[1]
+        return locate(int(x), int(y), trace.batch, trace.num_tokens, size)
+
+    def after_run(self, run: Inspected | None):
+        """Once a Generate run is in: the frame slider over its frames at the last one, the hints table, the
+        last frame and the top hint opened in the inspector."""
+        if run is None:
+            return gr.update(maximum=1, value=0), None, *self.replay(None, 0), *self.show_token(None, 0, 0, 0)
+        last, top = len(run.frames) - 1, run.hints[0]
+        table = [
+            [h["image"], h["row"], h["column"], round(h["distance"], 3), h["maker"], h["ar_step"] + 1]
+            for h in run.hints
+        ]
+        return (
+            gr.update(maximum=last, value=last),
+            table,
+            *self.replay(run, last),
+            *self.show_token(run, top["image"], top["row"], top["column"]),
+        )
+
+    @staticmethod
+    def select_hint(run: Inspected | None, evt: gr.SelectData):
+        if run is None:
+            raise gr.Error("Press **Generate** first.")
+        hint = run.hints[evt.index[0]]
+        return hint["image"], hint["row"], hint["column"]
+
+    def inspect_api(self, image: int, row: int, column: int, progress=gr.Progress(), **controls):  # noqa: B008
+        """For API clients: run target-only and CSD with the given controls and seeds, then return the
+        replay (each frame's label, AR steps and per-token status), the token's inspection and the hints."""
+        r = self.request(**controls)
+
+        def work(job: Job) -> Inspected:
+            target = run_single(r.pair, r.labels, r.seeds, r.sampling, on_step=job.on_step("target-only"))
+            spec = run_csd(r.pair, r.labels, r.seeds, r.sampling, r.csd, job.on_step("CSD"), keep_details=True)
+            return Inspected.of(r.pair.name, spec, target)
+
+        job = self.job(work)
+        for _ in self.follow(job, ["target-only", "CSD"], progress):
+            pass
+        run = job.result
+        try:
+            token = run.token(image, row, column)
+        except ValueError as err:
+            raise gr.Error(f"Invalid token: {err}") from None
+        frames = [{"label": f.label, "ar_steps": f.ar_steps, "status": f.status.tolist()} for f in run.frames]
+        return {"frames": frames, "token": token, "hints": run.hints}
 
     # --- analysis tab -------------------------------------------------------------------------
 
@@ -488,6 +595,57 @@ def speed_figure(target: Run, spec: Run, draft: Run, summary: dict):
     return to_plotly(time_breakdown(phases, title, f"wall: {note}", {name: run.seconds for name, run in runs.items()}))
 
 
+def _fmt(v, spec: str = ".3f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def token_markdown(t: dict) -> str:
+    """The inspector's summary of one token (:func:`csd.experiments.inspection.inspect_token`)."""
+    verdict = {
+        "prefill": "made by the target before drafting began (pre-fill)",
+        "accepted": "proposed by the draft and **accepted**",
+        "resampled": f"proposed by the draft, **rejected** and redrawn from max(0, p - q) in {t['resample_tries']} "
+        "tries",
+        "capped": f"proposed by the draft, rejected, and the resampler hit its cap ({t['resample_tries']} tries): "
+        "the target's own sample was taken",
+    }.get(t["maker"], t["maker"])
+    lines = [
+        f"### Image {t['image']}, token ({t['row']}, {t['column']}): {verdict}",
+        f"AR step {t['ar_step'] + 1}" + (f", block {t['block'] + 1}" if t["block"] >= 0 else ""),
+        "",
+        "| | value |",
+        "| --- | --- |",
+        f"| draft-target distance (shared noise) | {_fmt(t.get('distance_draft_target'))} |",
+        f"| distance to the target-only image here | {_fmt(t['distance_to_target_only'])} |",
+    ]
+    if t["maker"] != "prefill":
+        lines += [
+            f"| acceptance probability min(1, r) | {_fmt(t['accept_prob'])} |",
+            f"| log r: trajectory term | {_fmt(t['log_ratio_trajectory'], '.2f')} |",
+            f"| log r: final-step term | {_fmt(t['log_ratio_final'], '.2f')} |",
+            f"| the draw u it was compared with (accept if u < min(1, r)) | {_fmt(t.get('accept_draw'))} |",
+        ]
+    return "\n".join(lines)
+
+
+def token_patches(pair: ModelPair, run: Inspected, t: dict) -> np.ndarray:
+    """The token's neighbourhood in the final CSD image with the token set to each candidate: the draft's
+    proposal, the target's own sample, the final value and the target-only run's value."""
+    tokens = run.csd.generation.tokens[t["image"] : t["image"] + 1]
+    variants = [v for v in ("draft", "target", "final", "target_only") if t.get(v) and None not in t[v]]
+    batch = tokens.repeat(len(variants), 1, 1)
+    for i, name in enumerate(variants):
+        batch[i, t["index"]] = torch.tensor(t[name])
+    images = pair.images(batch).numpy()  # (k, H, W, 3)
+    side, grid = images.shape[1], math.isqrt(tokens.shape[1])
+    cell = side // grid
+    r0, c0 = max(0, (t["row"] - 1) * cell), max(0, (t["column"] - 1) * cell)
+    crops = images[:, r0 : r0 + 3 * cell, c0 : c0 + 3 * cell]
+    crops = upscale(crops, max(1, 96 // crops.shape[1]))
+    pad = np.full((crops.shape[1], 8, 3), 255, dtype=np.uint8)
+    return np.concatenate([x for crop in crops for x in (crop, pad)][:-1], axis=1)
+
+
 ANALYSIS_KEYS = (
     "distance_per_step",
     "distance_overall",
@@ -549,8 +707,9 @@ THEME = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"], font_m
 LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
 
 
-def generate_tab(app: App, queue: dict) -> dict[str, gr.components.Component]:
-    """Controls, the three runs side by side, Stop; returns the controls (the Analysis tab reads them)."""
+def generate_tab(app: App, queue: dict):
+    """Controls, the three runs side by side, Stop. Returns the controls (the Analysis tab reads them),
+    the session's latest run (the Inspect tab reads it) and the Generate event."""
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
             controls = {name: c.component() for name, c in app.controls.items() if not c.advanced}
@@ -572,7 +731,8 @@ def generate_tab(app: App, queue: dict) -> dict[str, gr.components.Component]:
             speed = gr.Plot(label="Speedup", elem_id="speed-plot")
             with gr.Accordion("Run summary (JSON)", open=False):
                 summary = gr.JSON()
-    outputs = [target, csd, token_map, draft, stats, speed, summary]
+    inspected = gr.State(None)  # this visitor's latest run, for the Inspect tab
+    outputs = [target, csd, token_map, draft, stats, speed, summary, inspected]
     event = run.click(on_gpu(app.generate), inputs_kwargs=controls, outputs=outputs, api_name="generate", **queue)
     stop.click(app.generate_stopped, None, outputs, cancels=[event], api_visibility="private")
     pair = controls["pair_name"]
@@ -584,7 +744,7 @@ def generate_tab(app: App, queue: dict) -> dict[str, gr.components.Component]:
             "`vae/kl16.ckpt`) or `--hub-repo REPO`, which fetches that layout before serving. "
             f"This server has: {', '.join(app.store.names)}."
         )
-    return controls
+    return controls, inspected, event
 
 
 ANALYSIS_SECTIONS = (  # (title, panels in the row), in the order of ANALYSIS_KEYS
@@ -627,6 +787,61 @@ def analysis_tab(app: App, controls: dict[str, gr.components.Component], queue: 
     stop.click(app.analyze_stopped, None, status, cancels=[event], api_visibility="private")
 
 
+def inspect_tab(app: App, controls: dict, inspected: gr.State, generated, queue: dict) -> None:
+    """The latest run replayed block by block, a token inspector and the likely artifacts."""
+    gr.Markdown(
+        "The latest **Generate** run of this page, replayed: the CSD canvas after each pre-fill step, each "
+        "drafted block (the draft's proposal, orange) and each verification, beside the target-only canvas "
+        "after as many AR steps. Click a token on the status map, pick a row of the table, or type its position."
+    )
+    label = gr.Markdown(
+        "Press **Generate** first: the latest run of this page is replayed here.", elem_id="replay-label"
+    )
+    frame = named(gr.Slider(0, 1, value=0, step=1, precision=0, label="Frame"))
+    img = {"type": "numpy", "format": "png", "elem_classes": "csd-img", "interactive": False}
+    with gr.Row():
+        canvas = gr.Image(elem_id="replay-csd", label="CSD canvas", **img)
+        status = gr.Image(elem_id="replay-map", label="Status (click a token)", **img)
+        target = gr.Image(elem_id="replay-target", label="Target only, same AR steps", **img)
+    gr.HTML(legend_html(REPLAY_STYLE))
+    with gr.Row():
+        with gr.Column(scale=1, min_width=300):
+            position = {
+                "image": named(gr.Number(value=0, minimum=0, precision=0, label="Image")),
+                "row": named(gr.Number(value=0, minimum=0, precision=0, label="Token row")),
+                "column": named(gr.Number(value=0, minimum=0, precision=0, label="Token column")),
+            }
+            open_token = gr.Button("Open token")
+            hints = gr.Dataframe(
+                headers=["image", "row", "column", "distance", "maker", "AR step"],
+                label="Likely artifacts: tokens farthest from the target-only image",
+                interactive=False,
+                elem_id="hints",
+            )
+        with gr.Column(scale=2):
+            token = gr.Markdown(elem_id="token-summary")
+            patches = gr.Image(label="Draft / target / final / target-only, in place", elem_id="token-patches", **img)
+            chains = gr.Plot(show_label=False, elem_id="token-chains")
+            with gr.Accordion("Token data (JSON)", open=False):
+                data = gr.JSON()
+    shown, opened = [label, canvas, status, target], [token, patches, chains, data]
+    where = list(position.values())
+    generated.then(app.after_run, inspected, [frame, hints, *shown, *opened], api_visibility="private")
+    frame.release(app.replay, [inspected, frame], shown, api_visibility="private")
+    open_token.click(app.show_token, [inspected, *where], opened, api_visibility="private")
+    status.select(app.select_on_map, inspected, where, api_visibility="private").then(
+        app.show_token, [inspected, *where], opened, api_visibility="private"
+    )
+    hints.select(app.select_hint, inspected, where, api_visibility="private").then(
+        app.show_token, [inspected, *where], opened, api_visibility="private"
+    )
+    # For API clients: the same, from the run's settings (the run is made again with the same seeds).
+    api = gr.Button(visible=False)
+    api_out = gr.JSON(visible=False)
+    api_inputs = {**controls, **position}
+    api.click(on_gpu(app.inspect_api), inputs_kwargs=api_inputs, outputs=api_out, api_name="inspect", **queue)
+
+
 def how_it_works_tab(app: App) -> None:
     """The method in words and formulas, and the 1-D toy."""
     gr.Markdown(HOW_IT_WORKS.read_text(), latex_delimiters=LATEX)
@@ -658,7 +873,9 @@ def build(app: App) -> gr.Blocks:
             "model verifies them in one pass. Same seed, same noise: compare target-only and CSD side by side."
         )
         with gr.Tab("Generate"):
-            controls = generate_tab(app, queue)
+            controls, inspected, generated = generate_tab(app, queue)
+        with gr.Tab("Inspect"):
+            inspect_tab(app, controls, inspected, generated, queue)
         with gr.Tab("Analysis"):
             analysis_tab(app, controls, queue)
         with gr.Tab("How it works"):

@@ -94,12 +94,17 @@ def speculative_generate(
     sampling: SamplingConfig | None = None,
     csd: CSDConfig | None = None,
     on_step: StepCallback | None = None,
+    keep_details: bool = False,
 ) -> Generation:
     """Generate with continuous speculative decoding; same orders and chain noise as :func:`generate`.
 
     ``on_step(done, total, phase)`` is called after each pre-fill step ("pre-fill"), each drafted
-    step ("draft") and each block's verification ("verify", ``done`` = the block's last step + 1)."""
+    step ("draft") and each block's verification ("verify", ``done`` = the block's last step + 1).
+    ``keep_details``: the trace also keeps every token's draft proposal, target sample, acceptance
+    draw and both chains' transitions (:class:`csd.trace.TokenDetails`), for inspection."""
     run = _Decoding.start(target, draft, conditions, seeds, sampling or SamplingConfig(), csd or CSDConfig(), on_step)
+    if keep_details:
+        run.trace.keep_details(run.head_steps, target.token_dim)
     s = run.prefill()  # 1. the target alone until a fraction rho of the tokens exists
     for block_id, steps in enumerate(run.blocks(s)):
         block = run.draft_block(steps)  # 2. gamma AR steps of the draft, on its own tokens
@@ -209,6 +214,9 @@ class _Decoding:
             pos = self.plan.positions(s)
             commit(self.tokens, self.mask, pos, traj.x)
             self.trace.record_made(pos, s, Maker.PREFILL)
+            if self.trace.details is not None:
+                with self.timer("inspection"):  # a measurement: kept out of decoding times
+                    self.trace.record_chain(pos, "target", traj)
             self.trace.record_pass("target")
             made += self.plan.sizes[s]
             s += 1
@@ -239,7 +247,11 @@ class _Decoding:
             self.report(j + 1, self.plan.num_steps, "draft")
         b = self.batch
         pos = torch.cat([self.plan.positions(j) for j in steps], dim=1)
-        return _Block(steps, pos, Trajectory.join(trajs, b), ChainNoise.join(noises, b), self.draft.join(chains, b))
+        block = _Block(steps, pos, Trajectory.join(trajs, b), ChainNoise.join(noises, b), self.draft.join(chains, b))
+        if self.trace.details is not None:
+            with self.timer("inspection"):  # a measurement: kept out of decoding times
+                self.trace.record_chain(pos, "draft", block.draft)
+        return block
 
     def verify(self, block: _Block) -> _Check:
         """The target's chains for the block from one pass over the context before it; the draft-target
@@ -253,6 +265,9 @@ class _Decoding:
         with self.timer("target_head"):
             target = chain_p.run(block.noise if aligned else self._noise("independent", rows))
         self.trace.record_distance(block.pos, (block.draft.x - target.x).norm(dim=-1), aligned)
+        if self.trace.details is not None:
+            with self.timer("inspection"):  # a measurement: kept out of decoding times
+                self.trace.record_chain(block.pos, "target", target)
         if self.csd.counterfactual:
             with self.timer("counterfactual"):
                 other = chain_p.run(self._noise("independent", rows) if aligned else block.noise)
@@ -269,7 +284,9 @@ class _Decoding:
                 mean_p, std_p = check.chain_p.evaluate(block.draft.states)
                 verdict = exact_verdict(block.draft, mean_p, std_p)
                 x = mean_p[-1].clone()  # the target's last (noise-free) step on the draft path
-            accepted = accept(verdict, self.streams["accept"].rand(block.pos.shape[1]).reshape(-1))
+            uniforms = self.streams["accept"].rand(block.pos.shape[1]).reshape(-1)
+            accepted = accept(verdict, uniforms)
+        self.trace.record_accept_draw(block.pos, uniforms)
         with self.timer("resample"):
             rejected = (~accepted).nonzero().squeeze(-1)
             resampled = self._resample(block, check, verdict, rejected) if rejected.numel() else None

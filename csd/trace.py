@@ -29,6 +29,31 @@ class Maker(IntEnum):
 
 
 @dataclass
+class TokenDetails:
+    """What a speculative run decided each token from, kept only when asked (``keep_details``): per
+    token (B, N, ...) by grid position, NaN where it does not apply. About 2 T d floats per token
+    (T transitions, d values): kept for the images a person inspects, not for benchmarks.
+
+    draft_tokens: the draft's proposal x^q; target_tokens: the target's own sample x^p (its chain on
+    the shared noise when aligned; for pre-filled tokens, the token itself); accept_draw: the
+    uniform u a drafted token was accepted with (u < min(1, r)); draft_mean/std and
+    target_mean/std (B, N, T, d): every transition of both chains for the token."""
+
+    draft_tokens: np.ndarray
+    target_tokens: np.ndarray
+    accept_draw: np.ndarray
+    draft_mean: np.ndarray
+    draft_std: np.ndarray
+    target_mean: np.ndarray
+    target_std: np.ndarray
+
+    @classmethod
+    def empty(cls, batch: int, num_tokens: int, steps: int, dim: int) -> TokenDetails:
+        full = lambda *shape: np.full((batch, num_tokens, *shape), np.nan, dtype=np.float32)
+        return cls(full(dim), full(dim), full(), full(steps, dim), full(steps, dim), full(steps, dim), full(steps, dim))
+
+
+@dataclass
 class Trace:
     """Per token (arrays of shape (B, N), indexed by grid position) and per run.
 
@@ -49,6 +74,7 @@ class Trace:
     draft_passes: int = 0
     times: dict[str, float] = field(default_factory=dict)  # seconds per phase
     settings: dict = field(default_factory=dict)
+    details: TokenDetails | None = None  # per-token inputs of every decision, when asked for
 
     @classmethod
     def empty(cls, batch: int, num_tokens: int, step_sizes: list[int], settings: dict | None = None) -> Trace:
@@ -87,6 +113,34 @@ class Trace:
     def record_times(self, times: dict[str, float]) -> None:
         """Seconds per phase of the whole run."""
         self.times = dict(times)
+
+    def keep_details(self, steps: int, dim: int) -> None:
+        """From now on keep :class:`TokenDetails` (chains of ``steps`` transitions, tokens of ``dim``)."""
+        self.details = TokenDetails.empty(self.batch, self.num_tokens, steps, dim)
+
+    def record_chain(self, pos: Tensor, model: str, traj) -> None:
+        """A chain's token and transitions for the tokens at ``pos`` (B, k); ``traj`` a Trajectory with
+        rows image-major. ``model``: "draft" or "target". No-op unless details are kept."""
+        if self.details is None:
+            return
+        b, k = pos.shape
+        p = pos.cpu().numpy()
+        rows = np.arange(b)[:, None]
+        per_token = lambda t: t.detach().float().cpu().numpy().reshape(b, k, *t.shape[1:])
+        per_step = lambda t: np.moveaxis(t.detach().float().cpu().numpy().reshape(t.shape[0], b, k, -1), 0, 2)
+        det = self.details
+        tokens, mean, std = (
+            (det.draft_tokens, det.draft_mean, det.draft_std)
+            if model == "draft"
+            else (det.target_tokens, det.target_mean, det.target_std)
+        )
+        tokens[rows, p] = per_token(traj.x)
+        mean[rows, p] = per_step(traj.mean)
+        std[rows, p] = per_step(traj.std)
+
+    def record_accept_draw(self, pos: Tensor, uniforms: Tensor) -> None:
+        if self.details is not None:
+            _put(self.details.accept_draw, pos, uniforms)
 
     def record_distance(self, pos: Tensor, distance: Tensor, aligned: bool) -> None:
         """||x^q - x^p|| of a block's tokens, with shared (``aligned``) or independent noise."""

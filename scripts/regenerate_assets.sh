@@ -42,4 +42,4 @@ if [[ $# -ge 1 ]]; then
 fi
 
 echo "== app screenshots (headless Chromium)"
-CSD_SCREENSHOT_DIR=assets python -m pytest -q tests/test_app_browser.py
+CSD_SCREENSHOT_DIR=assets python -m pytest -q tests/test_app_browser.py  # screenshot_generate, _inspect and screenshot.png

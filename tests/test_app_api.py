@@ -48,7 +48,7 @@ def analysis_controls(served_app: app.App, **overrides) -> dict:
 
 
 def test_named_endpoints_are_public(client):
-    assert {"/generate", "/analyze", "/toy"} <= set(
+    assert {"/generate", "/analyze", "/toy", "/inspect"} <= set(
         client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     )
 
@@ -149,3 +149,23 @@ def test_limits_come_from_the_environment_and_flags_win(monkeypatch):
 def test_untrained_models_are_served_when_nothing_is_installed(monkeypatch):
     monkeypatch.setattr(app, "discover", lambda checkpoints: [])
     assert app.make_app(None, LIMITS).store.names == [RANDOM_SOURCE.name]
+
+
+def test_inspect_returns_the_replay_the_token_and_the_hints(served):
+    application, client = served
+    out = client.predict(image=1, row=3, column=4, **controls(application), api_name="/inspect")
+    frames, token, hints = out["frames"], out["token"], out["hints"]
+    assert frames[-1]["label"].endswith("verified") and frames[0]["label"].startswith("pre-fill")
+    assert all(v >= 0 for row in frames[-1]["status"] for v in row)  # every token made by the end
+    assert (token["image"], token["row"], token["column"], token["index"]) == (1, 3, 4, 28)
+    assert token["maker"] in {"prefill", "accepted", "resampled", "capped"} and len(token["final"]) == 48
+    assert [h["distance"] for h in hints] == sorted((h["distance"] for h in hints), reverse=True)
+    # The same seeds give the same run: the token equals the one a direct inspection of that run reports.
+    again = client.predict(image=1, row=3, column=4, **controls(application), api_name="/inspect")
+    assert again["token"] == token
+
+
+def test_inspect_rejects_a_token_off_the_grid_naming_it(served):
+    application, client = served
+    with pytest.raises(AppError, match=r"token row must be an int in \[0, 7\]"):
+        client.predict(image=0, row=8, column=0, **controls(application), api_name="/inspect")

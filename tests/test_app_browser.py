@@ -81,6 +81,23 @@ def test_generate_then_analysis_in_chromium(served, tmp_path):
             assert "Speedup" in page.locator("#speed-plot").inner_text()
             page.screenshot(path=shots / "screenshot_generate.png", full_page=True)
 
+            # The Inspect tab replays that run and opens the likeliest artifact, then any clicked token.
+            page.get_by_role("tab", name="Inspect").click()
+            page.locator("#replay-label").get_by_text("verified", exact=False).wait_for(state="visible")
+            summary = page.locator("#token-summary")
+            summary.get_by_text("Image", exact=False).first.wait_for(state="visible")
+            page.locator("#token-chains .js-plotly-plot").wait_for(state="visible")
+            status_map = page.locator("#replay-map img")
+            box = status_map.bounding_box()
+            status_map.click(position={"x": 5, "y": 5})  # the top-left token of the first image
+            summary.get_by_text("Image 0, token (0, 0)", exact=False).wait_for(state="visible")
+            assert box["width"] > 100
+            hint = [page.locator(f"#hints [data-testid=cell-1-{k}]").inner_text().strip() for k in range(3)]
+            page.locator("#hints [data-testid=cell-1-0]").click()  # the second hint row opens its token
+            summary.get_by_text(f"Image {hint[0]}, token ({hint[1]}, {hint[2]})").wait_for(state="visible")
+            page.screenshot(path=shots / "screenshot_inspect.png", full_page=True)
+            page.get_by_role("tab", name="Generate").click()
+
             # A second run shows its progress per AR step; Stop ends it and clears what it had shown.
             page.get_by_role("button", name="Generate", exact=True).click()
             page.get_by_text("AR step", exact=False).first.wait_for(state="visible")

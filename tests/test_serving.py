@@ -62,7 +62,9 @@ def test_the_page_offers_no_control_that_takes_a_path_or_a_repository(served):
 def test_every_handler_is_a_known_one_and_none_can_download(served, monkeypatch):
     application, demo, client = served
     handlers = {fn.fn.__name__ for fn in demo.fns.values() if fn.fn is not None}  # None: a front-end-only event
-    assert handlers <= {"generate", "analyze", "toy", "classes", "generate_stopped", "analyze_stopped"}, handlers
+    known = {"generate", "analyze", "toy", "classes", "generate_stopped", "analyze_stopped"}
+    known |= {"after_run", "replay", "show_token", "select_on_map", "select_hint", "inspect_api"}  # the Inspect tab
+    assert handlers <= known, handlers
 
     def refuse(*args, **kwargs):
         raise AssertionError("a request reached the Hub")
@@ -74,7 +76,7 @@ def test_every_handler_is_a_known_one_and_none_can_download(served, monkeypatch)
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", refuse)
     client.predict(**_controls(application, ar_steps=4), api_name="/generate")  # would fail if it fetched
     for name in client.view_api(print_info=False, return_format="dict")["named_endpoints"]:
-        assert name in {"/generate", "/analyze", "/toy"}
+        assert name in {"/generate", "/analyze", "/toy", "/inspect"}
 
 
 def test_fetch_official_takes_only_the_official_files_and_skips_those_present(tmp_path):
@@ -169,7 +171,7 @@ def test_stop_ends_the_run_within_an_ar_step_and_the_queue_serves_the_next_reque
 def test_the_stop_buttons_show_nothing_of_the_stopped_run():
     images_and_text = app.App.generate_stopped()
     assert images_and_text[:4] == (None, None, None, None) and "Stopped" in images_and_text[4]
-    assert images_and_text[5:] == (None, None)
+    assert images_and_text[5:] == (None, None, None)  # no plot, no summary, nothing to inspect
     assert "panels below are the ones shown before" in app.App.analyze_stopped()
 
 

@@ -40,22 +40,36 @@ def tile(images: np.ndarray, pad: int = 4, fill: int = 255) -> np.ndarray:
     return out
 
 
+def locate(x: int, y: int, batch: int, num_tokens: int, image_side: int, pad: int = 4) -> tuple[int, int, int]:
+    """The (image, token row, token column) under pixel (x, y) of a :func:`display_grid` or
+    :func:`token_map` of ``batch`` images of ``image_side`` pixels; ValueError on padding or outside."""
+    side = upscale_factor(image_side) * image_side
+    cols = math.ceil(math.sqrt(batch))
+    (c, dx), (r, dy) = divmod(x, side + pad), divmod(y, side + pad)
+    image = r * cols + c
+    if dx >= side or dy >= side or c >= cols or image >= batch or x < 0 or y < 0:
+        raise ValueError(f"pixel ({x}, {y}) is not on an image of the grid")
+    grid = math.isqrt(num_tokens)
+    return image, dy * grid // side, dx * grid // side
+
+
 def display_grid(images: np.ndarray) -> np.ndarray:
     """A batch of uint8 images as one upscaled grid."""
     return tile(upscale(images, upscale_factor(images.shape[1])))
 
 
-def token_map(images: np.ndarray, maker: np.ndarray, alpha: float = 0.55) -> np.ndarray:
+def token_map(images: np.ndarray, maker: np.ndarray, alpha: float = 0.55, styles: dict | None = None) -> np.ndarray:
     """Tint each token cell of the (upscaled) images with its maker's colour and outline the cells.
 
-    images (B, H, W, 3) uint8; maker (B, N) Maker values over a square grid of N cells."""
+    images (B, H, W, 3) uint8; maker (B, N) Maker values over a square grid of N cells; ``styles``
+    maps values to (label, colour), :data:`MAKER_STYLE` by default (other values stay untinted)."""
     big = upscale(images, upscale_factor(images.shape[1])).astype(np.float32)
     b, h, w, _ = big.shape
     side = math.isqrt(maker.shape[1])
     cell_h, cell_w = h // side, w // side
     colours = np.zeros((b, side, side, 3), dtype=np.float32)
     tinted = np.zeros((b, side, side), dtype=bool)
-    for m, (_, rgb) in MAKER_STYLE.items():
+    for m, (_, rgb) in (styles or MAKER_STYLE).items():
         hit = (maker == m).reshape(b, side, side)
         colours[hit] = rgb
         tinted |= hit
@@ -66,10 +80,11 @@ def token_map(images: np.ndarray, maker: np.ndarray, alpha: float = 0.55) -> np.
     return tile(out.round().astype(np.uint8))
 
 
-def legend_html() -> str:
+def legend_html(styles: dict | None = None) -> str:
     swatch = (
         '<span style="display:inline-block;width:14px;height:14px;margin:0 4px 0 12px;'
         'vertical-align:middle;background:rgb{rgb}"></span>{label}'
     )
-    items = "".join(swatch.format(rgb=rgb, label=html.escape(label)) for label, rgb in MAKER_STYLE.values())
+    styles = styles or MAKER_STYLE
+    items = "".join(swatch.format(rgb=rgb, label=html.escape(label)) for label, rgb in styles.values())
     return f'<div class="csd-legend">{items}</div>'

@@ -55,8 +55,8 @@ def _timed_run(fn: Callable[[], Generation]) -> Run:
     t0 = time.perf_counter()
     gen = fn()
     wall = time.perf_counter() - t0
-    # The counterfactual chains are a measurement, not part of decoding: keep them out of the time.
-    return Run(gen, wall - gen.trace.times.get("counterfactual", 0.0))
+    # The counterfactual chains and kept details are measurements, not part of decoding: keep them out.
+    return Run(gen, wall - sum(gen.trace.times.get(k, 0.0) for k in ("counterfactual", "inspection")))
 
 
 def run_single(
@@ -79,8 +79,11 @@ def run_csd(
     sampling: SamplingConfig,
     csd: CSDConfig,
     on_step: StepCallback | None = None,
+    keep_details: bool = False,
 ):
-    return _timed_run(lambda: speculative_generate(pair.target, pair.draft, labels, seeds, sampling, csd, on_step))
+    return _timed_run(
+        lambda: speculative_generate(pair.target, pair.draft, labels, seeds, sampling, csd, on_step, keep_details)
+    )
 
 
 # --- panel data ------------------------------------------------------------------------------
