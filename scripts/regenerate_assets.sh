@@ -7,7 +7,7 @@
 #   bash scripts/regenerate_assets.sh [PREVIOUS_TARGET.safetensors]
 #
 # With PREVIOUS_TARGET, the probe compares it with the shipped target. Last, the browser test rewrites the
-# README's two app screenshots (tests/test_app_browser.py with CSD_SCREENSHOT_DIR=assets). On the 2-core
+# app screenshots in assets/ (tests/test_app_browser.py with CSD_SCREENSHOT_DIR=assets). On the 2-core
 # CPU this takes about 30 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
