@@ -56,6 +56,8 @@ def test_gamma_schedule_flag_reaches_the_settings():
     _, csd = settings_from_args(parser.parse_args(["--gamma", "8", "--gamma-schedule", "2", "2", "4"]))
     assert (csd.gamma, csd.gamma_schedule) == (8, (2, 2, 4))
     assert settings_from_args(parser.parse_args([]))[1].gamma_schedule == ()
+    assert settings_from_args(parser.parse_args([]))[1].align is True
+    assert settings_from_args(parser.parse_args(["--no-align"]))[1].align is False
 
 
 @pytest.mark.parametrize(

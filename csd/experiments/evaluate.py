@@ -310,6 +310,12 @@ def add_setting_args(parser: argparse.ArgumentParser) -> None:
         default=c.trajectory_term,
         help="the aligned criterion's trajectory term",
     )
+    parser.add_argument(
+        "--align",
+        action=argparse.BooleanOptionalAction,
+        default=c.align,
+        help="trajectory alignment: the target's chains share the draft's noise (--no-align: independent noise)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
 
@@ -331,6 +337,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDCon
         tau_v=args.tau_v,
         criterion=args.criterion,
         trajectory_term=args.trajectory_term,
+        align=args.align,
     )
     return sampling, csd
 
