@@ -727,14 +727,18 @@ def generate_tab(app: App, queue: dict):
                 token_map = gr.Image(elem_id="img-map", label="Accepted-token map (CSD)", **img)
                 draft = gr.Image(elem_id="img-draft", label="Draft only (same seeds)", **img)
             gr.HTML(legend_html())
-            stats = gr.Markdown("Press **Generate**: target-only, CSD and draft-only run with the same seeds.")
+            stats = gr.Markdown(
+                "Press **Generate**: target-only, CSD and draft-only run with the same seeds.", elem_id="gen-status"
+            )
             speed = gr.Plot(label="Speedup", elem_id="speed-plot")
             with gr.Accordion("Run summary (JSON)", open=False):
                 summary = gr.JSON()
     inspected = gr.State(None)  # this visitor's latest run, for the Inspect tab
     outputs = [target, csd, token_map, draft, stats, speed, summary, inspected]
     event = run.click(on_gpu(app.generate), inputs_kwargs=controls, outputs=outputs, api_name="generate", **queue)
-    stop.click(app.generate_stopped, None, outputs, cancels=[event], api_visibility="private")
+    # Cancel first, then say so: a message the run had already sent cannot overwrite "Stopped".
+    stopped = stop.click(None, None, None, cancels=[event], api_visibility="private")
+    stopped.then(app.generate_stopped, None, outputs, api_visibility="private")
     pair = controls["pair_name"]
     pair.change(app.classes, pair, controls["class_name"], api_visibility="private")
     with gr.Accordion("Official MAR checkpoints", open=False):
@@ -784,7 +788,9 @@ def analysis_tab(app: App, controls: dict[str, gr.components.Component], queue: 
     inputs = {name: c for name, c in controls.items() if name != "batch_size"} | {"n_images": n_images}
     outputs = [status, *plots, data]
     event = recompute.click(on_gpu(app.analyze), inputs_kwargs=inputs, outputs=outputs, api_name="analyze", **queue)
-    stop.click(app.analyze_stopped, None, status, cancels=[event], api_visibility="private")
+    stop.click(None, None, None, cancels=[event], api_visibility="private").then(
+        app.analyze_stopped, None, status, api_visibility="private"
+    )
 
 
 def inspect_tab(app: App, controls: dict, inspected: gr.State, generated, queue: dict) -> None:

@@ -61,8 +61,11 @@ def aligned_verdict(draft: Trajectory, target: Trajectory, tau_v: float, traject
     of the reference code) or "none" (final-step term only)."""
     if trajectory_term not in TRAJECTORY_TERMS:
         raise ValueError(f"trajectory_term must be one of {TRAJECTORY_TERMS}, got {trajectory_term!r}")
-    gap = trajectory_log_std_gap(draft, target)
-    traj = {"derived": gap, "published": -gap, "none": torch.zeros_like(gap)}[trajectory_term]
+    if trajectory_term == "none":  # also for chains of different lengths (a cheaper draft head)
+        traj = torch.zeros(draft.x.shape[0], dtype=draft.x.dtype, device=draft.x.device)
+    else:
+        gap = trajectory_log_std_gap(draft, target)
+        traj = gap if trajectory_term == "derived" else -gap
     return Verdict(trajectory=traj, final=final_step_term(draft.x, draft, target, tau_v))
 
 

@@ -33,13 +33,16 @@ PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.floa
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Knobs shared by every sampler. ``head_steps=None`` uses the target's default."""
+    """Knobs shared by every sampler. ``head_steps=None`` uses the target's default; ``head_steps_min``
+    anneals the head steps linearly over the AR steps, from ``head_steps`` at the first to it at the
+    last (DiSA's cheaper late steps; :func:`head_step_schedule`)."""
 
     num_steps: int = 64
     cfg_scale: float = 1.0
     cfg_schedule: str = "linear"
     temperature: float = 1.0
     head_steps: int | None = None
+    head_steps_min: int | None = None  # a head-step schedule: linear from head_steps to this over the AR steps
     precision: str = "float32"  # backbone precision; heads and all densities stay in float32
 
     def __post_init__(self) -> None:
@@ -49,11 +52,20 @@ class SamplingConfig:
         check_number("temperature", self.temperature, 0.0, 10.0, lo_open=True)
         if self.head_steps is not None:
             check_int("head_steps", self.head_steps, 1, 1000, word="None or an int")
+        if self.head_steps_min is not None:
+            check_int("head_steps_min (last AR step's head steps)", self.head_steps_min, 1, 1000, word="None or an int")
         check_choice("precision", self.precision, tuple(PRECISIONS))
 
     @property
     def guided(self) -> bool:
         return self.cfg_scale != 1.0
+
+
+def head_step_schedule(first: int, last: int | None, num_steps: int) -> list[int]:
+    """Head steps of each AR step: ``first`` throughout, or linear from ``first`` to ``last``, rounded."""
+    if last is None or num_steps == 1:
+        return [first] * num_steps
+    return [round(first + (last - first) * s / (num_steps - 1)) for s in range(num_steps)]
 
 
 @dataclass
@@ -143,7 +155,7 @@ def generate(
     batch, n, d = len(seeds), model.seq_len, model.token_dim
     conditions = model.check_conditions(conditions, batch, device)
     plan = model.plan(seeds, config, device)
-    steps = model.head_steps(config.head_steps)
+    schedule = head_step_schedule(model.head_steps(config.head_steps), config.head_steps_min, config.num_steps)
     noise_streams = ImageStreams(seeds, "chain", device)
     timer = PhaseTimer(device)
     phase = "target" if maker == Maker.TARGET else "draft"
@@ -153,8 +165,8 @@ def generate(
     mask = torch.ones(batch, n, dtype=torch.bool, device=device)
     for s, k in enumerate(plan.sizes):
         pos = plan.positions(s)
-        noise = draw_chain_noise(noise_streams, k, steps, d)
-        args = (conditions, pos, plan.cfg[s], noise, config, steps, timer, phase)
+        noise = draw_chain_noise(noise_streams, k, schedule[s], d)
+        args = (conditions, pos, plan.cfg[s], noise, config, schedule[s], timer, phase)
         traj, _ = predict_step(model, tokens, mask, *args)
         commit(tokens, mask, pos, traj.x)
         trace.record_made(pos, s, maker)

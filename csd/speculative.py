@@ -26,6 +26,7 @@ from csd.sampling import (
     StepCallback,
     commit,
     draw_chain_noise,
+    head_step_schedule,
     model_device,
     predict_step,
 )
@@ -45,7 +46,11 @@ class CSDConfig:
     or "none" (final-step term only). tau_v: widening of the final Gaussians in the test.
     resample_widening: widening of the same Gaussians when resampling (the published code: 1).
     max_tries: resampler cap. counterfactual: also run the target chain with the other noise
-    choice, to record the draft-target distance with and without alignment.
+    choice, to record the draft-target distance with and without alignment. draft_head_steps: a
+    cheaper (or dearer) draft head, None for the target's head steps; a different number of steps
+    cannot share noise or compare per-step stds, so it needs align=False, criterion "aligned" and
+    trajectory_term "none". With a head-step schedule (SamplingConfig.head_steps_min) every block
+    runs the head steps of its first AR step.
     """
 
     gamma: int = 8
@@ -58,6 +63,7 @@ class CSDConfig:
     resample_widening: float = 1.0
     max_tries: int = 100
     counterfactual: bool = False
+    draft_head_steps: int | None = None
 
     def __post_init__(self) -> None:
         check_int("gamma (draft length)", self.gamma, 1)
@@ -69,6 +75,8 @@ class CSDConfig:
         check_number("tau_v", self.tau_v, 1.0, 1e4)
         check_number("resample_widening", self.resample_widening, 1.0, 1e4)
         check_int("max_tries (resampler cap)", self.max_tries, 1, 10000)
+        if self.draft_head_steps is not None:
+            check_int("draft_head_steps", self.draft_head_steps, 1, 1000, word="None or an int")
 
     def block_length(self, block: int) -> int:
         """AR steps drafted in block ``block`` (0-based): the schedule's entry, else gamma."""
@@ -104,7 +112,7 @@ def speculative_generate(
     draw and both chains' transitions (:class:`csd.trace.TokenDetails`), for inspection."""
     run = _Decoding.start(target, draft, conditions, seeds, sampling or SamplingConfig(), csd or CSDConfig(), on_step)
     if keep_details:
-        run.trace.keep_details(run.head_steps, target.token_dim)
+        run.trace.keep_details(max(run.steps_p + [run.csd.draft_head_steps or 0]), target.token_dim)
     s = run.prefill()  # 1. the target alone until a fraction rho of the tokens exists
     for block_id, steps in enumerate(run.blocks(s)):
         block = run.draft_block(steps)  # 2. gamma AR steps of the draft, on its own tokens
@@ -124,6 +132,8 @@ class _Block:
     draft: Trajectory
     noise: ChainNoise
     chain_q: TokenChain
+    t_p: int  # head steps of the target's chains for this block
+    t_q: int  # and of the draft's (equal unless draft_head_steps says otherwise)
 
 
 @dataclass
@@ -153,7 +163,7 @@ class _Decoding:
     sampling: SamplingConfig
     csd: CSDConfig
     plan: Plan
-    head_steps: int
+    steps_p: list[int]  # the target's head steps at each AR step (constant without a schedule)
     streams: dict[str, ImageStreams]
     timer: PhaseTimer
     trace: Trace
@@ -170,6 +180,15 @@ class _Decoding:
             raise ValueError(f"draft model is on {model_device(draft)}, the target on {device}: use one device")
         batch, n, d = len(seeds), target.seq_len, target.token_dim
         plan = target.plan(seeds, sampling, device)
+        steps_p = head_step_schedule(target.head_steps(sampling.head_steps), sampling.head_steps_min, plan.num_steps)
+        if csd.draft_head_steps is not None and any(t != csd.draft_head_steps for t in steps_p):
+            if csd.align or csd.criterion != "aligned" or csd.trajectory_term != "none":
+                raise ValueError(
+                    f"draft_head_steps {csd.draft_head_steps} differs from the target's head steps "
+                    f"{sorted(set(steps_p))}: "
+                    "chains of different lengths share no noise and no per-step stds, so it needs align=False, "
+                    "criterion 'aligned' and trajectory_term 'none'"
+                )
         streams = {name: ImageStreams(seeds, name, device) for name in ("chain", "accept", "resample", "independent")}
         return cls(
             target=target,
@@ -179,7 +198,7 @@ class _Decoding:
             csd=csd,
             plan=plan,
             # Alignment shares every noise tensor, so both chains run the target's number of transitions.
-            head_steps=target.head_steps(sampling.head_steps),
+            steps_p=steps_p,
             streams=streams,
             timer=PhaseTimer(device),
             trace=Trace.empty(batch, n, plan.sizes, {"sampling": asdict(sampling), "csd": asdict(csd)}),
@@ -197,12 +216,12 @@ class _Decoding:
         per_step = [torch.full((self.batch * self.plan.sizes[j],), self.plan.cfg[j]) for j in steps]
         return cat_rows(per_step, self.batch).to(self.tokens.device)
 
-    def _noise(self, stream: str, k: int) -> ChainNoise:
-        return draw_chain_noise(self.streams[stream], k, self.head_steps, self.tokens.shape[-1])
+    def _noise(self, stream: str, k: int, steps: int) -> ChainNoise:
+        return draw_chain_noise(self.streams[stream], k, steps, self.tokens.shape[-1])
 
-    def _step(self, model, tokens, mask, s: int, phase: str) -> tuple[Trajectory, ChainNoise, TokenChain]:
-        pos, noise = self.plan.positions(s), self._noise("chain", self.plan.sizes[s])
-        args = (self.conditions, pos, self.plan.cfg[s], noise, self.sampling, self.head_steps, self.timer, phase)
+    def _step(self, model, tokens, mask, s: int, phase: str, steps: int) -> tuple[Trajectory, ChainNoise, TokenChain]:
+        pos, noise = self.plan.positions(s), self._noise("chain", self.plan.sizes[s], steps)
+        args = (self.conditions, pos, self.plan.cfg[s], noise, self.sampling, steps, self.timer, phase)
         traj, chain = predict_step(model, tokens, mask, *args)
         return traj, noise, chain
 
@@ -210,7 +229,7 @@ class _Decoding:
         """Target-only steps until ``prefill`` of the tokens exist; returns the first step to draft."""
         s, made, n = 0, 0, self.tokens.shape[1]
         while s < self.plan.num_steps and made < self.csd.prefill * n:
-            traj, _, _ = self._step(self.target, self.tokens, self.mask, s, "prefill")
+            traj, _, _ = self._step(self.target, self.tokens, self.mask, s, "prefill", self.steps_p[s])
             pos = self.plan.positions(s)
             commit(self.tokens, self.mask, pos, traj.x)
             self.trace.record_made(pos, s, Maker.PREFILL)
@@ -234,9 +253,11 @@ class _Decoding:
     def draft_block(self, steps: range) -> _Block:
         """The draft makes the block's AR steps one by one, feeding back its own tokens."""
         tokens, mask = self.tokens.clone(), self.mask.clone()
+        t_p = self.steps_p[steps.start]
+        t_q = self.csd.draft_head_steps or t_p
         trajs, noises, chains = [], [], []
         for j in steps:
-            traj, noise, chain = self._step(self.draft, tokens, mask, j, "draft")
+            traj, noise, chain = self._step(self.draft, tokens, mask, j, "draft", t_q)
             pos = self.plan.positions(j)
             commit(tokens, mask, pos, traj.x)
             trajs.append(traj)
@@ -247,7 +268,8 @@ class _Decoding:
             self.report(j + 1, self.plan.num_steps, "draft")
         b = self.batch
         pos = torch.cat([self.plan.positions(j) for j in steps], dim=1)
-        block = _Block(steps, pos, Trajectory.join(trajs, b), ChainNoise.join(noises, b), self.draft.join(chains, b))
+        joined = (Trajectory.join(trajs, b), ChainNoise.join(noises, b), self.draft.join(chains, b))
+        block = _Block(steps, pos, *joined, t_p, t_q)
         if self.trace.details is not None:
             with self.timer("inspection"):  # a measurement: kept out of decoding times
                 self.trace.record_chain(pos, "draft", block.draft)
@@ -258,19 +280,19 @@ class _Decoding:
         distances (both noise choices with ``counterfactual``) go to the trace."""
         with self.timer("target_backbone"):
             cfg = self._cfg_rows(block.steps)
-            args = (self.conditions, block.pos, cfg, self.sampling, self.head_steps)
+            args = (self.conditions, block.pos, cfg, self.sampling, block.t_p)
             chain_p = self.target.verify(self.tokens, self.mask, *args)
         self.trace.record_pass("target")
         rows, aligned = block.pos.shape[1], self.csd.align
         with self.timer("target_head"):
-            target = chain_p.run(block.noise if aligned else self._noise("independent", rows))
+            target = chain_p.run(block.noise if aligned else self._noise("independent", rows, block.t_p))
         self.trace.record_distance(block.pos, (block.draft.x - target.x).norm(dim=-1), aligned)
         if self.trace.details is not None:
             with self.timer("inspection"):  # a measurement: kept out of decoding times
                 self.trace.record_chain(block.pos, "target", target)
-        if self.csd.counterfactual:
+        if self.csd.counterfactual and block.t_q == block.t_p:  # the other noise choice needs equal lengths
             with self.timer("counterfactual"):
-                other = chain_p.run(self._noise("independent", rows) if aligned else block.noise)
+                other = chain_p.run(self._noise("independent", rows, block.t_p) if aligned else block.noise)
             self.trace.record_distance(block.pos, (block.draft.x - other.x).norm(dim=-1), not aligned)
         return _Check(chain_p, target)
 
@@ -321,7 +343,7 @@ class _Decoding:
         chain_p, chain_q = check.chain_p.select(rejected), block.chain_q.select(rejected)
 
         def propose(pending: Tensor) -> tuple[Tensor, Tensor]:  # a whole target path, weighed by q / p
-            raw = stream.randn_rows(owner(pending), self.head_steps, d)  # (m, T, d)
+            raw = stream.randn_rows(owner(pending), block.t_p, d)  # (m, T, d)
             path = chain_p.select(pending).run(ChainNoise(raw[:, 0], raw[:, 1:].transpose(0, 1)))
             mean_q, std_q = chain_q.select(pending).evaluate(path.states)
             return path.x, path_log_ratio(path.states, mean_q, std_q, path.mean, path.std)

@@ -134,9 +134,10 @@ class Trace:
             if model == "draft"
             else (det.target_tokens, det.target_mean, det.target_std)
         )
+        steps = traj.mean.shape[0]  # <= the kept length: shorter chains leave NaN after their last step
         tokens[rows, p] = per_token(traj.x)
-        mean[rows, p] = per_step(traj.mean)
-        std[rows, p] = per_step(traj.std)
+        mean[rows, p, :steps] = per_step(traj.mean)
+        std[rows, p, :steps] = per_step(traj.std)
 
     def record_accept_draw(self, pos: Tensor, uniforms: Tensor) -> None:
         if self.details is not None:

@@ -100,7 +100,7 @@ def test_generate_then_analysis_in_chromium(served, tmp_path):
 
             # A second run shows its progress per AR step; Stop ends it and clears what it had shown.
             page.get_by_role("button", name="Generate", exact=True).click()
-            page.get_by_text("AR step", exact=False).first.wait_for(state="visible")
+            page.locator("#gen-status").get_by_text("AR step", exact=False).first.wait_for(state="visible")
             page.get_by_role("button", name="Stop", exact=True).first.click()
             page.get_by_text("Stopped: the run was cancelled").wait_for(state="visible")
             assert page.locator("#img-csd img").count() == 0

@@ -58,6 +58,10 @@ def test_gamma_schedule_flag_reaches_the_settings():
     assert settings_from_args(parser.parse_args([]))[1].gamma_schedule == ()
     assert settings_from_args(parser.parse_args([]))[1].align is True
     assert settings_from_args(parser.parse_args(["--no-align"]))[1].align is False
+    sampling, csd = settings_from_args(
+        parser.parse_args(["--head-steps", "20", "--head-steps-min", "5", "--draft-head-steps", "8"])
+    )
+    assert (sampling.head_steps, sampling.head_steps_min, csd.draft_head_steps) == (20, 5, 8)
 
 
 @pytest.mark.parametrize(

@@ -444,7 +444,7 @@ def parse_setting(spec: str, base: CSDConfig) -> CSDConfig:
         elif key in ("criterion", "trajectory_term"):
             changes[key] = value
         else:
-            changes[key] = (int if key in ("gamma", "max_tries") else float)(value)
+            changes[key] = (int if key in ("gamma", "max_tries", "draft_head_steps") else float)(value)
     return replace(base, **changes)
 
 

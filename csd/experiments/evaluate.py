@@ -289,7 +289,16 @@ def add_setting_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cfg-scale", type=float, default=s.cfg_scale)
     parser.add_argument("--cfg-schedule", default=s.cfg_schedule)
     parser.add_argument("--temperature", type=float, default=s.temperature)
-    parser.add_argument("--head-steps", type=int, default=s.head_steps)
+    parser.add_argument("--head-steps", type=int, default=s.head_steps, help="head steps (default: the model's)")
+    parser.add_argument(
+        "--head-steps-min", type=int, default=s.head_steps_min, help="anneal the head steps to this at the last AR step"
+    )
+    parser.add_argument(
+        "--draft-head-steps",
+        type=int,
+        default=None,
+        help="the draft head's steps (needs --no-align, --trajectory-term none)",
+    )
     parser.add_argument("--gamma", type=int, default=c.gamma, help="draft length (AR steps per block)")
     parser.add_argument(
         "--gamma-schedule",
@@ -328,6 +337,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDCon
         cfg_schedule=args.cfg_schedule,
         temperature=args.temperature,
         head_steps=args.head_steps,
+        head_steps_min=args.head_steps_min,
     )
     csd = replace(
         defaults.CSD,
@@ -338,6 +348,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDCon
         criterion=args.criterion,
         trajectory_term=args.trajectory_term,
         align=args.align,
+        draft_head_steps=args.draft_head_steps,
     )
     return sampling, csd
 

@@ -1,0 +1,115 @@
+"""Cheaper token heads as sampler settings: a head-step schedule over the AR steps (target-only and CSD)
+and a draft head with its own number of steps; each stays seeded and batch-invariant."""
+
+import pytest
+import torch
+
+from csd.experiments.pairs import random_pair
+from csd.sampling import SamplingConfig, generate, head_step_schedule
+from csd.speculative import CSDConfig, speculative_generate
+
+SCHEDULED = SamplingConfig(num_steps=8, cfg_scale=2.0, head_steps=10, head_steps_min=2)
+INDEPENDENT = {"align": False, "trajectory_term": "none"}
+
+
+@pytest.fixture
+def recorded():
+    """A fresh untrained pair whose heads record the step counts they are asked for."""
+    pair = random_pair()
+    calls = {"target": [], "draft": []}
+    for name, model in (("target", pair.target), ("draft", pair.draft)):
+        chain = model.head.chain
+
+        def record(steps=None, chain=chain, log=calls[name]):
+            log.append(steps)
+            return chain(steps)
+
+        model.head.chain = record
+    return pair, calls
+
+
+def test_the_schedule_is_linear_from_the_first_to_the_last_ar_step():
+    assert head_step_schedule(25, None, 4) == [25, 25, 25, 25]
+    assert head_step_schedule(25, 5, 5) == [25, 20, 15, 10, 5]
+    assert head_step_schedule(10, 2, 8) == [10, 9, 8, 7, 5, 4, 3, 2]
+    assert head_step_schedule(10, 2, 1) == [10]
+
+
+def test_target_only_generation_follows_the_schedule_and_stays_batch_invariant(recorded):
+    pair, calls = recorded
+    batch = generate(pair.target, [1, 2], [3, 4], SCHEDULED)
+    assert calls["target"][-8:] == head_step_schedule(10, 2, 8)
+    alone = generate(pair.target, [2], [4], SCHEDULED)
+    torch.testing.assert_close(batch.tokens[1:], alone.tokens)
+    flat = generate(pair.target, [1, 2], [3, 4], SamplingConfig(num_steps=8, cfg_scale=2.0, head_steps=10))
+    assert not torch.allclose(batch.tokens, flat.tokens)
+    same = SamplingConfig(num_steps=8, cfg_scale=2.0, head_steps=10, head_steps_min=10)
+    torch.testing.assert_close(generate(pair.target, [1, 2], [3, 4], same).tokens, flat.tokens)
+
+
+def test_csd_runs_each_block_at_its_first_steps_head_steps(recorded):
+    pair, calls = recorded
+    csd = CSDConfig(gamma=3, prefill=0.05)
+    out = speculative_generate(pair.target, pair.draft, [1, 2], [3, 4], SCHEDULED, csd)
+    schedule = head_step_schedule(10, 2, 8)
+    trace = out.trace
+    blocks = [trace.ar_step[trace.block == b] for b in sorted({int(b) for b in trace.block[trace.block >= 0]})]
+    # One draft chain per drafted AR step, all at the head steps of their block's first AR step.
+    drafted = [schedule[int(steps.min())] for steps in blocks for _ in range(int(steps.max() - steps.min()) + 1)]
+    assert calls["draft"] == drafted and len(set(drafted)) > 1
+    alone = speculative_generate(pair.target, pair.draft, [2], [4], SCHEDULED, csd)
+    torch.testing.assert_close(out.tokens[1:], alone.tokens)
+
+
+def test_a_cheaper_draft_head_needs_independent_noise_and_the_final_step_test(random_models):
+    m, sampling = random_models, SamplingConfig(num_steps=8, cfg_scale=2.0)
+    with pytest.raises(
+        ValueError, match=r"draft_head_steps 4 differs from the target's head steps \[10\].*align=False"
+    ):
+        speculative_generate(m.target, m.draft, [1], [3], sampling, CSDConfig(gamma=3, draft_head_steps=4))
+    with pytest.raises(ValueError, match="draft_head_steps"):
+        speculative_generate(
+            m.target,
+            m.draft,
+            [1],
+            [3],
+            sampling,
+            CSDConfig(gamma=3, draft_head_steps=4, criterion="exact", align=False),
+        )
+    # The target's own number of steps is no change at all.
+    same = CSDConfig(gamma=3, draft_head_steps=10)
+    torch.testing.assert_close(
+        speculative_generate(m.target, m.draft, [1], [3], sampling, same).tokens,
+        speculative_generate(m.target, m.draft, [1], [3], sampling, CSDConfig(gamma=3)).tokens,
+    )
+
+
+def test_a_cheaper_draft_head_runs_seeded_and_batch_invariant(recorded):
+    pair, calls = recorded
+    csd = CSDConfig(gamma=3, draft_head_steps=4, **INDEPENDENT)
+    sampling = SamplingConfig(num_steps=8, cfg_scale=2.0)
+    out = speculative_generate(pair.target, pair.draft, [1, 2], [3, 4], sampling, csd, keep_details=True)
+    assert set(calls["draft"]) == {4} and torch.isfinite(out.tokens).all()
+    det, v = out.trace.details, out.trace.verified
+    assert torch.isfinite(torch.from_numpy(det.draft_mean[v][:, :4])).all()
+    assert torch.isnan(torch.from_numpy(det.draft_mean[v][:, 4:])).all()  # the draft's chain is 4 steps long
+    alone = speculative_generate(pair.target, pair.draft, [2], [4], sampling, csd)
+    torch.testing.assert_close(out.tokens[1:], alone.tokens)
+    again = speculative_generate(pair.target, pair.draft, [1, 2], [3, 4], sampling, csd)
+    torch.testing.assert_close(out.tokens, again.tokens)
+
+
+@pytest.mark.parametrize(
+    ("make", "name"),
+    [
+        (
+            lambda: SamplingConfig(head_steps_min=0),
+            r"head_steps_min \(last AR step's head steps\) must be None or an int",
+        ),
+        (lambda: CSDConfig(draft_head_steps=0), r"draft_head_steps must be None or an int in \[1, 1000\]"),
+        (lambda: CSDConfig(draft_head_steps=True), "draft_head_steps"),
+    ],
+)
+def test_bad_head_step_settings_are_refused_by_name(make, name):
+    with pytest.raises(ValueError, match=name):
+        make()
