@@ -488,6 +488,27 @@ def update_docs(result: dict, root: Path = ROOT) -> None:
     paste_block(root / "README.md", "headline", headline_markdown(result))
 
 
+def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out: Path) -> dict:
+    from csd.experiments import frontier
+    from visualize.frontier import frontier_chart
+    from visualize.render import save_png
+
+    points = frontier.grid(sampling, csd, target.head_steps(sampling.head_steps), args.quick)
+    classifier = load_classifier(args.classifier)
+    ref = reference_features(config.n_ref, REFERENCE_SEED, classifier)
+    batch = config.batches[-1] if args.batches is None else args.batches[0]
+    result = frontier.run_frontier(target, draft, points, classifier, ref, config.n, batch, config.repeats)
+    result["settings"] = {"sampling": asdict(sampling), "csd": asdict(csd), "n_ref": config.n_ref}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "frontier.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = frontier.frontier_markdown(result)
+    (out / "frontier.md").write_text("# Quality-time frontier\n\n" + table)
+    save_png(frontier_chart(result), out / "frontier.png")
+    print(table)
+    print(f"wrote {out / 'frontier.json'}, frontier.md and frontier.png")
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m csd.experiments.bench", description=__doc__.split("\n")[0])
     add_setting_args(parser)
@@ -503,6 +524,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument(
         "--update-docs", action="store_true", help="write the tables into docs/results.md and the README's headline"
+    )
+    parser.add_argument(
+        "--frontier",
+        action="store_true",
+        help="instead: the quality-time frontier of target-only and CSD settings (frontier.json, .md, .png in --out)",
     )
     parser.add_argument(
         "--compare",
@@ -521,6 +547,8 @@ def main(argv: list[str] | None = None) -> dict:
     config = replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in grid.items() if v is not None})
     sampling, csd = settings_from_args(args)
     target, draft = load_models(args.target, args.draft, torch.device(args.device))
+    if args.frontier:
+        return write_frontier(target, draft, sampling, csd, config, args, Path(args.out))
     if args.compare:
         settings = {spec: parse_setting(spec, csd) for spec in args.compare}
         batch = config.batches[-1] if args.batches is None else args.batches[0]
