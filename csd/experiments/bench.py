@@ -488,6 +488,11 @@ def update_docs(result: dict, root: Path = ROOT) -> None:
     paste_block(root / "README.md", "headline", headline_markdown(result))
 
 
+def single_batch(config: BenchConfig, batches: list[int] | None) -> int:
+    """The batch of a one-batch mode (--compare, --frontier): the first --batches, else the grid's largest."""
+    return config.batches[-1] if batches is None else batches[0]
+
+
 def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out: Path) -> dict:
     from csd.experiments import frontier
     from visualize.frontier import frontier_chart
@@ -496,7 +501,7 @@ def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out:
     points = frontier.grid(sampling, csd, target.head_steps(sampling.head_steps), args.quick)
     classifier = load_classifier(args.classifier)
     ref = reference_features(config.n_ref, REFERENCE_SEED, classifier)
-    batch = config.batches[-1] if args.batches is None else args.batches[0]
+    batch = single_batch(config, args.batches)
     result = frontier.run_frontier(target, draft, points, classifier, ref, config.n, batch, config.repeats)
     result["settings"] = {"sampling": asdict(sampling), "csd": asdict(csd), "n_ref": config.n_ref}
     out.mkdir(parents=True, exist_ok=True)
@@ -551,7 +556,7 @@ def main(argv: list[str] | None = None) -> dict:
         return write_frontier(target, draft, sampling, csd, config, args, Path(args.out))
     if args.compare:
         settings = {spec: parse_setting(spec, csd) for spec in args.compare}
-        batch = config.batches[-1] if args.batches is None else args.batches[0]
+        batch = single_batch(config, args.batches)
         rows = compare_settings(target, draft, sampling, settings, batch, config.repeats)
         print(f"batch {batch}, {sampling.num_steps} AR steps, {config.repeats} repeats; vs target-only:")
         for r in rows:
