@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from csd.acceptance import CRITERIA, TRAJECTORY_TERMS
-from csd.experiments import defaults
+from csd.experiments import defaults, frontier
 from csd.experiments.analysis import Analysis, AnalysisSettings, Panels, Run, cost_model, run_csd, run_single
 from csd.experiments.inspection import Frame, artifact_hints, inspect_token, replay_frames, token_index
 from csd.experiments.jobs import Job, Step, Stopped
@@ -43,6 +43,7 @@ from csd.sampling import SamplingConfig
 from csd.speculative import CSDConfig
 from csd.toy import speculative_sample, total_variation
 from csd.trace import Maker
+from visualize.frontier import frontier_chart
 from visualize.images import display_grid, legend_html, locate, token_map, upscale
 from visualize.panels import analysis_charts, time_breakdown
 from visualize.render import to_plotly
@@ -61,6 +62,7 @@ except ImportError:
 
 ROOT = Path(__file__).resolve().parent
 PRECOMPUTED = ROOT / "assets" / "analysis_default.json"
+FRONTIER = ROOT / "bench" / "results" / "frontier.json"  # python -m csd.experiments.bench --frontier --quick
 DEFAULT_CHECKPOINTS = ROOT / "pretrained_models"  # where --hub-repo fetches to without --checkpoints
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PRECISION = "bfloat16" if DEVICE.type == "cuda" else "float32"  # backbone precision; heads stay float32
@@ -251,8 +253,8 @@ class App:
     Nothing a visitor sends names a file, a directory or a repository: pairs are chosen by name among
     those the operator installed before serving."""
 
-    def __init__(self, store: PairStore, limits: Limits, panels: Panels | None = None):
-        self.store, self.limits, self.panels = store, limits, panels
+    def __init__(self, store: PairStore, limits: Limits, panels: Panels | None = None, front: dict | None = None):
+        self.store, self.limits, self.panels, self.front = store, limits, panels, front
         self.controls = declare_controls(store, limits)
         # The latest model runs: status ("done", "stopped", "over time", "error"), AR steps run, seconds.
         self.history: deque[dict] = deque(maxlen=64)
@@ -494,6 +496,41 @@ class App:
     def analyze_stopped() -> str:
         return "Stopped: the recompute was cancelled; the panels below are the ones shown before it."
 
+    def recompute_frontier(self, n_images: int, progress=gr.Progress(), **controls):  # noqa: B008
+        """Every cheap alternative (target-only with fewer AR or head steps, a head schedule, CSD settings
+        and combinations) around the current controls, over ``n_images`` images, one run per setting."""
+        r = self.request(**controls, batch_size=1)
+        work, most = n_images * r.sampling.num_steps, self.limits.max_analysis_steps // 2
+        if work > most:
+            raise gr.Error(
+                f"Images (n) x AR steps of the frontier must be at most {most} on this server (half of "
+                f"--max-analysis-steps, CSD_MAX_ANALYSIS_STEPS: it runs 14 settings), got "
+                f"{n_images} x {r.sampling.num_steps} = {work}: ask for fewer images or AR steps"
+            )
+        points = frontier.grid(r.sampling, r.csd, r.pair.target.head_steps(r.sampling.head_steps), quick=True)
+        small = frontier.SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], label=r.labels[0])
+
+        def work(job: Job) -> dict:
+            for done, total, label in small.steps(on_step=lambda label: job.on_step(label)):
+                job.post((done, total, label))
+            return small.result()
+
+        run, skips = (0, len(small), ""), [gr.skip()] * 3
+        job = self.job(work)
+        for event in self.follow(job, [], lambda *args, **kwargs: None):
+            if isinstance(event, Step):
+                done, total, _ = run
+                progress((done * event.total + event.done, total * event.total), desc=event.text, unit="steps")
+                yield f"Running {done + 1}/{total}: {event.text} ...", *skips
+            else:
+                run = event
+        result = job.result
+        yield frontier_status(result, recomputed=True), *frontier_outputs(result)
+
+    @staticmethod
+    def frontier_stopped() -> str:
+        return "Stopped: the recompute was cancelled; the frontier below is the one shown before it."
+
     # --- toy ----------------------------------------------------------------------------------
 
     def toy(self, target_mean: float, target_std: float, draft_mean: float, draft_std: float, samples: int, seed: int):
@@ -657,7 +694,6 @@ ANALYSIS_KEYS = (
     "acceptance_vs_temperature",
     "log_ratio_split",
     "time",
-    "quality_vs_time",
 )
 
 
@@ -691,6 +727,44 @@ def analysis_status(panels: Panels | None, recomputed: bool = False, current_wei
 
 def panels_json(panels: Panels | None) -> dict | None:
     return None if panels is None else json.loads(panels.to_json())
+
+
+def frontier_status(result: dict | None, recomputed: bool = False, pair: str | None = None) -> str:
+    if result is None:
+        return "No precomputed frontier for these models: press **Recompute frontier**."
+    steps = result["rows"][0]["sampling"]["num_steps"]
+    what = "Recomputed" if recomputed else "Precomputed (default setting, `python -m csd.experiments.bench --frontier`)"
+    key = frontier.result_metrics(result)[0]
+    on = [r["name"] for r in result["rows"] if r["method"] == "CSD" and r[f"front_{key}"]]
+    verdict = (
+        f"CSD on the front ({frontier.METRICS[key][0]}): {', '.join(on)}."
+        if on
+        else (f"No CSD setting is on the front ({frontier.METRICS[key][0]}).")
+    )
+    name = result.get("pair", pair)
+    where = f" on *{name}*" if name else ""
+    return (
+        f"**{what}**{where}: {len(result['rows'])} settings around {steps} AR steps, "
+        f"{result['n']} images each; time: {result['timing']}. {verdict}"
+    )
+
+
+def frontier_outputs(result: dict | None) -> list:
+    """The frontier's plot, table and JSON."""
+    if result is None:
+        return [None, "", None]
+    return [to_plotly(frontier_chart(result)), frontier.frontier_markdown(result), result]
+
+
+def precomputed_frontier(path: Path, store: PairStore) -> dict | None:
+    """The benchmark's frontier, when it was measured on a pair this server serves (same weights)."""
+    if not path.is_file():
+        return None
+    result = json.loads(path.read_text())
+    for name in store.names:
+        if store.source(name).weights == result.get("weights"):
+            return result | {"pair": name}
+    return None
 
 
 HOW_IT_WORKS = ROOT / "docs" / "how_it_works.md"  # the "How it works" tab
@@ -757,7 +831,7 @@ ANALYSIS_SECTIONS = (  # (title, panels in the row), in the order of ANALYSIS_KE
     ("(c) Resampler", 2),
     ("Acceptance vs draft length, CFG scale, temperature", 3),
     ("The split of log r", 1),
-    ("Where the time goes, and quality vs time", 2),
+    ("Where the time goes", 1),
 )
 
 
@@ -790,6 +864,41 @@ def analysis_tab(app: App, controls: dict[str, gr.components.Component], queue: 
     event = recompute.click(on_gpu(app.analyze), inputs_kwargs=inputs, outputs=outputs, api_name="analyze", **queue)
     stop.click(None, None, None, cancels=[event], api_visibility="private").then(
         app.analyze_stopped, None, status, api_visibility="private"
+    )
+    frontier_section(app, inputs, queue)
+
+
+def frontier_section(app: App, inputs: dict, queue: dict) -> None:
+    """Quality against time for every cheap alternative of the current family: the benchmark's run for
+    the default setting, or a recompute at a few images for the current controls."""
+    gr.Markdown("#### Quality vs time: CSD among the cheap alternatives")
+    gr.Markdown(
+        "Target-only with fewer AR steps, fewer head steps or a head-step schedule, CSD at several draft "
+        "lengths, tests and pre-fills, and their combinations, at the current controls. Time is a ratio to "
+        "target-only measured in the same run; the dashed line is the Pareto front (nothing is both faster "
+        "and better). Hover a point for its setting. A recompute runs each setting once over *n* images: "
+        "its error bars are wide, the benchmark's (hundreds of images) are not."
+    )
+    status = gr.Markdown(frontier_status(app.front), elem_id="frontier-status")
+    with gr.Row():
+        lim = app.limits
+        n_images = _slider("Images (n) for the frontier", min(4, lim.max_images), 1, lim.max_images).component()
+        n_images.elem_id = "frontier-n"
+        recompute = gr.Button("Recompute frontier", variant="primary")
+        stop = gr.Button("Stop")
+    chart, table, data = frontier_outputs(app.front)
+    plot = gr.Plot(chart, show_label=False, elem_id="panel-frontier")
+    with gr.Accordion("Frontier table", open=False):
+        table = gr.Markdown(table, elem_id="frontier-table")
+    with gr.Accordion("Frontier data (JSON)", open=False):
+        data = gr.JSON(data)
+    outputs = [status, plot, table, data]
+    inputs = {k: v for k, v in inputs.items() if k != "n_images"} | {"n_images": n_images}
+    event = recompute.click(
+        on_gpu(app.recompute_frontier), inputs_kwargs=inputs, outputs=outputs, api_name="frontier", **queue
+    )
+    stop.click(None, None, None, cancels=[event], api_visibility="private").then(
+        app.frontier_stopped, None, status, api_visibility="private"
     )
 
 
@@ -974,7 +1083,7 @@ def make_app(checkpoints: Path | None, limits: Limits, hub_repo: str | None = No
     panels = Panels.load(PRECOMPUTED) if PRECOMPUTED.is_file() else None
     if panels is not None and panels.pair not in store.names:
         panels = None  # computed for a pair this server does not have
-    return App(store, limits, panels)
+    return App(store, limits, panels, precomputed_frontier(FRONTIER, store))
 
 
 def warm_up(app: App) -> None:

@@ -39,6 +39,10 @@ ANALYZE = {  # n x AR steps at the limit (max_analysis_steps)
     "analysis, 8 images x 32 AR steps": (8, {}),
     "analysis, 4 images x 64 AR steps": (4, {"ar_steps": 64}),
 }
+FRONTIER = {  # n x AR steps at the frontier's limit (half of max_analysis_steps)
+    "frontier, 4 images x 32 AR steps": (4, {}),
+    "frontier, 2 images x 64 AR steps": (2, {"ar_steps": 64}),
+}
 
 
 def _drain(requests) -> float:
@@ -63,6 +67,9 @@ def main() -> None:
     analysis_base = {k: v for k, v in base.items() if k != "batch_size"}
     for name, (n, over) in ANALYZE.items():
         rows[name] = _drain(application.analyze(n, progress=quiet, **{**analysis_base, **over}))
+        print(f"{name}: {rows[name]:.1f} s", flush=True)
+    for name, (n, over) in FRONTIER.items():
+        rows[name] = _drain(application.recompute_frontier(n, progress=quiet, **{**analysis_base, **over}))
         print(f"{name}: {rows[name]:.1f} s", flush=True)
     result = {
         "limits": asdict(LIMITS),

@@ -4,6 +4,7 @@ The server runs small untrained models (fast); what is checked is the contract o
 outputs present and consistent, and every bad input rejected with an error naming its control.
 """
 
+import json
 import math
 
 import gradio as gr
@@ -48,7 +49,7 @@ def analysis_controls(served_app: app.App, **overrides) -> dict:
 
 
 def test_named_endpoints_are_public(client):
-    assert {"/generate", "/analyze", "/toy", "/inspect"} <= set(
+    assert {"/generate", "/analyze", "/frontier", "/toy", "/inspect"} <= set(
         client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     )
 
@@ -87,6 +88,45 @@ def test_panels_of_other_weights_are_shown_with_a_warning(served):
     panels = Panels.from_dict(data)
     assert "Warning" not in app.analysis_status(panels, current_weights=panels.weights)
     assert "other weights" in app.analysis_status(panels, current_weights="sha256:0123")
+
+
+def test_frontier_recomputes_every_alternative_for_the_current_controls(served):
+    application, client = served
+    status, plot, table, data = client.predict(
+        n_images=1, **analysis_controls(application, gamma=2), api_name="/frontier"
+    )
+    assert "Recomputed" in status and "1 images each" in status and plot is not None
+    rows = data["rows"]
+    assert rows[0]["name"].startswith("target-only (8 AR steps") and rows[0]["time"] == 1.0
+    assert {r["method"] for r in rows} == {"target, fewer AR steps", "target, cheaper head", "CSD"}
+    assert data["weights"] == RANDOM_SOURCE.weights and data["n"] == 1
+    assert table.count("\n|") == len(rows) + 2
+    assert any(r["front_accuracy"] for r in rows)
+
+
+def test_frontier_refuses_more_work_than_the_server_allows():
+    application = app.App(PairStore([RANDOM_SOURCE], torch.device("cpu")), app.Limits(max_analysis_steps=8))
+    values = {k: v for k, v in controls(application, ar_steps=8).items() if k != "batch_size"}
+    with pytest.raises(gr.Error, match=r"Images \(n\) x AR steps of the frontier must be at most 4.*1 x 8 = 8"):
+        next(application.recompute_frontier(1, progress=lambda *a, **k: None, **values))
+
+
+def test_the_benchmark_frontier_is_shown_only_for_the_weights_it_measured(tmp_path):
+    store = PairStore([RANDOM_SOURCE], torch.device("cpu"))
+    path = tmp_path / "frontier.json"
+    assert app.precomputed_frontier(path, store) is None  # no file
+    row = {"name": "target-only", "method": "target, fewer AR steps", "time": 1.0, "sampling": {"num_steps": 8}}
+    row |= {"fd": 9.0, "fd_se": 1.0, "front_fd": True, "csd": None}
+    result = {"rows": [row], "metrics": ["fd"], "n": 200, "timing": "median", "weights": "sha256:other"}
+    path.write_text(json.dumps(result))
+    assert app.precomputed_frontier(path, store) is None  # measured on other weights
+    path.write_text(json.dumps(result | {"weights": RANDOM_SOURCE.weights}))
+    shown = app.precomputed_frontier(path, store)
+    assert shown["pair"] == RANDOM_SOURCE.name
+    assert "Precomputed" in app.frontier_status(shown) and "No CSD setting is on the front" in app.frontier_status(
+        shown
+    )
+    assert "press **Recompute frontier**" in app.frontier_status(None)
 
 
 def test_toy_acceptance_matches_one_minus_total_variation(client):

@@ -115,6 +115,26 @@ def test_generate_then_analysis_in_chromium(served, tmp_path):
             else:
                 for key in ("time", "distance_per_step"):
                     page.locator(f"#panel-{key} .js-plotly-plot").wait_for(state="visible")
+            frontier_status = page.locator("#frontier-status")
+            if application.front is None:
+                frontier_status.get_by_text("press Recompute frontier").wait_for(state="visible")
+            else:  # the benchmark's frontier for the served pair
+                frontier_status.get_by_text("Precomputed", exact=False).wait_for(state="visible")
+                page.locator("#panel-frontier .js-plotly-plot").wait_for(state="visible")
             page.screenshot(path=shots / "screenshot.png", full_page=True)
+
+            # The frontier recomputed at one image: every setting runs, the front is drawn, a point's
+            # setting shows on hover.
+            n = page.locator("#frontier-n input[type=number]")
+            n.fill("1")
+            n.press("Enter")
+            page.get_by_role("button", name="Recompute frontier").click()
+            frontier_status.get_by_text("1 images each", exact=False).wait_for(state="visible")
+            assert "Recomputed" in frontier_status.inner_text()
+            plot = page.locator("#panel-frontier .js-plotly-plot")
+            assert "Pareto front" in plot.inner_text()
+            point = page.locator("#panel-frontier .scatterlayer .trace").nth(2).locator(".point").first  # CSD
+            point.hover(force=True)
+            page.locator("#panel-frontier .hoverlayer").get_by_text("gamma", exact=False).first.wait_for(state="visible")
         finally:
             browser.close()

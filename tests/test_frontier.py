@@ -1,10 +1,21 @@
 """The quality-time frontier: its grid of settings, the Pareto front, and a tiny run end to end."""
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from csd.experiments.frontier import Point, frontier_markdown, grid, pareto, run_frontier
+from csd.experiments.frontier import (
+    METRICS,
+    Point,
+    SmallFrontier,
+    frontier_markdown,
+    grid,
+    image_scores,
+    pareto,
+    run_frontier,
+)
 from csd.sampling import SamplingConfig
 from csd.shapes.metrics import load_classifier, reference_features
 from csd.speculative import CSDConfig
@@ -81,3 +92,94 @@ def test_the_bench_writes_the_frontier_json_markdown_and_plot(tmp_path, restore_
     assert saved["rows"][0]["name"].startswith("target-only (6 AR steps")
     assert (tmp_path / "out" / "frontier.md").read_text().startswith("# Quality-time frontier")
     assert (tmp_path / "out" / "frontier.png").stat().st_size > 1000
+
+
+def test_the_bench_frontier_records_the_weights_the_app_matches(tmp_path, restore_threads):
+    from csd.experiments.bench import main
+    from csd.experiments.pairs import file_digest
+
+    target, draft = save_tiny_pixel_pair(tmp_path)
+    args = ["--frontier", "--quick", "--target", target, "--draft", draft, "--n", "4", "--n-ref", "20"]
+    args += ["--repeats", "1", "--batches", "2", "--num-steps", "4", "--threads", "1", "--out", str(tmp_path / "out")]
+    result = main(args)
+    assert result["weights"] == file_digest(Path(target), Path(draft)) and result["metrics"] == ["fd", "accuracy"]
+
+
+# --- the app's recompute at a few images ----------------------------------------------------------
+
+
+SMALL = SamplingConfig(num_steps=4, cfg_scale=2.0)
+
+
+@pytest.fixture(scope="module")
+def small(one_thread, random_models):
+    points = grid(SMALL, CSDConfig(gamma=2), 10, quick=True)
+    f = SmallFrontier(random_models, points, 3, seed=5, label=2)
+    labels = [label for _, _, label in f.steps()]
+    assert len(labels) == len(f) == len(points) + 1 and labels[-1].endswith("timed again")
+    return f, f.result()
+
+
+def test_a_small_frontier_scores_every_setting_on_the_same_seeds(small):
+    f, result = small
+    assert f.seeds == [5, 6, 7] and f.labels == [2, 3, 4]
+    assert result["metrics"] == ["accuracy"]  # the untrained pair is a shapes pixel pair: the classifier applies
+    rows = result["rows"]
+    assert [r["name"] for r in rows] == [p.name for p in f.points]
+    assert rows[0]["time"] == 1.0 and all(r["time"] > 0 for r in rows)
+    for r in rows:
+        assert r["accuracy"] in (0.0, 1 / 3, 2 / 3, 1.0) and r["accuracy_se"] >= 0
+    assert [r["front_accuracy"] for r in rows] == pareto(
+        [r["time"] for r in rows], [r["accuracy"] for r in rows], higher_is_better=True
+    )
+    assert result["weights"] == f.pair.weights and 0 <= result["drift"] and "differ by" in result["timing"]
+    # CSD rows made fewer target passes than the baseline: the time axis is not all noise
+    assert all(r["target_passes"] < rows[0]["target_passes"] for r in rows if r["method"] == "CSD")
+    json.dumps(result)
+
+
+def test_the_small_frontier_scores_are_those_of_a_plain_run_with_the_same_seeds(small, random_models):
+    from csd.experiments.analysis import run_csd
+
+    f, result = small
+    i = next(i for i, p in enumerate(f.points) if p.csd is not None)
+    _, score = image_scores(random_models, f.labels, f._runs[0].generation)
+    again = run_csd(random_models, f.labels, f.seeds, f.points[i].sampling, f.points[i].csd).generation
+    assert float(score(again).mean()) == result["rows"][i]["accuracy"]
+
+
+def test_a_small_frontier_wants_its_runs_and_a_baseline_first(random_models):
+    points = grid(SMALL, CSDConfig(gamma=2), 10, quick=True)
+    with pytest.raises(RuntimeError, match="run every step"):
+        SmallFrontier(random_models, points, 1).result()
+    with pytest.raises(ValueError, match="baseline"):
+        SmallFrontier(random_models, points[::-1], 1)
+    with pytest.raises(ValueError, match="number of images"):
+        SmallFrontier(random_models, points, 0)
+
+
+def test_scores_fall_back_to_distance_to_the_target_run_without_a_classifier(random_models):
+    from dataclasses import replace
+
+    from csd.experiments.analysis import run_single
+
+    other = replace(random_models, class_names=tuple(f"c{i}" for i in range(10)))
+    reference = run_single(random_models, [0, 1], [0, 1], SamplingConfig(num_steps=4)).generation
+    key, score = image_scores(other, [0, 1], reference)
+    assert key == "rms" and METRICS[key][1] is False
+    assert score(reference).tolist() == [0.0, 0.0]
+    shifted = replace(reference, tokens=reference.tokens + 0.5)
+    assert np.allclose(score(shifted), 0.5)
+
+
+def test_the_chart_and_table_follow_the_result_metric(small):
+    _, result = small
+    chart = frontier_chart(result)
+    assert "class accuracy" in chart.y_label and "higher is better" in chart.y_label
+    csd_series = next(s for s in chart.series if s.name == "CSD")
+    assert all("gamma" in h and "AR steps" in h for h in csd_series.hover)  # the setting, on hover
+    assert csd_series.errors is not None
+    md = frontier_markdown(result)
+    assert "front (accuracy)" in md and "Frechet" not in md
+    with pytest.raises(ValueError, match="metric must be one of"):
+        frontier_chart(result, "fd")

@@ -63,6 +63,7 @@ def test_every_handler_is_a_known_one_and_none_can_download(served, monkeypatch)
     application, demo, client = served
     handlers = {fn.fn.__name__ for fn in demo.fns.values() if fn.fn is not None}  # None: a front-end-only event
     known = {"generate", "analyze", "toy", "classes", "generate_stopped", "analyze_stopped"}
+    known |= {"recompute_frontier", "frontier_stopped"}  # the frontier section
     known |= {"after_run", "replay", "show_token", "select_on_map", "select_hint", "inspect_api"}  # the Inspect tab
     assert handlers <= known, handlers
 
@@ -76,7 +77,7 @@ def test_every_handler_is_a_known_one_and_none_can_download(served, monkeypatch)
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", refuse)
     client.predict(**_controls(application, ar_steps=4), api_name="/generate")  # would fail if it fetched
     for name in client.view_api(print_info=False, return_format="dict")["named_endpoints"]:
-        assert name in {"/generate", "/analyze", "/toy", "/inspect"}
+        assert name in {"/generate", "/analyze", "/frontier", "/toy", "/inspect"}
 
 
 def test_fetch_official_takes_only_the_official_files_and_skips_those_present(tmp_path):

@@ -12,7 +12,6 @@ from csd.experiments.analysis import (
     LogRatioPanel,
     Panels,
     PrefillPanel,
-    QualityPanel,
     ResamplerPanel,
     Spread,
     Sweep,
@@ -78,13 +77,12 @@ def panels() -> Panels:
             {"C_p": 0.1, "H_p": 0.05, "C_q": 0.02, "H_q": 0.03},
             4,
         ),
-        quality=QualityPanel("class accuracy", True, ["target-only", "CSD"], [8, 8], [3.0, 2.0], [8, 3], [0.9, None]),
     )
 
 
 def test_every_analysis_panel_renders_in_plotly_and_matplotlib(panels):
     charts = analysis_charts(panels)
-    assert len(charts) == 11
+    assert len(charts) == 10
     for chart in charts.values():
         assert isinstance(to_plotly(chart), go.Figure)
         assert to_matplotlib(chart).axes
@@ -120,7 +118,7 @@ def test_time_breakdown_stacks_phases_per_method():
 
 def test_export_writes_one_png_per_chart(panels, tmp_path):
     paths = export_pngs(panels, tmp_path)
-    assert len(paths) == 11 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+    assert len(paths) == 10 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
 
 
 def test_upscale_is_nearest_neighbour_and_reaches_the_display_size():

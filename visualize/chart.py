@@ -12,7 +12,8 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F
 @dataclass
 class Series:
     """One named series. ``band`` = (lo, hi) shades a range around a line; ``width`` sets bar widths
-    (histograms); ``text`` labels markers or bars. None in y (or band) leaves a gap."""
+    (histograms); ``text`` labels markers or bars; ``hover`` is text shown only on hover (Plotly);
+    ``errors`` draws +- error bars on y. None in y (or band) leaves a gap."""
 
     name: str
     x: list
@@ -23,6 +24,8 @@ class Series:
     text: list[str] | None = None
     color: str | None = None
     dash: bool = False
+    hover: list[str] | None = None
+    errors: list[float] | None = None
 
 
 @dataclass

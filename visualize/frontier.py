@@ -2,11 +2,41 @@
 
 from __future__ import annotations
 
+from csd.experiments.frontier import METRICS, result_metrics
 from visualize.chart import Chart, Series
 
 
-def frontier_chart(result: dict) -> Chart:
-    """Frechet distance against time, one series per method, the front as a line."""
+def _fmt(v: float, key: str) -> str:
+    return f"{v:.1f}" if key == "fd" else f"{v:.3f}"
+
+
+def point_hover(row: dict, metrics: list[str]) -> str:
+    """A point's setting and figures, for hovering."""
+    lines = [f"<b>{row['name']}</b>", f"time {row['time']:.2f} of target-only's"]
+    for m in metrics:
+        lines.append(f"{METRICS[m][0]} {_fmt(row[m], m)} +- {_fmt(row[m + '_se'], m)}")
+    s, c = row["sampling"], row.get("csd")
+    head = "default" if s.get("head_steps") is None else s["head_steps"]
+    if s.get("head_steps_min") is not None:
+        head = f"{head} -> {s['head_steps_min']}"
+    lines.append(f"AR steps {s['num_steps']}, head steps {head}, CFG {s['cfg_scale']:g}")
+    if c is not None:
+        draft_head = "" if c.get("draft_head_steps") is None else f", draft head {c['draft_head_steps']}"
+        lines.append(
+            f"gamma {c['gamma']}, tau_v {c['tau_v']:g}, pre-fill {100 * c['prefill']:g}%, "
+            f"{'aligned' if c['align'] else 'independent'} noise{draft_head}"
+        )
+    return "<br>".join(lines)
+
+
+def frontier_chart(result: dict, metric: str | None = None) -> Chart:
+    """``metric`` (default: the result's first) against time, one series per method with standard
+    errors, the front as a line; hovering a point shows its setting."""
+    metrics = result_metrics(result)
+    key = metric or metrics[0]
+    if key not in metrics:
+        raise ValueError(f"metric must be one of {metrics}, got {key!r}")
+    label, higher = METRICS[key]
     rows, series = result["rows"], []
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method]
@@ -14,17 +44,30 @@ def frontier_chart(result: dict) -> Chart:
             Series(
                 method,
                 [r["time"] for r in mine],
-                [r["fd"] for r in mine],
+                [r[key] for r in mine],
                 kind="markers",
-                text=[r["name"] for r in mine],
+                hover=[point_hover(r, metrics) for r in mine],
+                errors=[r[f"{key}_se"] for r in mine],
             )
         )
-    front = sorted((r for r in rows if r["front_fd"]), key=lambda r: r["time"])
+    front = sorted((r for r in rows if r[f"front_{key}"]), key=lambda r: r["time"])
     series.append(
-        Series("Pareto front", [r["time"] for r in front], [r["fd"] for r in front], color="#000000", dash=True)
+        Series(
+            "Pareto front",
+            [r["time"] for r in front],
+            [r[key] for r in front],
+            color="#000000",
+            dash=True,
+            hover=[point_hover(r, metrics) for r in front],
+        )
     )
     on = [r["name"] for r in front if r["method"] == "CSD"]
     note = f"CSD on the front: {', '.join(on)}" if on else "no CSD setting is on the front"
+    direction = "higher is better" if higher else "lower is better"
     return Chart(
-        "Quality against time", "time / target-only's", "Frechet distance (lower is better)", series, note=note
+        f"Quality against time ({result['n']} images per point)",
+        "time / target-only's",
+        f"{label} ({direction})",
+        series,
+        note=note,
     )

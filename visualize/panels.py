@@ -163,26 +163,6 @@ def time_panel(p: Panels) -> Chart:
     return time_breakdown(t.phases, f"Where the time goes ({p.n_images} images)", note, t.wall)
 
 
-def quality_vs_time(p: Panels) -> Chart:
-    q = p.quality
-    series = []
-    for i, method in enumerate(dict.fromkeys(q.method)):
-        rows = [j for j, m in enumerate(q.method) if m == method]
-        series.append(
-            Series(
-                method,
-                [q.seconds[j] for j in rows],
-                [q.quality[j] for j in rows],
-                kind="line",
-                text=[f"S={q.steps[j]}" for j in rows],
-                color=PALETTE[i],
-            )
-        )
-    direction = "higher is better" if q.higher_is_better else "lower is closer to the full target-only run"
-    note = f"{p.n_images} images per point; {direction}; labels: AR steps S"
-    return Chart("Quality vs time", "wall seconds", q.metric, series, note=note)
-
-
 def analysis_charts(p: Panels) -> dict[str, Chart]:
     """Every analysis chart by key, in display order."""
     return {
@@ -196,5 +176,4 @@ def analysis_charts(p: Panels) -> dict[str, Chart]:
         "acceptance_vs_temperature": acceptance_sweep(p.sweeps["temperature"]),
         "log_ratio_split": log_ratio_split(p),
         "time": time_panel(p),
-        "quality_vs_time": quality_vs_time(p),
     }

@@ -51,8 +51,13 @@ def _plotly_traces(s: Series, color: str, overlay: bool) -> list[go.BaseTraceTyp
         if s.text:
             mode += "+text"
         line = {"color": color, "dash": "dash" if s.dash else "solid"}
+        extra = {}
+        if s.hover is not None:
+            extra |= {"hovertext": s.hover, "hoverinfo": "text"}
+        if s.errors is not None:
+            extra["error_y"] = {"type": "data", "array": s.errors, "visible": True, "thickness": 1}
         traces.append(
-            go.Scatter(x=s.x, y=s.y, name=s.name, mode=mode, line=line, text=s.text, textposition="top center")
+            go.Scatter(x=s.x, y=s.y, name=s.name, mode=mode, line=line, text=s.text, textposition="top center", **extra)
         )
     return traces
 
@@ -123,6 +128,8 @@ def to_matplotlib(chart: Chart):
             style = ("--" if s.dash else "-") if s.kind == "line" else "none"
             marker = "o" if len(x) <= MAX_MARKERS or s.kind == "markers" else None
             ax.plot(x, y, linestyle=style, marker=marker, markersize=3, color=color, label=s.name)
+            if s.errors is not None:
+                ax.errorbar(x, y, yerr=_floats(s.errors), linestyle="none", color=color, linewidth=0.8)
             for xi, yi, t in zip(x, y, s.text or [], strict=False):
                 ax.annotate(t, (xi, yi), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=7)
     if categorical:

@@ -23,12 +23,8 @@ import torch
 from csd.checks import check_int
 from csd.cost import StepCosts, prefill_steps, simple_bound, speedup_bound
 from csd.experiments import defaults
-from csd.experiments.evaluate import fewer_steps
 from csd.experiments.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover
-from csd.models.tokenizer import PixelTokenizer
 from csd.sampling import Generation, SamplingConfig, StepCallback, generate
-from csd.shapes.data import CLASS_NAMES
-from csd.shapes.metrics import DEFAULT_CLASSIFIER, class_accuracy
 from csd.speculative import CSDConfig, speculative_generate
 from csd.trace import Maker, Trace
 
@@ -209,19 +205,6 @@ class TimePanel:
 
 
 @dataclass
-class QualityPanel:
-    """Quality against wall time for CSD and target-only at several AR step counts."""
-
-    metric: str
-    higher_is_better: bool
-    method: list[str]
-    steps: list[int]
-    seconds: list[float]
-    target_passes: list[int]
-    quality: list[float | None]
-
-
-@dataclass
 class Panels:
     pair: str
     weights: str  # ModelPair.weights: which weights the panels were computed with
@@ -233,7 +216,6 @@ class Panels:
     sweeps: dict[str, Sweep]
     log_ratio: LogRatioPanel
     time: TimePanel
-    quality: QualityPanel
     created: float = field(default_factory=time.time)
 
     def to_json(self) -> str:
@@ -256,7 +238,6 @@ class Panels:
             sweeps={k: Sweep(**v) for k, v in d["sweeps"].items()},
             log_ratio=LogRatioPanel(**{**lr, "terms": Histogram(**lr["terms"])}),
             time=TimePanel(**d["time"]),
-            quality=QualityPanel(**d["quality"]),
             created=d.get("created", 0.0),
         )
 
@@ -304,7 +285,7 @@ class Analysis:
     progress and stop between runs; :meth:`panels` summarises them.
 
     The first run of a new tensor shape pays one-time costs (kernel selection, allocation) that can
-    exceed the run itself on a CPU, so the runs whose wall time is plotted (time and quality panels)
+    exceed the run itself on a CPU, so the runs whose wall time is plotted (the time panel)
     run a second time, after every shape has been seen, and keep that time."""
 
     def __init__(self, pair: ModelPair, settings: AnalysisSettings):
@@ -326,24 +307,13 @@ class Analysis:
             self._want(f"CSD, CFG {v:g}", replace(s, cfg_scale=v), c)
         for v in settings.temperatures:
             self._want(f"CSD, temperature {v:g}", replace(s, temperature=v), c)
-        self._timed = []
-        for steps in self.step_counts:
-            for method, csd in (("target-only", None), ("CSD", c)):
-                self._want(f"{method}, {steps} AR steps", replace(s, num_steps=steps), csd)
-                self._timed.append((f"{method}, {steps} AR steps (timed again)", replace(s, num_steps=steps), csd))
+        self._want("target-only", s, None)
+        self._timed = [("target-only (timed again)", s, None), ("CSD (timed again)", s, c)]
 
     @property
     def gammas(self) -> list[int]:
         s = self.settings
         return sorted({g for g in (*s.gammas, s.csd.gamma) if g <= s.sampling.num_steps})
-
-    @property
-    def step_counts(self) -> list[int]:
-        """AR steps of the quality-vs-time runs: S, fractions of S, and as many as CSD's target passes."""
-        s = self.settings.sampling
-        fair = fewer_steps(s, self.settings.csd, self.pair.num_tokens).num_steps
-        fractions = {max(1, round(s.num_steps * f)) for f in self.settings.step_fractions}
-        return sorted(fractions | {fair, s.num_steps}, reverse=True)
 
     def _want(self, label: str, sampling: SamplingConfig, csd: CSDConfig | None) -> None:
         self._plan.setdefault(_key(sampling, csd), (label, sampling, csd))
@@ -387,7 +357,6 @@ class Analysis:
             sweeps=self._sweeps(),
             log_ratio=_log_ratio(main.trace),
             time=_time(self.timed(s, None), self.timed(s, c), c),
-            quality=self._quality(),
         )
 
     def _distance(self, aligned: Run, independent: Run) -> DistancePanel:
@@ -422,38 +391,6 @@ class Analysis:
             knob: _sweep(knob, values, [self.run(*setting(v)) for v in values])
             for knob, (values, setting) in knobs.items()
         }
-
-    def _quality(self) -> QualityPanel:
-        s, c = self.settings.sampling, self.settings.csd
-        metric, higher_is_better, score = quality_measure(self.pair, self.labels, self.run(s, None).generation)
-        out = QualityPanel(metric, higher_is_better, [], [], [], [], [])
-        for steps in self.step_counts:
-            for method, csd in (("target-only", None), ("CSD", c)):
-                r = self.timed(replace(s, num_steps=steps), csd)
-                out.method.append(method)
-                out.steps.append(steps)
-                out.seconds.append(r.seconds)
-                out.target_passes.append(r.trace.target_passes)
-                out.quality.append(_num(score(r.generation)))
-        return out
-
-
-def quality_measure(
-    pair: ModelPair, labels: Sequence[int], reference: Generation
-) -> tuple[str, bool, Callable[[Generation], float]]:
-    """(name, higher is better, score) of a batch of images.
-
-    The shapes classifier (:mod:`csd.shapes.metrics`) scores class accuracy where it applies (pixel pairs
-    over the shapes classes); otherwise the score is the RMS token distance to ``reference`` (a
-    target-only run with the same seeds), a measure of closeness, not of quality."""
-    if isinstance(pair.tokenizer, PixelTokenizer) and pair.class_names == CLASS_NAMES and DEFAULT_CLASSIFIER.is_file():
-        return (
-            "class accuracy (shapes classifier)",
-            True,
-            lambda g: class_accuracy(pair.tokenizer.decode(g.tokens), labels),
-        )
-    rms = lambda g: float((g.tokens - reference.tokens).pow(2).mean(dim=(1, 2)).sqrt().mean())
-    return f"RMS distance to target-only ({reference.trace.target_passes} AR steps)", False, rms
 
 
 def _sweep(knob: str, values: Sequence[float], runs: list[Run]) -> Sweep:

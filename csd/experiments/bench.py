@@ -47,6 +47,7 @@ from csd.experiments.evaluate import (
     settings_from_args,
     summarize_stats,
 )
+from csd.experiments.pairs import file_digest
 from csd.models.schedule import step_sizes
 from csd.sampling import SamplingConfig, generate
 from csd.shapes.metrics import REFERENCE_SEED, frechet_distance, load_classifier, reference_features
@@ -504,6 +505,8 @@ def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out:
     batch = single_batch(config, args.batches)
     result = frontier.run_frontier(target, draft, points, classifier, ref, config.n, batch, config.repeats)
     result["settings"] = {"sampling": asdict(sampling), "csd": asdict(csd), "n_ref": config.n_ref}
+    result["models"] = {"target": args.target, "draft": args.draft}
+    result["weights"] = file_digest(Path(args.target), Path(args.draft))  # as ModelPair.weights: the app checks it
     out.mkdir(parents=True, exist_ok=True)
     (out / "frontier.json").write_text(json.dumps(result, indent=2) + "\n")
     table = frontier.frontier_markdown(result)

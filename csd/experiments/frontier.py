@@ -2,9 +2,17 @@
 
 Every point is a sampler setting of one pair: target-only with fewer AR steps, fewer head steps or
 a head-step schedule, CSD at several draft lengths, tests and head steps, and their combinations.
-Each point's time is a ratio to target-only at the default setting, timed side by side in the same
-process (interleaved after a warm-up); its quality is class accuracy and Frechet distance over the
-same labels and seeds, with standard errors. The Pareto front (less time, better quality) is marked.
+Each point's time is a ratio to target-only at the base setting, timed side by side in the same
+process; its quality is scored over the same labels and seeds, with standard errors. The Pareto front
+(less time, better quality) is marked per metric.
+
+Two runners share the grid and the result format:
+
+- :func:`run_frontier` (the benchmark): times at a fixed batch, interleaved after a warm-up, then
+  class accuracy and Frechet distance over many images;
+- :class:`SmallFrontier` (the app's recompute): one run per setting at a few images, run by run so a
+  caller can report progress and stop; class accuracy where the shapes classifier applies, else the
+  RMS token distance to the target-only run of the same seeds.
 
     python -m csd.experiments.bench --frontier --quick   # about 10 minutes on a 2-core CPU
 """
@@ -12,17 +20,29 @@ same labels and seeds, with standard errors. The Pareto front (less time, better
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from csd.checks import check_int
+from csd.experiments.analysis import run_csd, run_single
 from csd.experiments.bench import alternate
 from csd.experiments.evaluate import eval_labels_seeds, generate_images, quality
-from csd.sampling import SamplingConfig, generate
-from csd.shapes.metrics import frechet_distance
+from csd.experiments.pairs import ModelPair
+from csd.models.tokenizer import PixelTokenizer
+from csd.sampling import Generation, SamplingConfig, StepCallback, generate
+from csd.shapes.data import CLASS_NAMES
+from csd.shapes.metrics import DEFAULT_CLASSIFIER, frechet_distance, load_classifier, predict
 from csd.speculative import CSDConfig, speculative_generate
 
 BOOTSTRAP = 20  # resamples for the Frechet distance's standard error
+
+METRICS = {  # key -> (label, higher is better)
+    "fd": ("Frechet distance", False),
+    "accuracy": ("class accuracy (shapes classifier)", True),
+    "rms": ("RMS token distance to target-only", False),
+}
 
 
 @dataclass(frozen=True)
@@ -126,26 +146,136 @@ def run_frontier(target, draft, points: list[Point], classifier, ref_feats, n: i
                 "csd": None if p.csd is None else asdict(p.csd),
             }
         )
+    metrics = ["fd", "accuracy"]
+    mark_fronts(rows, metrics)
+    timing = f"median wall time at batch {batch} over {repeats} interleaved repeats"
+    return {"rows": rows, "metrics": metrics, "n": n, "batch": batch, "repeats": repeats, "timing": timing}
+
+
+def mark_fronts(rows: list[dict], metrics: Sequence[str]) -> None:
+    """Set ``front_<metric>`` on every row: on the Pareto front of time against that metric."""
     times = [r["time"] for r in rows]
-    for key, higher in (("fd", False), ("accuracy", True)):
-        for r, on in zip(rows, pareto(times, [r[key] for r in rows], higher), strict=True):
+    for key in metrics:
+        for r, on in zip(rows, pareto(times, [r[key] for r in rows], METRICS[key][1]), strict=True):
             r[f"front_{key}"] = on
-    return {"rows": rows, "n": n, "batch": batch, "repeats": repeats}
+
+
+def result_metrics(result: dict) -> list[str]:
+    """The metrics a result holds, the one to plot first (results from before the key: FD and accuracy)."""
+    return list(result.get("metrics", ["fd", "accuracy"]))
+
+
+def _digits(key: str) -> int:
+    return 1 if key == "fd" else 3
 
 
 def frontier_markdown(result: dict) -> str:
+    metrics = result_metrics(result)
+    timing = result.get("timing", f"median wall time at batch {result.get('batch')}")
+    short = {"fd": "FD", "accuracy": "accuracy", "rms": "RMS distance"}
     lines = [
-        f"Time: median wall time at batch {result['batch']} over {result['repeats']} interleaved repeats, as a "
-        f"ratio to the first row. Quality over {result['n']} images (same labels and seeds), +- one standard "
-        "error. Front: no other setting is at most as slow and at least as good (FD / accuracy).",
+        f"Time: {timing}, as a ratio to the first row. Quality over {result['n']} images (same labels and "
+        f"seeds), +- one standard error. Front: no other setting is at most as slow and at least as good "
+        f"({' / '.join(short[m] for m in metrics)}).",
         "",
-        "| setting | time | class accuracy | Frechet distance | front (FD) | front (accuracy) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| setting | time | "
+        + " | ".join(METRICS[m][0] for m in metrics)
+        + " | "
+        + " | ".join(f"front ({short[m]})" for m in metrics)
+        + " |",
+        "| --- | --- |" + " --- |" * (2 * len(metrics)),
     ]
     for r in sorted(result["rows"], key=lambda r: r["time"]):
-        lines.append(
-            f"| {r['name']} | {r['time']:.2f} | {r['accuracy']:.3f} +- {r['accuracy_se']:.3f} | "
-            f"{r['fd']:.1f} +- {r['fd_se']:.1f} | {'yes' if r['front_fd'] else ''} | "
-            f"{'yes' if r['front_accuracy'] else ''} |"
-        )
+        values = [f"{r[m]:.{_digits(m)}f} +- {r[f'{m}_se']:.{_digits(m)}f}" for m in metrics]
+        fronts = ["yes" if r[f"front_{m}"] else "" for m in metrics]
+        lines.append(f"| {r['name']} | {r['time']:.2f} | " + " | ".join(values + fronts) + " |")
     return "\n".join(lines) + "\n"
+
+
+# --- the app's recompute: a few images, run by run ----------------------------------------------
+
+
+def image_scores(pair: ModelPair, labels: Sequence[int], reference: Generation) -> tuple[str, Callable]:
+    """(metric key, per-image scores of a generation).
+
+    Class accuracy (1 where the shapes classifier names the conditioning class) where the classifier
+    applies: pixel pairs over the shapes classes. Otherwise the RMS token distance to ``reference``,
+    a target-only run with the same seeds: a measure of closeness to the full run, not of quality."""
+    if isinstance(pair.tokenizer, PixelTokenizer) and pair.class_names == CLASS_NAMES and DEFAULT_CLASSIFIER.is_file():
+        classifier = load_classifier()
+        wanted = np.asarray(labels)
+        return "accuracy", lambda g: (predict(pair.tokenizer.decode(g.tokens), classifier) == wanted).astype(float)
+    return "rms", lambda g: (g.tokens - reference.tokens).pow(2).mean(dim=(1, 2)).sqrt().numpy()
+
+
+class SmallFrontier:
+    """The frontier of one pair at a few images (image i: seed + i, class (label + i) mod classes), one
+    run per setting; the baseline runs first and again last, and the two runs' difference is reported
+    as the timing drift. On a CPU a setting's first run costs about what a second run does (measured
+    within the run-to-run noise), so no warm-up pass is spent."""
+
+    def __init__(self, pair: ModelPair, points: list[Point], n_images: int, seed: int = 0, label: int = 0):
+        check_int("number of images", n_images, 1)
+        if not points or points[0].csd is not None:
+            raise ValueError("points must start with the target-only baseline")
+        classes = len(pair.class_names)
+        self.pair, self.points = pair, points
+        self.labels = [(label + i) % classes for i in range(n_images)]
+        self.seeds = [seed + i for i in range(n_images)]
+        self._runs: list = []
+
+    def __len__(self) -> int:
+        return len(self.points) + 1
+
+    def steps(
+        self, on_step: Callable[[str], StepCallback | None] = lambda label: None
+    ) -> Iterator[tuple[int, int, str]]:
+        """Run every setting; yields (done, total, label of the next run) before each."""
+        order = [*self.points, self.points[0]]
+        self._runs = []
+        for i, p in enumerate(order):
+            label = p.name if i < len(self.points) else f"{p.name}, timed again"
+            yield i, len(order), label
+            callback = on_step(label)
+            if p.csd is None:
+                run = run_single(self.pair, self.labels, self.seeds, p.sampling, on_step=callback)
+            else:
+                run = run_csd(self.pair, self.labels, self.seeds, p.sampling, p.csd, on_step=callback)
+            self._runs.append(run)
+
+    def result(self) -> dict:
+        if len(self._runs) != len(self):
+            raise RuntimeError("run every step of the frontier before asking for its result")
+        first, last = self._runs[0].seconds, self._runs[-1].seconds
+        base = (first + last) / 2
+        key, score = image_scores(self.pair, self.labels, self._runs[0].generation)
+        n, rows = len(self.labels), []
+        for i, (p, run) in enumerate(zip(self.points, self._runs, strict=False)):
+            values = score(run.generation)
+            rows.append(
+                {
+                    "name": p.name,
+                    "method": p.method,
+                    "time": 1.0 if i == 0 else run.seconds / base,  # the baseline: the mean of its two runs
+                    key: float(values.mean()),
+                    f"{key}_se": float(values.std() / math.sqrt(n)),
+                    "target_passes": run.trace.target_passes,
+                    "sampling": asdict(p.sampling),
+                    "csd": None if p.csd is None else asdict(p.csd),
+                }
+            )
+        mark_fronts(rows, [key])
+        drift = abs(last - first) / base
+        return {
+            "pair": self.pair.name,
+            "weights": self.pair.weights,
+            "rows": rows,
+            "metrics": [key],
+            "n": n,
+            "batch": n,
+            "repeats": 1,
+            "timing": f"one run per setting at batch {n} (the baseline's two runs differ by {100 * drift:.0f}%)",
+            "drift": drift,
+            "seed": self.seeds[0],
+            "label": self.labels[0],
+        }
