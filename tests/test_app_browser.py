@@ -135,6 +135,8 @@ def test_generate_then_analysis_in_chromium(served, tmp_path):
             assert "Pareto front" in plot.inner_text()
             point = page.locator("#panel-frontier .scatterlayer .trace").nth(2).locator(".point").first  # CSD
             point.hover(force=True)
-            page.locator("#panel-frontier .hoverlayer").get_by_text("gamma", exact=False).first.wait_for(state="visible")
+            page.locator("#panel-frontier .hoverlayer").get_by_text("gamma", exact=False).first.wait_for(
+                state="visible"
+            )
         finally:
             browser.close()

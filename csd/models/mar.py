@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from csd.models.head import DiffusionHead
@@ -191,6 +192,18 @@ def truncated_normal_ratio(
     return min(1.0, max(mask_ratio_min, 1.0 + std * x))
 
 
+def resize_grid(pos: Tensor, side: int, buffer: int) -> Tensor:
+    """Position embeddings (1, buffer + s*s, D) for a side x side token grid: the buffer rows kept, the
+    image rows resized bilinearly (as Harmon does for 512 px, a 32 x 32 grid of a 16 x 16 MAR)."""
+    grid = pos[:, buffer:]
+    s = math.isqrt(grid.shape[1])
+    if s == side:
+        return pos
+    image = grid.reshape(1, s, s, -1).permute(0, 3, 1, 2)
+    image = F.interpolate(image, size=(side, side), mode="bilinear").permute(0, 2, 3, 1).reshape(1, side * side, -1)
+    return torch.cat([pos[:, :buffer], image], dim=1)
+
+
 class MAR(MaskedARFamily, nn.Module):
     def __init__(self, config: MARConfig):
         super().__init__()
@@ -259,15 +272,22 @@ class MAR(MaskedARFamily, nn.Module):
             raise ValueError(f"class labels must be in [0, {self.config.class_num - 1}], got {labels.tolist()}")
         return self.class_emb(labels)
 
+    def _side(self, tokens: Tensor) -> int:
+        side = math.isqrt(tokens.shape[1])
+        if side * side != tokens.shape[1]:
+            raise ValueError(f"tokens must form a square grid, got {tokens.shape[1]} per image")
+        return side
+
     def forward_mae_encoder(self, tokens: Tensor, mask: Tensor, class_emb: Tensor) -> Tensor:
         """tokens (B, N, d), mask (B, N) True = unknown, class_emb (B, enc) -> (B, buffer + known, enc).
 
-        Every row must have the same number of known tokens (true for MAR's schedules)."""
+        Every row must have the same number of known tokens (true for MAR's schedules). A grid other
+        than the model's own (N != seq_len) takes resized position embeddings (:func:`resize_grid`)."""
         b = tokens.shape[0]
         x = self.z_proj(tokens)
         buf = self.config.buffer_size
         x = torch.cat([class_emb.unsqueeze(1).expand(b, buf, -1).to(x.dtype), x], dim=1)
-        x = self.z_proj_ln(x + self.encoder_pos_embed_learned)
+        x = self.z_proj_ln(x + resize_grid(self.encoder_pos_embed_learned, self._side(tokens), buf))
         keep = torch.cat([torch.ones(b, buf, dtype=torch.bool, device=x.device), ~mask], dim=1)
         x = x[keep].reshape(b, -1, x.shape[-1])
         for block in self.encoder_blocks:
@@ -282,10 +302,11 @@ class MAR(MaskedARFamily, nn.Module):
         keep = torch.cat([torch.ones(b, buf, dtype=torch.bool, device=x.device), ~mask], dim=1)
         full = self.mask_token.to(x.dtype).expand(b, keep.shape[1], -1).clone()
         full[keep] = x.reshape(-1, x.shape[-1])
-        x = full + self.decoder_pos_embed_learned
+        side = self._side(mask.unsqueeze(-1))
+        x = full + resize_grid(self.decoder_pos_embed_learned, side, buf)
         for block in self.decoder_blocks:
             x = block(x)
-        return self.decoder_norm(x)[:, buf:] + self.diffusion_pos_embed_learned
+        return self.decoder_norm(x)[:, buf:] + resize_grid(self.diffusion_pos_embed_learned, side, 0)
 
     def backbone(self, tokens: Tensor, mask: Tensor, class_emb: Tensor) -> Tensor:
         """One backbone pass (encoder then decoder): per-position conditions z (B, N, dec)."""

@@ -1,0 +1,341 @@
+"""Harmon: text-to-image MAR conditioned on a causal language model (Wu et al., 2025).
+
+Per AR step (the official ``Harmon.forward_mae_encoder``): the MAR encoder runs with ``fake_latent``
+in its buffer (no class); ``proj_in`` maps its outputs (buffer + known tokens) to the LLM width; the
+buffer rows move to the end; the LLM runs causally over the prompt then those rows (positions
+continue from the prompt's valid length, padding masked); its last hidden states move back,
+``proj_out`` maps them to the MAR width and they are *added* to the encoder output; the MAR decoder
+and the DiffLoss head follow, unchanged. The module tree (``llm.model.*``, ``llm.lm_head``,
+``mar.*``, ``proj_in.{0,2}``, ``proj_out.{0,2}``) is the official one, so ``harmon_0.5b.pth`` /
+``harmon_1.5b.pth`` load strictly (:func:`csd.models.harmon_loading.load_official_harmon`).
+
+The LLM is ``transformers``' Qwen2. The official code runs the prompt once into a KV cache and
+trims the cache after each step; here every step runs the prompt and the image rows in one pass
+(no cache internals; the same numbers, see tests/test_harmon_parity.py), which costs the prompt's
+length again per step.
+
+Conditions are prompts: :meth:`Harmon.check_conditions` tokenises them (and the null prompt for
+CFG) into a :class:`Prompts` batch. Both models of a pair must share the tokenizer.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+from torch import Tensor, nn
+
+from csd.models.head import DiffusionHead
+from csd.models.mar import MAR, MAR_CONFIGS, MARConfig, truncated_normal_ratio
+from csd.models.masked import MaskedARFamily
+
+# The official template (xtuner's Qwen chat INSTRUCTION), prefix and null prompt.
+QWEN_TEMPLATE = "<|im_start|>user\n{input}<|im_end|>\n<|im_start|>assistant\n"
+QWEN_PREFIX = "Generate an image: {prompt}"
+QWEN_NULL_PROMPT = "Generate an image."
+MAX_PROMPT_CHARS = 1000
+
+
+# --- tokenizers ----------------------------------------------------------------------------------
+
+
+class WordTokenizer:
+    """A word-level tokenizer over a closed vocabulary (the embedded models' captions).
+
+    Lower-cases and splits on whitespace, dropping ``.,;:!?``; a word outside the vocabulary is an
+    error that lists the vocabulary. Ids: 0 padding, 1 the start token, then the words."""
+
+    PAD, BOS = "<pad>", "<bos>"
+
+    def __init__(self, words: Sequence[str]):
+        words = list(dict.fromkeys(words))
+        if not words or any(not w or w != w.lower() or re.search(r"\s", w) for w in words):
+            raise ValueError("vocabulary must be non-empty lower-case words without spaces")
+        self.words = words
+        self.vocab = {w: i for i, w in enumerate([self.PAD, self.BOS, *words])}
+        self.pad_token_id, self.bos_token_id = 0, 1
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    @staticmethod
+    def split(text: str) -> list[str]:
+        return re.sub(r"[.,;:!?]", " ", text.lower()).split()
+
+    def unknown(self, text: str) -> list[str]:
+        return sorted({w for w in self.split(text) if w not in self.vocab})
+
+    def encode(self, text: str) -> list[int]:
+        """The start token, then one id per word (``text`` may start with the start token itself)."""
+        words = self.split(text.replace(self.BOS, " "))
+        missing = sorted({w for w in words if w not in self.vocab})
+        if missing:
+            raise ValueError(
+                f"prompt words {missing} are not in this model's vocabulary of {len(self.words)} words: "
+                f"{', '.join(self.words)}"
+            )
+        return [self.bos_token_id, *(self.vocab[w] for w in words)]
+
+    def to_dict(self) -> dict:
+        return {"kind": "words", "words": self.words}
+
+
+class HubTokenizer:
+    """A ``transformers`` tokenizer read from local files only (the official models' Qwen2.5 one);
+    it pads with its end-of-text id, as the official code does."""
+
+    def __init__(self, directory: str):
+        from transformers import AutoTokenizer
+
+        self.directory = str(directory)
+        self.inner = AutoTokenizer.from_pretrained(self.directory, local_files_only=True)
+        self.pad_token_id = self.inner.eos_token_id
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def unknown(self, text: str) -> list[str]:
+        return []  # byte-level BPE: every text has ids
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.inner.encode(text, add_special_tokens=True))
+
+    def to_dict(self) -> dict:
+        return {"kind": "hub", "directory": self.directory}
+
+
+def tokenizer_from_dict(spec: dict):
+    if spec.get("kind") == "words":
+        return WordTokenizer(spec["words"])
+    if spec.get("kind") == "hub":
+        return HubTokenizer(spec["directory"])
+    raise ValueError(f"unknown tokenizer spec {spec!r}")
+
+
+# --- config ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HarmonConfig:
+    """A Harmon model: its MAR generator, its Qwen2 LLM (``transformers.Qwen2Config`` fields), the
+    prompt template and the null prompt, and the token grid it samples (``grid_side``, None: the MAR's
+    own; the official models sample 512 px, a 32 x 32 grid of their 16 x 16 MAR)."""
+
+    mar: MARConfig
+    llm: dict = field(default_factory=dict)
+    template: str = QWEN_TEMPLATE
+    prefix: str = QWEN_PREFIX
+    null_prompt: str = QWEN_NULL_PROMPT
+    grid_side: int | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+            if not isinstance(self.llm.get(key), int) or self.llm[key] < 1:
+                raise ValueError(f"HarmonConfig.llm.{key} must be an int >= 1, got {self.llm.get(key)!r}")
+        if "{input}" not in self.template or "{prompt}" not in self.prefix:
+            raise ValueError("HarmonConfig.template needs '{input}' and HarmonConfig.prefix needs '{prompt}'")
+        if self.grid_side is not None and not (isinstance(self.grid_side, int) and self.grid_side >= 1):
+            raise ValueError(f"HarmonConfig.grid_side must be an int >= 1 or None, got {self.grid_side!r}")
+
+    @property
+    def side(self) -> int:
+        return self.grid_side or self.mar.seq_side
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "mar": self.mar.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> HarmonConfig:
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown HarmonConfig fields: {unknown}")
+        return cls(**{**data, "mar": MARConfig.from_dict(data["mar"])})
+
+
+def qwen2(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int, **extra) -> dict:
+    return dict(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+        max_position_embeddings=extra.pop("max_position_embeddings", 32768),
+        rope_theta=extra.pop("rope_theta", 1_000_000.0),
+        rms_norm_eps=extra.pop("rms_norm_eps", 1e-6),
+        tie_word_embeddings=extra.pop("tie_word_embeddings", True),
+        **extra,
+    )
+
+
+# Official generators (Harmon's configs: mar_base / mar_huge, KL-16 latents, buffer 64, 100 head steps)
+# and the Qwen2.5-Instruct LLMs' published configs.
+HARMON_CONFIGS: dict[str, HarmonConfig] = {
+    "harmon_0.5b": HarmonConfig(MAR_CONFIGS["mar_base"], qwen2(896, 24, 14, 2, 4864, 151936), grid_side=32),
+    "harmon_1.5b": HarmonConfig(MAR_CONFIGS["mar_huge"], qwen2(1536, 28, 12, 2, 8960, 151936), grid_side=32),
+}
+
+
+def harmon_config(name: str, **overrides) -> HarmonConfig:
+    if name not in HARMON_CONFIGS:
+        raise ValueError(f"unknown Harmon config {name!r}; choose from {sorted(HARMON_CONFIGS)}")
+    return replace(HARMON_CONFIGS[name], **overrides)
+
+
+# --- prompts -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Prompts:
+    """Tokenised prompts, right-padded: ids (B, L) and attention mask (B, L) True = a token; the same
+    for the null prompt (CFG's unconditional half)."""
+
+    text: list[str]
+    ids: Tensor
+    attn: Tensor
+    null_ids: Tensor
+    null_attn: Tensor
+
+    def __len__(self) -> int:
+        return len(self.text)
+
+
+def pad_ids(rows: Sequence[Sequence[int]], pad: int, device) -> tuple[Tensor, Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        attn[i, : len(r)] = True
+    return ids.to(device), attn.to(device)
+
+
+def check_prompt(prompt, index: int | None = None) -> str:
+    where = "prompt" if index is None else f"prompt {index}"
+    if not isinstance(prompt, str):
+        raise ValueError(f"{where} must be a string, got {type(prompt).__name__}")
+    if not prompt.strip():
+        raise ValueError(f"{where} must not be empty")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"{where} must be at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}")
+    return prompt
+
+
+def mlp(dim_in: int, hidden: int, dim_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(dim_in, hidden), nn.SiLU(), nn.Linear(hidden, dim_out))
+
+
+# --- the model -----------------------------------------------------------------------------------
+
+
+class Harmon(MaskedARFamily, nn.Module):
+    def __init__(self, config: HarmonConfig, tokenizer, attn_implementation: str = "sdpa"):
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        super().__init__()
+        self.config, self.tokenizer = config, tokenizer
+        if len(tokenizer) > config.llm["vocab_size"]:
+            raise ValueError(f"the tokenizer has {len(tokenizer)} ids, more than the LLM's vocab_size")
+        self.mar = MAR(config.mar)
+        llm_config = Qwen2Config(**config.llm)
+        llm_config._attn_implementation = attn_implementation
+        self.llm = Qwen2ForCausalLM(llm_config)
+        width, enc = config.llm["hidden_size"], config.mar.encoder_embed_dim
+        self.proj_in = mlp(enc, width, width)
+        self.proj_out = mlp(width, width, enc)
+        self.seq_len, self.token_dim = config.side**2, config.mar.token_dim
+
+    @property
+    def head(self) -> DiffusionHead:
+        return self.mar.diffloss
+
+    @property
+    def num_classes(self) -> int:  # prompts, not classes
+        return 0
+
+    # --- prompts ----------------------------------------------------------------------------------
+
+    def prompt_text(self, prompt: str) -> str:
+        return self.config.template.format(input=self.config.prefix.format(prompt=prompt))
+
+    def null_text(self) -> str:
+        return self.config.template.format(input=self.config.null_prompt)
+
+    def check_conditions(self, conditions, batch: int, device: torch.device) -> Prompts:
+        if isinstance(conditions, Prompts):
+            if len(conditions) != batch:
+                raise ValueError(f"prompts must hold one prompt per seed ({batch}), got {len(conditions)}")
+            return conditions
+        if isinstance(conditions, str) or not isinstance(conditions, Sequence):
+            raise ValueError("prompts must be a list of strings, one per seed")
+        if len(conditions) != batch:
+            raise ValueError(f"prompts must hold one prompt per seed ({batch}), got {len(conditions)}")
+        texts = [check_prompt(p, i) for i, p in enumerate(conditions)]
+        ids, attn = pad_ids(
+            [self.tokenizer.encode(self.prompt_text(t)) for t in texts], self.tokenizer.pad_token_id, device
+        )
+        null = self.tokenizer.encode(self.null_text())
+        null_ids, null_attn = pad_ids([null] * batch, self.tokenizer.pad_token_id, device)
+        return Prompts(texts, ids, attn, null_ids, null_attn)
+
+    # --- backbone -----------------------------------------------------------------------------------
+
+    def backbone(self, tokens: Tensor, mask: Tensor, ids: Tensor, attn: Tensor) -> Tensor:
+        """tokens (B, N, d), mask (B, N) True = unknown, prompt ids and attention mask (B, L) ->
+        per-position conditions z (B, N, dec)."""
+        b, buf = tokens.shape[0], self.config.mar.buffer_size
+        x_enc = self.mar.forward_mae_encoder(tokens, mask, self.mar.fake_latent.expand(b, -1))  # (B, buf + known, enc)
+        rows = self.proj_in(x_enc)
+        rows = torch.cat([rows[:, buf:], rows[:, :buf]], dim=1)  # the buffer moves to the end
+        embeds = self.llm.get_input_embeddings()(ids)
+        full = torch.cat([attn, attn.new_ones(b, rows.shape[1])], dim=1)
+        positions = (full.long().cumsum(1) - 1).clamp(min=0)  # image rows continue from the prompt's length
+        out = self.llm.model(
+            inputs_embeds=torch.cat([embeds, rows.to(embeds.dtype)], dim=1),
+            attention_mask=full,
+            position_ids=positions,
+            use_cache=False,
+        ).last_hidden_state[:, -rows.shape[1] :]
+        out = torch.cat([out[:, -buf:], out[:, :-buf]], dim=1)  # and back to the start
+        return self.mar.forward_mae_decoder(x_enc + self.proj_out(out).to(x_enc.dtype), mask)
+
+    def conditions(self, tokens: Tensor, mask: Tensor, prompts: Prompts, guided: bool) -> tuple[Tensor, Tensor | None]:
+        """Conditional z and, when ``guided``, the null prompt's z from one doubled-batch pass."""
+        if not guided:
+            return self.backbone(tokens, mask, prompts.ids, prompts.attn), None
+        b = tokens.shape[0]
+        width = max(prompts.ids.shape[1], prompts.null_ids.shape[1])
+        pad = lambda t, v: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=v)
+        p = self.tokenizer.pad_token_id
+        ids = torch.cat([pad(prompts.ids, p), pad(prompts.null_ids, p)])
+        attn = torch.cat([pad(prompts.attn, False), pad(prompts.null_attn, False)])
+        z = self.backbone(torch.cat([tokens, tokens]), torch.cat([mask, mask]), ids, attn)
+        return z[:b], z[b:]
+
+    # --- training -----------------------------------------------------------------------------------
+
+    def forward(self, tokens: Tensor, prompts: Prompts, generator: torch.Generator | None = None) -> Tensor:
+        """The training loss: MAR's random order and mask ratio, the null prompt for a
+        ``label_drop_prob`` fraction of the rows (for CFG), the diffusion loss on the masked tokens."""
+        c = self.config.mar
+        b, n, _ = tokens.shape
+        dev = tokens.device
+        orders = torch.argsort(torch.rand((b, n), generator=generator, device=dev), dim=1)
+        ratio = truncated_normal_ratio(c.mask_ratio_min, generator, dev, c.mask_ratio_std)
+        mask = torch.zeros(b, n, dtype=torch.bool, device=dev)
+        mask.scatter_(1, orders[:, : math.ceil(n * ratio)], True)
+        drop = torch.rand((b, 1), generator=generator, device=dev) < c.label_drop_prob
+        width = max(prompts.ids.shape[1], prompts.null_ids.shape[1])
+        pad = lambda t, v: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=v)
+        p = self.tokenizer.pad_token_id
+        ids = torch.where(drop, pad(prompts.null_ids, p), pad(prompts.ids, p))
+        attn = torch.where(drop, pad(prompts.null_attn, False), pad(prompts.attn, False))
+        z = self.backbone(tokens, mask, ids, attn)
+        mul = c.diffusion_batch_mul
+        x0 = tokens.reshape(b * n, -1).repeat(mul, 1)
+        weight = mask.reshape(b * n).repeat(mul).to(x0.dtype)
+        loss = self.mar.diffloss.loss(x0, z.reshape(b * n, -1).repeat(mul, 1), generator)
+        return (loss * weight).sum() / weight.sum()
