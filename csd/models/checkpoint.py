@@ -70,7 +70,8 @@ def save_safetensors(module: nn.Module, path: str | Path, config: Mapping) -> No
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+    # Cloned: tied weights (an LLM's embedding and output head) share storage, which safetensors refuses.
+    state = {k: v.detach().cpu().clone().contiguous() for k, v in module.state_dict().items()}
     save_file(state, str(path))
     path.with_suffix(".json").write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
 

@@ -142,6 +142,9 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.distill_weight must be a finite number >= 0, got {w!r}")
         if self.init_from is not None and not self.init_from:
             raise ValueError("TrainConfig.init_from must be a train-state path or None")
+        self._check_model()
+
+    def _check_model(self) -> None:
         if self.config not in MAR_CONFIGS:
             raise ValueError(f"TrainConfig.config must be one of {sorted(MAR_CONFIGS)}, got {self.config!r}")
         mc = self.model_config()
@@ -246,7 +249,7 @@ class Trainer:
         rank = self.dist.rank
 
         torch.manual_seed(stream_seed(cfg.seed, "train/init"))  # the same init on every rank
-        self.model = MAR(self.model_config).to(self.device).train()
+        self.model = self.build_model().to(self.device).train()
         self.ema = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.net = DistributedDataParallel(self.model) if self.dist.world > 1 else self.model
         self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=BETAS)
@@ -256,9 +259,11 @@ class Trainer:
         self.data_gen = torch.Generator().manual_seed(stream_seed(cfg.seed, f"train/data/rank{rank}"))
         self.model_gen = torch.Generator(self.device).manual_seed(stream_seed(cfg.seed, f"train/model/rank{rank}"))
 
-        self.tokenizer = PixelTokenizer(patch_size=self.model_config.patch_size)
-        data = make_dataset(cfg.data_size, cfg.data_seed, ShapesConfig(image_size=self.model_config.img_size))
+        pixels = getattr(self.model_config, "mar", self.model_config)  # a text model's generator
+        self.tokenizer = PixelTokenizer(patch_size=pixels.patch_size)
+        data = make_dataset(cfg.data_size, cfg.data_seed, ShapesConfig(image_size=pixels.img_size))
         self.images, self.labels = data.images.to(self.device), data.labels.to(self.device)
+        self.captions = data.captions
 
         self.teacher = None if cfg.distill_from is None else load_teacher(cfg.distill_from, self.model, self.device)
         # The teacher's path may not outlive the run (a copy, a renamed stage): its content hash names it for good.
@@ -269,25 +274,35 @@ class Trainer:
         if self.dist.main:
             self.cfg.paths["log"].parent.mkdir(parents=True, exist_ok=True)
 
+    def build_model(self) -> nn.Module:
+        return MAR(self.model_config)
+
     # --- one step ------------------------------------------------------------------------------
 
-    def batch(self) -> tuple[Tensor, Tensor]:
-        """Tokens (B, N, d) and labels (B,) of a batch drawn with replacement, optionally h-flipped."""
+    def conditions(self, idx: Tensor):
+        """The conditions of the images ``idx``: their class labels."""
+        return self.labels[idx.to(self.device)]
+
+    def objective(self, tokens: Tensor, conditions) -> Tensor:
+        return self.net(tokens, conditions, self.model_gen, self.teacher, self.cfg.distill_weight)
+
+    def batch(self) -> tuple[Tensor, object]:
+        """Tokens (B, N, d) and conditions of a batch drawn with replacement, optionally h-flipped."""
         idx = torch.randint(0, len(self.labels), (self.cfg.batch_size,), generator=self.data_gen)
         images = self.images[idx.to(self.device)]
         if self.cfg.hflip:
             flip = (torch.rand(self.cfg.batch_size, generator=self.data_gen) < 0.5).to(self.device)
             images = torch.where(flip[:, None, None, None], images.flip(-1), images)
-        return self.tokenizer.encode(images), self.labels[idx.to(self.device)]
+        return self.tokenizer.encode(images), self.conditions(idx)
 
     def train_step(self) -> float:
         lr = lr_at(self.step, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        tokens, labels = self.batch()
+        tokens, conditions = self.batch()
         dtype = PRECISIONS[self.cfg.precision]
         with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = self.net(tokens, labels, self.model_gen, self.teacher, self.cfg.distill_weight).float()
+            loss = self.objective(tokens, conditions).float()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.grad_clip > 0:
@@ -441,7 +456,7 @@ class Trainer:
         saved = state.get("args", {})
         changed = sorted(
             f.name
-            for f in fields(TrainConfig)
+            for f in fields(self.cfg)
             # A field the saved run predates had its default there.
             if f.name not in RESUMABLE_CHANGES and saved.get(f.name, f.default) != getattr(self.cfg, f.name)
         )
@@ -475,13 +490,13 @@ class Trainer:
             path.write_text("".join(line + "\n" for line in keep))
 
 
-def train(cfg: TrainConfig) -> Trainer:
+def train(cfg: TrainConfig, trainer_class: type[Trainer] = Trainer) -> Trainer:
     """Run (or, with ``cfg.resume``, continue) a training run; rank 0 writes the files."""
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     dist_info, device = setup_distributed(cfg.device)
     try:
-        trainer = Trainer(cfg, dist_info, device)
+        trainer = trainer_class(cfg, dist_info, device)
         if cfg.resume:
             trainer.load(cfg.paths["state"])
         elif cfg.init_from:
@@ -495,10 +510,10 @@ def train(cfg: TrainConfig) -> Trainer:
     return trainer
 
 
-def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
+def build_parser(prog: str, description: str, configs: Sequence[str]) -> argparse.ArgumentParser:
     d = TrainConfig.__dataclass_fields__
-    p = argparse.ArgumentParser(prog="python -m csd.shapes.train", description=__doc__.split("\n")[0])
-    p.add_argument("--config", required=True, choices=sorted(MAR_CONFIGS), help="named MAR config")
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--config", required=True, choices=sorted(configs), help="named model config")
     p.add_argument("--out", required=True, help="output path without suffix, e.g. assets/models/shapes_target")
     int_args = ("steps", "batch_size", "warmup_steps", "cooldown_steps", "data_size", "data_seed", "seed")
     for name in (*int_args, "log_every", "save_every"):
@@ -528,8 +543,12 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
         help="a frozen teacher model (.safetensors): also match its head's eps and log-variance",
     )
     p.add_argument("--distill-weight", type=float, default=d["distill_weight"].default)
-    args = vars(p.parse_args(argv))
-    return TrainConfig(**args)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
+    p = build_parser("python -m csd.shapes.train", __doc__.split("\n")[0], MAR_CONFIGS)
+    return TrainConfig(**vars(p.parse_args(argv)))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

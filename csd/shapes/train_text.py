@@ -1,0 +1,81 @@
+"""Train an embedded text-conditioned model (the Harmon layout: a MAR generator conditioned on a small
+Qwen2 over the caption vocabulary) on the shapes images and their captions.
+
+    python -m csd.shapes.train_text --config shapes_text_target --out assets/models/shapes_text_target \\
+        --init-generator assets/models/shapes_target.safetensors --steps 20000 --max-minutes 240 --threads 1
+
+Everything else (files written, EMA, resume, time budget, seeded generators) is
+:mod:`csd.shapes.train`'s. ``--init-generator`` starts the MAR from a shipped class-conditional model;
+the LLM and the projections start fresh, ``proj_out``'s last layer at zero, so the first steps are that
+model with its null class, and the prompt's contribution grows from nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from csd.models.harmon import Harmon, HarmonConfig
+from csd.models.registry import load_model
+from csd.shapes.text import TEXT_CONFIGS, caption_tokenizer, text_config
+from csd.shapes.train import TrainConfig, Trainer, build_parser, train
+
+
+@dataclass(frozen=True)
+class TextTrainConfig(TrainConfig):
+    """A :class:`TrainConfig` for a text model; ``model_overrides`` replaces fields of its MAR generator."""
+
+    init_generator: str | None = None  # a class-conditional MAR (.safetensors) whose weights start the generator
+
+    def _check_model(self) -> None:
+        if self.config not in TEXT_CONFIGS:
+            raise ValueError(f"TrainConfig.config must be one of {sorted(TEXT_CONFIGS)}, got {self.config!r}")
+        if self.distill_from is not None:
+            raise ValueError("TrainConfig.distill_from is not supported for text models")
+        self.model_config()
+
+    def model_config(self) -> HarmonConfig:
+        try:
+            return text_config(self.config, **self.model_overrides)
+        except TypeError as exc:
+            raise ValueError(f"TrainConfig.model_overrides: {exc}") from exc
+
+
+class TextTrainer(Trainer):
+    def build_model(self) -> nn.Module:
+        model = Harmon(self.model_config, caption_tokenizer())
+        if self.cfg.init_generator:
+            generator = load_model(self.cfg.init_generator)
+            if generator.config != self.model_config.mar:
+                raise ValueError(
+                    f"init_generator {self.cfg.init_generator}: its MAR config differs from {self.cfg.config}'s"
+                )
+            model.mar.load_state_dict(generator.state_dict())
+        nn.init.zeros_(model.proj_out[2].weight)
+        nn.init.zeros_(model.proj_out[2].bias)
+        return model
+
+    def conditions(self, idx: Tensor):
+        captions = [self.captions[i] for i in idx.tolist()]
+        return self.model.check_conditions(captions, len(captions), self.device)
+
+    def objective(self, tokens: Tensor, conditions) -> Tensor:
+        return self.net(tokens, conditions, self.model_gen)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TextTrainConfig:
+    p = build_parser("python -m csd.shapes.train_text", __doc__.split("\n")[0], TEXT_CONFIGS)
+    p.add_argument("--init-generator", default=None, help="a shipped class-conditional MAR (.safetensors)")
+    return TextTrainConfig(**vars(p.parse_args(argv)))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    trainer = train(parse_args(argv), TextTrainer)
+    if trainer.dist.main:
+        print(f"saved {trainer.cfg.paths['weights']} ({trainer.step} steps, {trainer.elapsed:.0f}s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
