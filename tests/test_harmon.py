@@ -144,3 +144,59 @@ def test_the_text_trainer_starts_from_the_generator_and_learns(tmp_path, restore
     assert 0 < gap < 0.05
     assert model.proj_out[2].weight.abs().max() > 0
     assert isinstance(model.tokenizer, WordTokenizer)
+
+
+# --- official checkpoints: the layout, on a tiny model -----------------------------------------------
+
+
+def official_layout(tmp_path, model: Harmon):
+    """A flat .pth of ``model`` and an LLM directory (config.json and a real word-level tokenizer)."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    torch.save(model.state_dict(), tmp_path / "harmon_tiny.pth")
+    llm_dir = tmp_path / "Qwen-tiny"
+    vocab = {w: i for i, w in enumerate(["<|endoftext|>", "<unk>", *CAPTION_WORDS])}
+    inner = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    inner.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=inner, eos_token="<|endoftext|>", unk_token="<unk>")
+    fast.save_pretrained(llm_dir)
+    (llm_dir / "config.json").write_text(json.dumps(model.config.llm))  # no model_type: keep the word-level tokenizer
+    return tmp_path / "harmon_tiny.pth", llm_dir
+
+
+def test_an_official_layout_loads_strictly_with_its_llm_files(pair, tmp_path):
+    from csd.models.harmon_official import load_official_harmon
+
+    target, _ = pair
+    pth, llm_dir = official_layout(tmp_path, target)
+    loaded = load_official_harmon(pth, llm_dir, target.config)
+    for k, v in target.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+    assert loaded.tokenizer.encode("a red star") == [2 + CAPTION_WORDS.index(w) for w in ("a", "red", "star")]
+    generate(loaded, PROMPTS[:1], [0], SamplingConfig(num_steps=2))  # the hub tokenizer drives a run
+
+
+def test_official_loading_names_missing_files_and_mismatched_keys(pair, tmp_path):
+    from csd.models.checkpoint import CheckpointError
+    from csd.models.harmon_official import load_official_harmon
+
+    target, _ = pair
+    pth, llm_dir = official_layout(tmp_path, target)
+    (llm_dir / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match=r"Qwen-tiny lacks tokenizer.json"):
+        load_official_harmon(pth, llm_dir, target.config)
+    pth, llm_dir = official_layout(tmp_path, target)
+    state = torch.load(pth, weights_only=True)
+    state["proj_in.9.weight"] = state.pop("proj_in.2.weight")
+    torch.save(state, pth)
+    with pytest.raises(
+        CheckpointError, match=r"(?s)missing keys \(1\): proj_in.2.weight.*unexpected keys \(1\): proj_in.9"
+    ):
+        load_official_harmon(pth, llm_dir, target.config)
+    with pytest.raises(CheckpointError, match="hidden_size 48 is not harmon_0.5b's \\(896\\): use the Qwen2.5-0.5B"):
+        load_official_harmon(pth, llm_dir, "harmon_0.5b")
+    with pytest.raises(CheckpointError, match="checkpoint file not found"):
+        load_official_harmon(tmp_path / "nope.pth", llm_dir, target.config)

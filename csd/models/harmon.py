@@ -7,7 +7,7 @@ continue from the prompt's valid length, padding masked); its last hidden states
 ``proj_out`` maps them to the MAR width and they are *added* to the encoder output; the MAR decoder
 and the DiffLoss head follow, unchanged. The module tree (``llm.model.*``, ``llm.lm_head``,
 ``mar.*``, ``proj_in.{0,2}``, ``proj_out.{0,2}``) is the official one, so ``harmon_0.5b.pth`` /
-``harmon_1.5b.pth`` load strictly (:func:`csd.models.harmon_loading.load_official_harmon`).
+``harmon_1.5b.pth`` load strictly (:func:`csd.models.harmon_official.load_official_harmon`).
 
 The LLM is ``transformers``' Qwen2. The official code runs the prompt once into a KV cache and
 trims the cache after each step; here every step runs the prompt and the image rows in one pass
