@@ -37,7 +37,8 @@ from csd.experiments import defaults, frontier
 from csd.experiments.analysis import Analysis, AnalysisSettings, Panels, Run, cost_model, run_csd, run_single
 from csd.experiments.inspection import Frame, artifact_hints, inspect_token, replay_frames, token_index
 from csd.experiments.jobs import Job, Step, Stopped
-from csd.experiments.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover, fetch_official
+from csd.experiments.pairs import EXAMPLE_PROMPTS, RANDOM_SOURCE, ModelPair, PairStore, discover, fetch_official
+from csd.models.harmon import MAX_PROMPT_CHARS, check_prompt
 from csd.models.schedule import CFG_SCHEDULES
 from csd.sampling import SamplingConfig
 from csd.speculative import CSDConfig
@@ -155,10 +156,16 @@ def declare_controls(store: PairStore, limits: Limits) -> dict[str, Control]:
     """Every control of the Generate tab (the Analysis tab reuses them but the batch size), in page order,
     with the default setting (:mod:`csd.experiments.defaults`) within the limits."""
     s, c, first = defaults.SAMPLING, defaults.CSD, store.source(store.names[0])
-    classes = {"choices": list(first.class_names), "allow_custom_value": True}  # follow the pair: request checks
+    class_pair = next((store.source(n) for n in store.names if not store.source(n).is_text), None)
+    text_pair = next((store.source(n) for n in store.names if store.source(n).is_text), None)
+    class_names = list(first.class_names or (class_pair.class_names if class_pair else ("-",)))
+    classes = {"choices": class_names, "allow_custom_value": True, "visible": not first.is_text}  # request checks
+    prompt = (text_pair.prompts if text_pair else EXAMPLE_PROMPTS)[0]
+    prompt_box = {"visible": first.is_text, "max_lines": 2, "max_length": MAX_PROMPT_CHARS, "elem_id": "prompt"}
     return {
         "pair_name": Control("Model pair", gr.Dropdown, first.name, {"choices": store.names}),
-        "class_name": Control("Class", gr.Dropdown, first.class_names[0], classes),
+        "class_name": Control("Class", gr.Dropdown, class_names[0], classes),
+        "prompt": Control("Prompt", gr.Textbox, prompt, prompt_box | {"info": "for text-conditioned pairs"}),
         "seed": Control("Seed", gr.Number, 0, {"minimum": 0, "maximum": MAX_SEED, "precision": 0}),
         "batch_size": _slider("Batch size", min(defaults.BATCH_SIZE, limits.max_batch), 1, limits.max_batch),
         "ar_steps": _slider(
@@ -220,10 +227,15 @@ def library_errors() -> Iterator[None]:
 @dataclass(frozen=True)
 class Request:
     pair: ModelPair
-    labels: list[int]
+    labels: list  # one condition per image: class ids, or prompts for a text pair
     seeds: list[int]
     sampling: SamplingConfig
     csd: CSDConfig
+
+
+def condition_of(r: Request) -> dict:
+    """The first image's condition as the analyses take it: ``prompt`` for a text pair, else ``label``."""
+    return {"prompt": r.labels[0]} if r.pair.is_text else {"label": r.labels[0]}
 
 
 @dataclass
@@ -270,11 +282,17 @@ class App:
         pair_name, class_name = values["pair_name"], values["class_name"]
         if pair_name not in self.store.names:
             raise gr.Error(f"Model pair must be one of {self.store.names}, got {pair_name!r}")
-        names = self.store.source(pair_name).class_names
-        if class_name not in names:
+        source = self.store.source(pair_name)
+        names = source.class_names
+        if not source.is_text and class_name not in names:
             raise gr.Error(
                 f"Class must be one of the {len(names)} classes of {pair_name} ({names[0]}, ...), got {class_name!r}"
             )
+        if source.is_text:
+            try:
+                check_prompt(values["prompt"])
+            except ValueError as err:
+                raise gr.Error(str(err).capitalize()) from None
         if not isinstance(values["align"], bool):
             raise gr.Error(f"{self.controls['align'].label} must be true or false, got {values['align']!r}")
         fields = {"sampling": {"precision": PRECISION}, "csd": {}}
@@ -293,7 +311,18 @@ class App:
                 f"AR steps must be in [1, {pair.num_tokens}] (the tokens of {pair_name}), got {sampling.num_steps}"
             )
         seed, batch = values["seed"], values["batch_size"]
-        return Request(pair, [names.index(class_name)] * batch, [seed + i for i in range(batch)], sampling, csd)
+        if pair.is_text:
+            unknown = pair.target.tokenizer.unknown(values["prompt"])
+            if unknown:
+                words = ", ".join(pair.target.tokenizer.words)
+                raise gr.Error(
+                    f"Prompt words {unknown} are not in the vocabulary of {pair_name}; it knows only these "
+                    f"{len(pair.target.tokenizer.words)} words (its captions): {words}"
+                )
+            conditions = [values["prompt"]] * batch
+        else:
+            conditions = [names.index(class_name)] * batch
+        return Request(pair, conditions, [seed + i for i in range(batch)], sampling, csd)
 
     def job(self, work) -> Job:
         """A model run for one request: progress per AR step, stopped by Stop or the time limit."""
@@ -470,7 +499,7 @@ class App:
                 "ask for fewer images or AR steps"
             )
         settings = AnalysisSettings(
-            n_images=n_images, seed=r.seeds[0], label=r.labels[0], sampling=r.sampling, csd=r.csd
+            n_images=n_images, seed=r.seeds[0], sampling=r.sampling, csd=r.csd, **condition_of(r)
         )
         analysis = Analysis(r.pair, settings)
         skips = [gr.skip()] * (len(ANALYSIS_KEYS) + 1)
@@ -508,7 +537,7 @@ class App:
                 f"{n_images} x {r.sampling.num_steps} = {work}: ask for fewer images or AR steps"
             )
         points = frontier.grid(r.sampling, r.csd, r.pair.target.head_steps(r.sampling.head_steps), quick=True)
-        small = frontier.SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], label=r.labels[0])
+        small = frontier.SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], **condition_of(r))
 
         def work(job: Job) -> dict:
             for done, total, label in small.steps(on_step=lambda label: job.on_step(label)):
@@ -559,9 +588,21 @@ class App:
         """Keyword arguments of :meth:`request` for the default setting, within the limits."""
         return {name: control.default for name, control in self.controls.items()}
 
+    @staticmethod
+    def pick_example(sample: list) -> str:
+        return sample[0]
+
     def classes(self, pair_name: str):
-        names = self.store.source(pair_name).class_names
-        return gr.update(choices=list(names), value=names[0])
+        """The class choice for a class-conditional pair, the prompt (and its examples) for a text pair."""
+        source = self.store.source(pair_name)
+        if source.is_text:
+            return gr.update(visible=False), gr.update(visible=True), gr.update(visible=True)
+        names = list(source.class_names)
+        return (
+            gr.update(choices=names, value=names[0], visible=True),
+            gr.update(visible=False),
+            gr.update(visible=False),
+        )
 
 
 # --- presentation ------------------------------------------------------------------------------
@@ -781,12 +822,33 @@ THEME = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"], font_m
 LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
 
 
+def prompt_examples(app: App, prompt: gr.Textbox) -> gr.Dataset:
+    """Example prompts one click away: the first text pair's."""
+    text = [app.store.source(n) for n in app.store.names if app.store.source(n).is_text]
+    first = app.store.source(app.store.names[0])
+    examples = gr.Dataset(
+        components=[gr.Textbox(visible=False)],
+        samples=[[p] for p in (text[0].prompts if text else EXAMPLE_PROMPTS)],
+        label="Example prompts",
+        visible=first.is_text,
+        elem_id="prompt-examples",
+    )
+    examples.click(App.pick_example, examples, prompt, api_visibility="private")
+    return examples
+
+
 def generate_tab(app: App, queue: dict):
     """Controls, the three runs side by side, Stop. Returns the controls (the Analysis tab reads them),
     the session's latest run (the Inspect tab reads it) and the Generate event."""
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
-            controls = {name: c.component() for name, c in app.controls.items() if not c.advanced}
+            controls = {}
+            for name, c in app.controls.items():
+                if c.advanced:
+                    continue
+                controls[name] = c.component()
+                if name == "prompt":
+                    examples = prompt_examples(app, controls[name])
             with gr.Accordion("Advanced", open=False):
                 controls |= {name: c.component() for name, c in app.controls.items() if c.advanced}
             with gr.Row():
@@ -814,7 +876,8 @@ def generate_tab(app: App, queue: dict):
     stopped = stop.click(None, None, None, cancels=[event], api_visibility="private")
     stopped.then(app.generate_stopped, None, outputs, api_visibility="private")
     pair = controls["pair_name"]
-    pair.change(app.classes, pair, controls["class_name"], api_visibility="private")
+    shown = [controls["class_name"], controls["prompt"], examples]
+    pair.change(app.classes, pair, shown, api_visibility="private")
     with gr.Accordion("Official MAR checkpoints", open=False):
         gr.Markdown(
             "Official pairs (MAR-H or MAR-L target, MAR-B draft) are offered when the operator starts "

@@ -86,3 +86,12 @@ def save_tiny_pixel_pair(folder, seed: int = 0) -> tuple[str, str]:
                 p.add_(0.05 * torch.randn(p.shape, generator=gen))
         paths.append(str(save_model(model, f"{folder}/{name}")))
     return paths[0], paths[1]
+
+
+def save_tiny_text_pair(folder) -> tuple[str, str]:
+    """The untrained text pair of csd.experiments.pairs (Harmon layout) saved in the project format."""
+    from csd.experiments.pairs import random_text_pair
+    from csd.models.registry import save_model
+
+    pair = random_text_pair()
+    return str(save_model(pair.target, f"{folder}/text_target")), str(save_model(pair.draft, f"{folder}/text_draft"))

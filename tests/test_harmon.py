@@ -200,3 +200,28 @@ def test_official_loading_names_missing_files_and_mismatched_keys(pair, tmp_path
         load_official_harmon(pth, llm_dir, "harmon_0.5b")
     with pytest.raises(CheckpointError, match="checkpoint file not found"):
         load_official_harmon(tmp_path / "nope.pth", llm_dir, target.config)
+
+
+def test_prompt_scores_read_class_and_colour_from_real_images():
+    from csd.shapes.text import prompt_scores
+
+    data = make_dataset(60, seed=11)  # rendered images: both classifiers should name what the caption says
+    scores = prompt_scores(data.images, data.captions)
+    assert scores["class_accuracy"] >= 0.95 and scores["colour_accuracy"] >= 0.95
+    wrong = [c.replace(c.split()[2], "red" if c.split()[2] != "red" else "blue", 1) for c in data.captions]
+    assert prompt_scores(data.images, wrong)["colour_accuracy"] < 0.3  # asked for another colour
+
+
+def test_the_benchmark_measures_a_text_pair_with_prompts(tmp_path, restore_threads):
+    from csd.experiments.bench import main
+    from tests.helpers import save_tiny_text_pair
+
+    target, draft = save_tiny_text_pair(tmp_path)
+    args = ["--quick", "--target", target, "--draft", draft, "--n", "4", "--n-ref", "20", "--repeats", "1"]
+    args += ["--batches", "2", "--gammas", "2", "--num-steps", "4", "--threads", "1", "--out", str(tmp_path / "out")]
+    result = main(args)
+    q = result
+    for key in ("target", "csd", "draft", "fewer"):
+        assert 0 <= q[f"accuracy_{key}"] <= 1 and 0 <= q[f"colour_accuracy_{key}"] <= 1 and q[f"fd_{key}"] > 0
+    assert 0 <= q["acceptance_aligned"] <= 1 and 0 <= q["acceptance_unaligned"] <= 1
+    assert result["speedup"] > 0 and result["speedup_bound"] > 0

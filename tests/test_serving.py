@@ -53,7 +53,11 @@ def _controls(application, **overrides):
 def test_the_page_offers_no_control_that_takes_a_path_or_a_repository(served):
     _, demo, _ = served
     kinds = {c["type"] for c in demo.config["components"]}
-    assert not kinds & {"textbox", "file", "uploadbutton", "fileexplorer", "code"}, kinds
+    assert not kinds & {"file", "uploadbutton", "fileexplorer", "code"}, kinds
+    # The one free-text field is the prompt, which only a text pair's tokenizer reads (and the hidden
+    # textbox the example prompts are rendered with).
+    texts = [c["props"] for c in demo.config["components"] if c["type"] == "textbox"]
+    assert [t.get("label") for t in texts if t.get("visible") is not False or t.get("elem_id")] == ["Prompt"]
     labels = " ".join(str(c.get("props", {}).get("label", "")) for c in demo.config["components"]).lower()
     for word in ("repository", "directory", "path", "download"):
         assert word not in labels
@@ -63,7 +67,7 @@ def test_every_handler_is_a_known_one_and_none_can_download(served, monkeypatch)
     application, demo, client = served
     handlers = {fn.fn.__name__ for fn in demo.fns.values() if fn.fn is not None}  # None: a front-end-only event
     known = {"generate", "analyze", "toy", "classes", "generate_stopped", "analyze_stopped"}
-    known |= {"recompute_frontier", "frontier_stopped"}  # the frontier section
+    known |= {"recompute_frontier", "frontier_stopped", "pick_example"}  # the frontier section, example prompts
     known |= {"after_run", "replay", "show_token", "select_on_map", "select_hint", "inspect_api"}  # the Inspect tab
     assert handlers <= known, handlers
 

@@ -251,11 +251,13 @@ class Panels:
 
 @dataclass(frozen=True)
 class AnalysisSettings:
-    """A base setting and the sweeps around it. Image i uses seed + i and class (label + i) mod classes."""
+    """A base setting and the sweeps around it. Image i uses seed + i and class (label + i) mod classes,
+    or, for a text pair, ``prompt``."""
 
     n_images: int = 16
     seed: int = 0
     label: int = 0
+    prompt: str | None = None
     sampling: SamplingConfig = defaults.SAMPLING
     csd: CSDConfig = defaults.CSD
     gammas: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -269,6 +271,15 @@ class AnalysisSettings:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def image_conditions(pair: ModelPair, n: int, label: int = 0, prompt: str | None = None) -> list:
+    """The conditions of n analysis images: ``prompt`` for each (a text pair), else classes label, label + 1, ..."""
+    if pair.is_text:
+        if prompt is None:
+            raise ValueError(f"{pair.name} is text-conditioned: give a prompt")
+        return [prompt] * n
+    return [(label + i) % len(pair.class_names) for i in range(n)]
 
 
 def _key(sampling: SamplingConfig, csd: CSDConfig | None) -> tuple:
@@ -290,8 +301,7 @@ class Analysis:
 
     def __init__(self, pair: ModelPair, settings: AnalysisSettings):
         self.pair, self.settings = pair, settings
-        classes = len(pair.class_names)
-        self.labels = [(settings.label + i) % classes for i in range(settings.n_images)]
+        self.labels = image_conditions(pair, settings.n_images, settings.label, settings.prompt)
         self.seeds = [settings.seed + i for i in range(settings.n_images)]
         self._runs: dict[tuple, Run] = {}
         self._retimed: dict[tuple, Run] = {}

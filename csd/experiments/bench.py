@@ -219,6 +219,8 @@ def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, con
         images, stats = gen(mode, setting)
         scores, feats[key] = quality(images, labels, ref, classifier)
         out[f"accuracy_{key}"], out[f"fd_{key}"] = scores["accuracy"], scores["fd"]
+        if "colour_accuracy" in scores:  # prompts: the colour they asked for, too
+            out[f"colour_accuracy_{key}"] = scores["colour_accuracy"]
         if mode == "csd":
             out[key] = summarize_stats(stats)
 
@@ -455,7 +457,7 @@ def compare_settings(
     """Target-only and every CSD setting timed side by side (interleaved after a warm-up, one process):
     per setting its target passes (from the cost model, equal to the sampler's) and its speed-up,
     median over median, with the spread of the per-round ratios."""
-    labels, seeds = [i % target.num_classes for i in range(batch)], list(range(100, 100 + batch))
+    labels, seeds = eval_labels_seeds(batch, 100, target.num_classes)
     runs = {"target-only": lambda: generate(target, labels, seeds, sampling)}
     for name, csd in settings.items():
         runs[name] = lambda csd=csd: speculative_generate(target, draft, labels, seeds, sampling, csd)

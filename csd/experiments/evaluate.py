@@ -34,7 +34,7 @@ from csd.experiments import defaults
 from csd.experiments.pairs import pixel_tokenizer
 from csd.models.registry import load_model
 from csd.sampling import Generation, SamplingConfig, generate, model_device
-from csd.shapes.data import CLASS_NAMES, contact_sheet
+from csd.shapes.data import CLASS_NAMES, contact_sheet, make_dataset
 from csd.shapes.metrics import (
     DEFAULT_CLASSIFIER,
     REFERENCE_SEED,
@@ -84,9 +84,17 @@ class EvalConfig:
             check_int(name, getattr(self, name), lo)
 
 
-def eval_labels_seeds(n: int, seed_offset: int, num_classes: int) -> tuple[list[int], list[int]]:
-    """Labels cycled over the classes (balanced) and consecutive seeds."""
-    return [i % num_classes for i in range(n)], [seed_offset + i for i in range(n)]
+PROMPT_SEED = 104  # the held-out shapes images whose captions prompt a text model's evaluation
+
+
+def eval_labels_seeds(n: int, seed_offset: int, num_classes: int) -> tuple[list, list[int]]:
+    """Labels cycled over the classes (balanced) and consecutive seeds. A text model (``num_classes``
+    0) gets prompts instead: the captions of held-out shapes images (seed PROMPT_SEED), which follow
+    the data's distribution of classes, colours and backgrounds."""
+    seeds = [seed_offset + i for i in range(n)]
+    if num_classes == 0:
+        return list(make_dataset(seed_offset + n, seed=PROMPT_SEED).captions[seed_offset:]), seeds
+    return [i % num_classes for i in range(n)], seeds
 
 
 def fewer_steps(sampling: SamplingConfig, csd: CSDConfig, num_tokens: int) -> SamplingConfig:
@@ -176,9 +184,16 @@ def summarize_stats(stats: np.ndarray) -> dict[str, float | int]:
 def quality(
     images: Tensor, labels: Sequence[int], ref_feats: np.ndarray, classifier: ShapesClassifier
 ) -> tuple[dict[str, float], np.ndarray]:
-    """Class accuracy and Frechet distance to the reference features; also returns the image features."""
+    """Class accuracy and Frechet distance to the reference features; also returns the image features.
+    For prompts, the accuracy is that of the class each prompt names, and the colour accuracy is added."""
     feats = features(images, classifier)
-    return {"accuracy": class_accuracy(images, labels, classifier), "fd": frechet_distance(feats, ref_feats)}, feats
+    fd = frechet_distance(feats, ref_feats)
+    if labels and isinstance(labels[0], str):
+        from csd.shapes.text import prompt_scores
+
+        scores = prompt_scores(images, labels)
+        return {"accuracy": scores["class_accuracy"], "colour_accuracy": scores["colour_accuracy"], "fd": fd}, feats
+    return {"accuracy": class_accuracy(images, labels, classifier), "fd": fd}, feats
 
 
 # --- distribution --------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from csd.checks import check_int
-from csd.experiments.analysis import run_csd, run_single
+from csd.experiments.analysis import image_conditions, run_csd, run_single
 from csd.experiments.bench import alternate
 from csd.experiments.evaluate import eval_labels_seeds, generate_images, quality
 from csd.experiments.pairs import ModelPair
@@ -34,6 +34,7 @@ from csd.models.tokenizer import PixelTokenizer
 from csd.sampling import Generation, SamplingConfig, StepCallback, generate
 from csd.shapes.data import CLASS_NAMES
 from csd.shapes.metrics import DEFAULT_CLASSIFIER, frechet_distance, load_classifier, predict
+from csd.shapes.text import prompt_class
 from csd.speculative import CSDConfig, speculative_generate
 
 BOOTSTRAP = 20  # resamples for the Frechet distance's standard error
@@ -198,12 +199,16 @@ def frontier_markdown(result: dict) -> str:
 def image_scores(pair: ModelPair, labels: Sequence[int], reference: Generation) -> tuple[str, Callable]:
     """(metric key, per-image scores of a generation).
 
-    Class accuracy (1 where the shapes classifier names the conditioning class) where the classifier
-    applies: pixel pairs over the shapes classes. Otherwise the RMS token distance to ``reference``,
-    a target-only run with the same seeds: a measure of closeness to the full run, not of quality."""
-    if isinstance(pair.tokenizer, PixelTokenizer) and pair.class_names == CLASS_NAMES and DEFAULT_CLASSIFIER.is_file():
+    Class accuracy (1 where the shapes classifier names the conditioning class, or the class a prompt
+    names) where the classifier applies: pixel pairs over the shapes classes. Otherwise the RMS token
+    distance to ``reference``, a target-only run with the same seeds: a measure of closeness to the full
+    run, not of quality."""
+    shapes = pair.class_names == CLASS_NAMES or pair.is_text
+    wanted = [prompt_class(c) if isinstance(c, str) else c for c in labels]
+    pixels = isinstance(pair.tokenizer, PixelTokenizer) and DEFAULT_CLASSIFIER.is_file()
+    if pixels and shapes and None not in wanted:
         classifier = load_classifier()
-        wanted = np.asarray(labels)
+        wanted = np.asarray(wanted)
         return "accuracy", lambda g: (predict(pair.tokenizer.decode(g.tokens), classifier) == wanted).astype(float)
     return "rms", lambda g: (g.tokens - reference.tokens).pow(2).mean(dim=(1, 2)).sqrt().numpy()
 
@@ -214,13 +219,12 @@ class SmallFrontier:
     as the timing drift. On a CPU a setting's first run costs about what a second run does (measured
     within the run-to-run noise), so no warm-up pass is spent."""
 
-    def __init__(self, pair: ModelPair, points: list[Point], n_images: int, seed: int = 0, label: int = 0):
+    def __init__(self, pair: ModelPair, points: list[Point], n_images: int, seed: int = 0, label: int = 0, prompt=None):
         check_int("number of images", n_images, 1)
         if not points or points[0].csd is not None:
             raise ValueError("points must start with the target-only baseline")
-        classes = len(pair.class_names)
         self.pair, self.points = pair, points
-        self.labels = [(label + i) % classes for i in range(n_images)]
+        self.labels = image_conditions(pair, n_images, label, prompt)
         self.seeds = [seed + i for i in range(n_images)]
         self._runs: list = []
 

@@ -3,10 +3,15 @@
 Pairs the app and the analysis can run:
 
 * the embedded pair, ``assets/models/shapes_{target,draft}.safetensors`` (pixel tokens);
+* the embedded text pair, ``assets/models/shapes_text_{target,draft}.safetensors`` (the Harmon layout:
+  prompts over the caption vocabulary);
 * official MAR pairs (MAR-H or MAR-L target, MAR-B draft, KL-16 tokenizer) when a checkpoint
   directory with the official layout is given: ``<dir>/mar/mar_base/checkpoint-last.pth``,
   ``<dir>/vae/kl16.ckpt``;
-* a small random (untrained) pixel pair, for tests and when nothing else is installed.
+* official Harmon pairs (Harmon-1.5B target, Harmon-0.5B draft) when ``<dir>/harmon/`` holds both
+  checkpoints and both Qwen2.5 directories (:mod:`csd.models.harmon_official`) and ``<dir>/vae/kl16.ckpt``;
+* small random (untrained) pixel pairs, class- and text-conditioned, for tests and when nothing else is
+  installed.
 
 Loaded models are shared read-only between requests: eval mode, no gradients, never mutated.
 """
@@ -32,7 +37,19 @@ from csd.shapes.data import CLASS_NAMES
 
 EMBEDDED_DIR = Path(__file__).resolve().parents[2] / "assets" / "models"
 EMBEDDED_NAME = "shapes (embedded)"
+TEXT_NAME = "shapes, text prompts (embedded, Harmon layout)"
 RANDOM_NAME = "random (untrained)"
+RANDOM_TEXT_NAME = "random text (untrained)"
+HARMON_NAME = "Harmon-1.5B / Harmon-0.5B (text)"
+# A few prompts one click away in the app: captions the embedded text models were trained on.
+EXAMPLE_PROMPTS = (
+    "a large red star on a plain white background",
+    "a small blue circle on a black to white gradient",
+    "a medium green heart on a textured yellow background",
+    "a large purple stripes pattern on a plain black background",
+    "a large orange triangle on a gray gradient",
+)
+HARMON_PROMPTS = ("a red fox in the snow", "a lighthouse at dusk, oil painting", "a bowl of ramen, top view")
 # Official targets paired with MAR-B as the draft, as in the paper.
 OFFICIAL_TARGETS = {"MAR-H / MAR-B (ImageNet)": "mar_huge", "MAR-L / MAR-B (ImageNet)": "mar_large"}
 IMAGENET_NAMES = tuple(f"imagenet {i}" for i in range(1000))  # ids; names are not shipped
@@ -46,8 +63,13 @@ class ModelPair:
     target: nn.Module
     draft: nn.Module
     tokenizer: PixelTokenizer | LatentTokenizer
-    class_names: tuple[str, ...]
+    class_names: tuple[str, ...]  # () for a text pair: its conditions are prompts
     weights: str  # which weights (a content hash for files we ship): results record it
+    prompts: tuple[str, ...] = ()  # a text pair's example prompts
+
+    @property
+    def is_text(self) -> bool:
+        return bool(self.prompts)
 
     @property
     def num_tokens(self) -> int:
@@ -67,11 +89,11 @@ def _frozen(model: nn.Module, device: torch.device) -> nn.Module:
     return model.to(device).eval().requires_grad_(False)
 
 
-def _warm_up(target: nn.Module, draft: nn.Module) -> None:
+def _warm_up(target: nn.Module, draft: nn.Module, conditions) -> None:
     """One cheap generation per model, so the first timed request does not pay for lazy initialisation."""
     config = SamplingConfig(num_steps=1, head_steps=1)
     for model in (target, draft):
-        generate(model, [0], [0], config)
+        generate(model, list(conditions), [0], config)
 
 
 def pixel_tokenizer(token_dim: int) -> PixelTokenizer:
@@ -96,9 +118,13 @@ def _embedded_files(directory: Path) -> tuple[Path, Path]:
     return directory / "shapes_target.safetensors", directory / "shapes_draft.safetensors"
 
 
-def _pair(name: str, target: nn.Module, draft: nn.Module, tokenizer, class_names, weights: str, device) -> ModelPair:
-    pair = ModelPair(name, _frozen(target, device), _frozen(draft, device), tokenizer, tuple(class_names), weights)
-    _warm_up(pair.target, pair.draft)
+def _pair(
+    name: str, target: nn.Module, draft: nn.Module, tokenizer, class_names, weights: str, device, prompts=()
+) -> ModelPair:
+    pair = ModelPair(
+        name, _frozen(target, device), _frozen(draft, device), tokenizer, tuple(class_names), weights, tuple(prompts)
+    )
+    _warm_up(pair.target, pair.draft, pair.prompts[:1] or [0])
     return pair
 
 
@@ -109,6 +135,48 @@ def load_embedded(directory: Path, device: torch.device) -> ModelPair:
     target, draft = load_model(files[0]), load_model(files[1])
     tokenizer = pixel_tokenizer(target.token_dim)
     return _pair(EMBEDDED_NAME, target, draft, tokenizer, CLASS_NAMES, file_digest(*files), device)
+
+
+def _text_files(directory: Path) -> tuple[Path, Path]:
+    return directory / "shapes_text_target.safetensors", directory / "shapes_text_draft.safetensors"
+
+
+def check_text_pair(target, draft) -> None:
+    """A text pair's models must read prompts alike: the same tokenizer, template and null prompt."""
+    if target.tokenizer.to_dict() != draft.tokenizer.to_dict():
+        raise ValueError("the text target and draft use different tokenizers")
+    for key in ("template", "prefix", "null_prompt"):
+        if getattr(target.config, key) != getattr(draft.config, key):
+            raise ValueError(f"the text target and draft differ in their prompt {key}")
+
+
+def load_text_embedded(directory: Path, device: torch.device) -> ModelPair:
+    from csd.models.registry import load_model
+
+    files = _text_files(directory)
+    target, draft = load_model(files[0]), load_model(files[1])
+    check_text_pair(target, draft)
+    tokenizer = pixel_tokenizer(target.token_dim)
+    return _pair(TEXT_NAME, target, draft, tokenizer, (), file_digest(*files), device, EXAMPLE_PROMPTS)
+
+
+def harmon_files(checkpoints: Path) -> list[Path]:
+    from csd.models.harmon_official import CHECKPOINTS, LLM_DIRS
+
+    h = checkpoints / "harmon"
+    return [h / CHECKPOINTS[c] for c in CHECKPOINTS] + [h / LLM_DIRS[c] / "config.json" for c in LLM_DIRS]
+
+
+def load_harmon(checkpoints: Path, device: torch.device) -> ModelPair:
+    from csd.models.harmon_official import CHECKPOINTS, LLM_DIRS, load_official_harmon
+    from csd.models.vae import load_kl16
+
+    h = checkpoints / "harmon"
+    load = lambda c: load_official_harmon(h / CHECKPOINTS[c], h / LLM_DIRS[c], c)
+    target, draft = load("harmon_1.5b"), load("harmon_0.5b")
+    check_text_pair(target, draft)
+    tokenizer = LatentTokenizer(_frozen(load_kl16(checkpoints / "vae" / "kl16.ckpt"), device))
+    return _pair(HARMON_NAME, target, draft, tokenizer, (), "official:harmon_1.5b+harmon_0.5b", device, HARMON_PROMPTS)
 
 
 def load_official(checkpoints: Path, target_config: str, name: str, device: torch.device) -> ModelPair:
@@ -155,17 +223,43 @@ def random_pair(device: torch.device | str = "cpu", seed: int = 0) -> ModelPair:
     return _pair(RANDOM_NAME, target, draft, tokenizer, CLASS_NAMES, f"random:{seed}", torch.device(device))
 
 
+def random_text_pair(device: torch.device | str = "cpu", seed: int = 0) -> ModelPair:
+    """Untrained text-conditioned pixel models in the Harmon layout, over the caption vocabulary."""
+    from csd.models.harmon import Harmon, HarmonConfig, qwen2
+    from csd.shapes.text import caption_tokenizer
+
+    tok = caption_tokenizer()
+    text = dict(template="{input}", prefix="{prompt}", null_prompt="")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        target = Harmon(HarmonConfig(random_pixel_config(64, 2), qwen2(32, 1, 2, 1, 64, len(tok)), **text), tok)
+        draft = Harmon(HarmonConfig(random_pixel_config(32, 1), qwen2(32, 1, 2, 1, 64, len(tok)), **text), tok)
+        with torch.no_grad():
+            for p in (*target.parameters(), *draft.parameters()):
+                p.add_(0.05 * torch.randn_like(p))
+    tokenizer = pixel_tokenizer(target.token_dim)
+    return _pair(
+        RANDOM_TEXT_NAME, target, draft, tokenizer, (), f"random-text:{seed}", torch.device(device), EXAMPLE_PROMPTS
+    )
+
+
 @dataclass(frozen=True)
 class PairSource:
-    """A pair that can be loaded: its name and classes are known before its weights are read."""
+    """A pair that can be loaded: its name, classes (or example prompts) are known before its weights are read."""
 
     name: str
     class_names: tuple[str, ...]
     weights: str  # as ModelPair.weights
     load: Callable[[torch.device], ModelPair]
+    prompts: tuple[str, ...] = ()  # a text pair's example prompts
+
+    @property
+    def is_text(self) -> bool:
+        return bool(self.prompts)
 
 
 RANDOM_SOURCE = PairSource(RANDOM_NAME, CLASS_NAMES, "random:0", random_pair)
+RANDOM_TEXT_SOURCE = PairSource(RANDOM_TEXT_NAME, (), "random-text:0", random_text_pair, EXAMPLE_PROMPTS)
 
 
 def _official_weights(target_config: str) -> str:
@@ -178,6 +272,10 @@ def discover(checkpoints: Path | None, embedded_dir: Path = EMBEDDED_DIR) -> lis
     files = _embedded_files(embedded_dir)
     if all(f.is_file() for f in files):
         found.append(PairSource(EMBEDDED_NAME, CLASS_NAMES, file_digest(*files), partial(load_embedded, embedded_dir)))
+    files = _text_files(embedded_dir)
+    if all(f.is_file() for f in files):
+        load = partial(load_text_embedded, embedded_dir)
+        found.append(PairSource(TEXT_NAME, (), file_digest(*files), load, EXAMPLE_PROMPTS))
     if checkpoints is not None:
         have = lambda config: (checkpoints / "mar" / config / "checkpoint-last.pth").is_file()
         if have("mar_base") and (checkpoints / "vae" / "kl16.ckpt").is_file():
@@ -185,6 +283,9 @@ def discover(checkpoints: Path | None, embedded_dir: Path = EMBEDDED_DIR) -> lis
                 if have(config):
                     load = partial(load_official, checkpoints, config, name)
                     found.append(PairSource(name, IMAGENET_NAMES, _official_weights(config), load))
+        if all(f.is_file() for f in harmon_files(checkpoints)) and (checkpoints / "vae" / "kl16.ckpt").is_file():
+            load = partial(load_harmon, checkpoints)
+            found.append(PairSource(HARMON_NAME, (), "official:harmon_1.5b+harmon_0.5b", load, HARMON_PROMPTS))
     return found
 
 

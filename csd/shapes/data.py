@@ -426,6 +426,14 @@ def _caption(cls: int, p: dict[str, np.ndarray], k: int, config: ShapesConfig) -
     return f"{_with_article(shape)} on {_with_article(background)}"
 
 
+def caption_colour(caption: str) -> int:
+    """The palette index of the shape's colour named in a caption ("a small red star on ...")."""
+    words = caption.split()
+    if len(words) < 3 or words[2] not in PALETTE:
+        raise ValueError(f"not a shapes caption: {caption!r}")
+    return _PALETTE_NAMES.index(words[2])
+
+
 # --- contact sheet ---
 
 

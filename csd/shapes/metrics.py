@@ -22,9 +22,13 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from csd.models.checkpoint import CheckpointError, load_state_strict, read_safetensors, save_safetensors
-from csd.shapes.data import NUM_CLASSES, make_dataset
+from csd.shapes.data import NUM_CLASSES, PALETTE, caption_colour, make_dataset
 
 DEFAULT_CLASSIFIER = Path(__file__).resolve().parents[2] / "assets" / "classifier.safetensors"
+# The same network trained to name the shape's colour (the palette entry its caption names): for
+# prompts, whether an image has the colour the prompt asked for.
+DEFAULT_COLOUR_CLASSIFIER = DEFAULT_CLASSIFIER.with_name("colour_classifier.safetensors")
+TASKS = ("class", "colour")
 ARCH = "shapes_classifier"
 # Data seeds: training, validation during training, and the held-out reference set of every
 # Frechet distance. The generative models are trained on other seeds (see csd.shapes.train).
@@ -203,6 +207,7 @@ class TrainConfig:
     weight_decay: float = 1e-4
     max_noise: float = 0.15  # per-image pixel noise std ~ U(0, max_noise): generated images are noisier
     seed: int = 0  # weights and batch order; the data seeds are the module constants
+    task: str = "class"  # "colour": the shape's palette colour (12 classes) instead of its class
 
     def __post_init__(self) -> None:
         for name in ("train_size", "valid_size", "steps", "batch_size"):
@@ -213,6 +218,15 @@ class TrainConfig:
         for name in ("weight_decay", "max_noise"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+
+
+def task_labels(data, task: str) -> Tensor:
+    """What a classifier of ``task`` learns to name: the class, or the palette colour of the shape."""
+    if task == "class":
+        return data.labels
+    return torch.tensor([caption_colour(c) for c in data.captions], dtype=torch.long)
 
 
 def train_classifier(
@@ -223,6 +237,7 @@ def train_classifier(
     gen = torch.Generator().manual_seed(train.seed)
     data = make_dataset(train.train_size, TRAIN_SEED)
     valid = make_dataset(train.valid_size, VALID_SEED)
+    targets, valid_targets = task_labels(data, train.task), task_labels(valid, train.task)
     with torch.random.fork_rng(devices=[]):  # layer init draws from the global generator: seed it, then restore
         torch.manual_seed(train.seed)
         model = ShapesClassifier(config)
@@ -240,7 +255,7 @@ def train_classifier(
         x = torch.where(flip[:, None, None, None], x.flip(-1), x)
         sigma = train.max_noise * torch.rand(len(idx), 1, 1, 1, generator=gen)
         x = (x + sigma * torch.randn(x.shape, generator=gen)).clamp(-1.0, 1.0)
-        loss = F.cross_entropy(model(x), data.labels[idx])
+        loss = F.cross_entropy(model(x), targets[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -250,7 +265,7 @@ def train_classifier(
                 f"step {step + 1}/{train.steps} loss {loss.item():.4f} ({time.perf_counter() - t0:.0f} s)", flush=True
             )
     model.eval().requires_grad_(False)
-    accuracy = class_accuracy(valid.images, valid.labels, model)
+    accuracy = float((predict(valid.images, model) == valid_targets.numpy()).mean())
     record = {
         "train": asdict(train),
         "data_seeds": {"train": TRAIN_SEED, "valid": VALID_SEED, "reference": REFERENCE_SEED},
@@ -278,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     tr.add_argument("--lr", type=float, default=defaults.lr)
     tr.add_argument("--max-noise", type=float, default=defaults.max_noise)
     tr.add_argument("--threads", type=int, default=1, help="torch CPU threads (keeps the run reproducible)")
+    tr.add_argument("--task", choices=TASKS, default="class", help="colour: name the shape's colour")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -289,8 +305,10 @@ def main(argv: list[str] | None = None) -> None:
         lr=args.lr,
         max_noise=args.max_noise,
         seed=args.seed,
+        task=args.task,
     )
-    model, record = train_classifier(ClassifierConfig(), train)
+    classes = NUM_CLASSES if args.task == "class" else len(PALETTE)
+    model, record = train_classifier(ClassifierConfig(num_classes=classes), train)
     out = Path(args.out).with_suffix(".safetensors")
     save_classifier(model, out, record)
     print(json.dumps(record, indent=2))

@@ -72,3 +72,25 @@ def text_config(name: str, **mar_overrides) -> HarmonConfig:
         raise ValueError(f"unknown text model config {name!r}; choose from {sorted(TEXT_CONFIGS)}")
     c = TEXT_CONFIGS[name]
     return replace(c, mar=replace(c.mar, **mar_overrides)) if mar_overrides else c
+
+
+def prompt_scores(images, prompts) -> dict[str, float | None]:
+    """What fraction of images (B, 3, H, W) in [-1, 1] show what their prompts asked for: the class (the
+    shapes classifier) and the shape's colour (the colour classifier), over the prompts that name one."""
+    import numpy as np
+
+    from csd.shapes.metrics import DEFAULT_COLOUR_CLASSIFIER, load_classifier, predict
+
+    classes = [prompt_class(p) for p in prompts]
+    colours = [prompt_colour(p) for p in prompts]
+    out: dict[str, float | None] = {"class_accuracy": None, "colour_accuracy": None}
+    named = [i for i, c in enumerate(classes) if c is not None]
+    if named:
+        got = predict(images[named])
+        out["class_accuracy"] = float(np.mean(got == np.asarray([classes[i] for i in named])))
+    named = [i for i, c in enumerate(colours) if c is not None]
+    if named:
+        got = predict(images[named], load_classifier(DEFAULT_COLOUR_CLASSIFIER))
+        wanted = np.asarray([list(PALETTE).index(colours[i]) for i in named])
+        out["colour_accuracy"] = float(np.mean(got == wanted))
+    return out
