@@ -209,3 +209,40 @@ def test_inspect_rejects_a_token_off_the_grid_naming_it(served):
     application, client = served
     with pytest.raises(AppError, match=r"token row must be an int in \[0, 7\]"):
         client.predict(image=0, row=8, column=0, **controls(application), api_name="/inspect")
+
+
+# --- a text-conditioned pair: the prompt by keyword -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served_text():
+    from csd.experiments.pairs import RANDOM_TEXT_SOURCE
+
+    application = app.App(PairStore([RANDOM_TEXT_SOURCE, RANDOM_SOURCE], torch.device("cpu")), LIMITS)
+    demo = app.build(application)
+    url = app.serve(demo, LIMITS, "127.0.0.1", None, block=False)
+    yield application, Client(url, verbose=False)
+    demo.close()
+
+
+def test_generate_takes_the_prompt_by_keyword(served_text):
+    application, client = served_text
+    prompt = "a small blue circle on a black to white gradient"
+    *_, stats, _, summary = client.predict(**controls(application, prompt=prompt), api_name="/generate")
+    assert "Speedup" in stats and summary["batch_size"] == 2
+    _, _, _, data = client.predict(n_images=1, **analysis_controls(application, prompt=prompt), api_name="/frontier")
+    assert data["metrics"] == ["accuracy"]  # the class the prompt names, by the shapes classifier
+
+
+@pytest.mark.parametrize(
+    "prompt,named",
+    [
+        ("", "Prompt must not be empty"),
+        ("x" * 10_000, r"Prompt must be at most 1000 characters, got 10000"),
+        ("a purple dragon", r"Prompt words \['dragon'\] are not in the vocabulary.*circle, square"),
+    ],
+)
+def test_bad_prompts_are_named_errors(served_text, prompt, named):
+    application, client = served_text
+    with pytest.raises(AppError, match=named):
+        client.predict(**controls(application, prompt=prompt), api_name="/generate")

@@ -140,3 +140,42 @@ def test_generate_then_analysis_in_chromium(served, tmp_path):
             )
         finally:
             browser.close()
+
+
+@pytest.mark.browser
+def test_a_prompt_run_on_the_text_pair_in_chromium(served, tmp_path):
+    """Choose the text pair, pick an example prompt, generate; a word outside the vocabulary is refused."""
+    from playwright.sync_api import sync_playwright
+
+    from csd.experiments.pairs import EXAMPLE_PROMPTS, TEXT_NAME
+
+    application, url = served
+    assert TEXT_NAME in application.store.names, "the embedded text pair ships in assets/models"
+    shots = Path(os.environ.get("CSD_SCREENSHOT_DIR") or tmp_path)
+    if not shots.is_absolute():
+        shots = ROOT / shots
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(url)
+            page.get_by_label("Model pair").first.click()
+            page.get_by_role("option", name=TEXT_NAME).click()
+            prompt = page.locator("#prompt textarea")
+            prompt.wait_for(state="visible")
+            page.locator("#prompt-examples").get_by_text(EXAMPLE_PROMPTS[1]).click()
+            page.wait_for_function(
+                "text => document.querySelector('#prompt textarea').value === text", arg=EXAMPLE_PROMPTS[1]
+            )
+            page.get_by_role("button", name="Generate", exact=True).click()
+            for box in ("#img-target", "#img-csd", "#img-map", "#img-draft"):
+                page.locator(f"{box} img").wait_for(state="visible")
+            page.locator("#gen-status").get_by_text("Speedup", exact=False).first.wait_for(state="visible")
+            page.screenshot(path=shots / "screenshot_prompt.png", full_page=True)
+
+            prompt.fill("a purple dragon on a plain white background")
+            page.get_by_role("button", name="Generate", exact=True).click()
+            page.get_by_text("not in the vocabulary", exact=False).first.wait_for(state="visible")
+        finally:
+            browser.close()
