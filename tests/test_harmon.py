@@ -225,3 +225,17 @@ def test_the_benchmark_measures_a_text_pair_with_prompts(tmp_path, restore_threa
         assert 0 <= q[f"accuracy_{key}"] <= 1 and 0 <= q[f"colour_accuracy_{key}"] <= 1 and q[f"fd_{key}"] > 0
     assert 0 <= q["acceptance_aligned"] <= 1 and 0 <= q["acceptance_unaligned"] <= 1
     assert result["speedup"] > 0 and result["speedup_bound"] > 0
+
+
+def test_a_text_model_continues_from_its_shipped_weights(tmp_path, restore_threads):
+    from csd.shapes.train_text import main
+
+    first = tmp_path / "a"
+    common = ["--config", "shapes_text_draft", "--batch-size", "2", "--data-size", "8", "--threads", "1"]
+    main([*common, "--out", str(first), "--steps", "1", "--init-generator", "assets/models/shapes_draft.safetensors"])
+    second = tmp_path / "b"
+    # Another seed: a fresh LLM would be initialised differently from a's.
+    main([*common, "--out", str(second), "--steps", "1", "--seed", "1", "--init-generator", f"{first}.safetensors"])
+    a, b = load_model(f"{first}.safetensors"), load_model(f"{second}.safetensors")
+    gap = (a.llm.model.embed_tokens.weight - b.llm.model.embed_tokens.weight).abs().max().item()
+    assert 0 < gap < 0.01  # b started from a's LLM (a fresh one would differ by far more)

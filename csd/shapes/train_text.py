@@ -7,7 +7,9 @@ Qwen2 over the caption vocabulary) on the shapes images and their captions.
 Everything else (files written, EMA, resume, time budget, seeded generators) is
 :mod:`csd.shapes.train`'s. ``--init-generator`` starts the MAR from a shipped class-conditional model;
 the LLM and the projections start fresh, ``proj_out``'s last layer at zero, so the first steps are that
-model with its null class, and the prompt's contribution grows from nothing.
+model with its null class, and the prompt's contribution grows from nothing. Given a shipped text model
+instead, it starts the whole model from it (a new stage: fresh AdamW moments and schedule), which is how
+training continues on a machine that does not have the train state.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from csd.shapes.train import TrainConfig, Trainer, build_parser, train
 class TextTrainConfig(TrainConfig):
     """A :class:`TrainConfig` for a text model; ``model_overrides`` replaces fields of its MAR generator."""
 
-    init_generator: str | None = None  # a class-conditional MAR (.safetensors) whose weights start the generator
+    # A class-conditional MAR (.safetensors) whose weights start the generator, or a text model to start from.
+    init_generator: str | None = None
 
     def _check_model(self) -> None:
         if self.config not in TEXT_CONFIGS:
@@ -46,15 +49,22 @@ class TextTrainConfig(TrainConfig):
 class TextTrainer(Trainer):
     def build_model(self) -> nn.Module:
         model = Harmon(self.model_config, caption_tokenizer())
+        nn.init.zeros_(model.proj_out[2].weight)
+        nn.init.zeros_(model.proj_out[2].bias)
         if self.cfg.init_generator:
-            generator = load_model(self.cfg.init_generator)
-            if generator.config != self.model_config.mar:
+            start = load_model(self.cfg.init_generator)
+            if isinstance(start, Harmon):  # a whole text model: continue from it
+                if start.config != self.model_config:
+                    raise ValueError(
+                        f"init_generator {self.cfg.init_generator}: its config differs from {self.cfg.config}'s"
+                    )
+                model.load_state_dict(start.state_dict())
+            elif start.config != self.model_config.mar:
                 raise ValueError(
                     f"init_generator {self.cfg.init_generator}: its MAR config differs from {self.cfg.config}'s"
                 )
-            model.mar.load_state_dict(generator.state_dict())
-        nn.init.zeros_(model.proj_out[2].weight)
-        nn.init.zeros_(model.proj_out[2].bias)
+            else:
+                model.mar.load_state_dict(start.state_dict())
         return model
 
     def conditions(self, idx: Tensor):
