@@ -1,0 +1,298 @@
+"""xAR: next-cell prediction with flow matching (Ren et al., 2025), the architecture.
+
+The whole encoder-decoder transformer is the flow network: ``pred`` gives a velocity for every token,
+a cell of tokens is generated at once, and attention is block-causal over cells (a cell sees the
+earlier cells and itself). Module tree and parameter names are the official ones (``models/xar.py``
+of OliverRensu/xAR), so ``xAR-B.pth`` / ``xAR-L.pth`` / ``xAR-H.pth`` can load strictly:
+
+* ``class_emb`` (classes + 1 rows, the last the null class), ``time_embed.mlp`` (DiT's timestep
+  embedder on ``floor(1000 t)``); a cell's condition is their sum;
+* ``z_proj``, ``z_proj_ln`` (RMSNorm with weight), learned ``encoder_pos_embed_learned`` and
+  ``decoder_pos_embed_learned``, ``encoder_norm``, ``decoder_embed``, ``decoder_norm``, ``pred``;
+* blocks: weightless RMSNorm (eps 1e-6) before attention and MLP; attention ``qkv`` (bias) and
+  ``proj`` with a 2-D rotary embedding in cell order (interleaved pairs); SwiGLU ``fc1_g`` /
+  ``fc1_x`` / ``fc2`` of width ``int(D * mlp_ratio * 2 / 3)`` whose gate is exact GELU; adaLN
+  ``ada_lin = (SiLU, Linear(D, 6 D))`` split as gamma1, gamma2, scale1, scale2, shift1, shift2;
+* buffers: the block-causal ``mask`` and each block's RoPE ``freqs``, ``freqs_cos``, ``freqs_sin``.
+
+The number of cells is a setting (the official models: 4 cells of 8 x 8 tokens on a 16 x 16 grid),
+so a small model can use, e.g., 16 cells of 2 x 2 tokens on an 8 x 8 grid.
+
+This module is the network and its training objective (noisy-context flow matching); the sampler
+and speculative decoding over cells build on :meth:`XAR.velocity`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from csd.models.head import timestep_embedding
+
+
+@dataclass(frozen=True)
+class XARConfig:
+    """Architecture of an xAR model: a ``grid`` x ``grid`` token grid of ``token_dim`` channels, split
+    into ``cells`` square cells generated one per AR step."""
+
+    grid: int = 16
+    token_dim: int = 16
+    cells: int = 4
+    embed_dim: int = 768
+    encoder_depth: int = 8
+    decoder_depth: int = 8
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    class_num: int = 1000
+    label_drop_prob: float = 0.1
+    rope_theta: float = 10000.0
+
+    def __post_init__(self) -> None:
+        for name in ("grid", "token_dim", "cells", "embed_dim", "encoder_depth", "decoder_depth", "num_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"XARConfig.{name} must be an int >= 1, got {value!r}")
+        side = math.isqrt(self.cells)
+        if side * side != self.cells or self.grid % side:
+            raise ValueError(
+                f"XARConfig.cells ({self.cells}) must be a square whose side divides the grid ({self.grid})"
+            )
+        if self.embed_dim % self.num_heads or (self.embed_dim // self.num_heads) % 4:
+            raise ValueError(
+                f"XARConfig.embed_dim ({self.embed_dim}) / num_heads ({self.num_heads}) must be a multiple of 4 "
+                "(the 2-D rotary embedding rotates pairs in two halves)"
+            )
+
+    @property
+    def seq_len(self) -> int:
+        return self.grid * self.grid
+
+    @property
+    def cell_side(self) -> int:
+        return self.grid // math.isqrt(self.cells)
+
+    @property
+    def cell_len(self) -> int:
+        return self.cell_side**2
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _sizes(dim: int, depth: int, heads: int) -> dict:
+    return dict(embed_dim=dim, encoder_depth=depth, decoder_depth=depth, num_heads=heads)
+
+
+# The official sizes (ImageNet 256, KL-16 latents: a 16 x 16 grid in 4 cells of 8 x 8).
+XAR_CONFIGS: dict[str, XARConfig] = {
+    "xar_base": XARConfig(**_sizes(768, 8, 12)),
+    "xar_large": XARConfig(**_sizes(1024, 16, 16)),
+    "xar_huge": XARConfig(**_sizes(1280, 20, 16)),
+    "xar_test": XARConfig(grid=4, cells=4, embed_dim=32, encoder_depth=1, decoder_depth=1, num_heads=2, class_num=10),
+}
+
+
+def xar_config(name: str, **overrides) -> XARConfig:
+    if name not in XAR_CONFIGS:
+        raise ValueError(f"unknown xAR config {name!r}; choose from {sorted(XAR_CONFIGS)}")
+    return replace(XAR_CONFIGS[name], **overrides)
+
+
+# --- layout --------------------------------------------------------------------------------------
+
+
+def cell_order(grid: int, cells: int) -> Tensor:
+    """Raster index of each position in cell order: cells row-major, tokens row-major inside a cell
+    (the official ``clusterify``). (grid*grid,) long."""
+    per = math.isqrt(cells)
+    side = grid // per
+    index = torch.arange(grid * grid).reshape(per, side, per, side)  # (cell row, row in cell, cell col, col)
+    return index.permute(0, 2, 1, 3).reshape(-1)
+
+
+def block_causal_mask(cells: int, cell_len: int) -> Tensor:
+    """(1, 1, L, L) additive mask: 0 where a token's cell is at or after the key's cell, else -inf."""
+    cell = torch.arange(cells * cell_len) // cell_len
+    allowed = cell[:, None] >= cell[None, :]
+    return torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))[None, None]
+
+
+# --- blocks -----------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6, weight: bool = False):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if weight else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
+        return out if self.weight is None else out * self.weight
+
+
+def rotate_pairs(x: Tensor) -> Tensor:
+    """(..., 2k) -> the interleaved pairs (a, b) rotated to (-b, a)."""
+    a, b = x.unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack((-b, a), dim=-1).flatten(-2)
+
+
+class Rope2d(nn.Module):
+    """The 2-D rotary embedding of EVA-02 as xAR uses it: half the head channels rotate with the row,
+    half with the column, pairs interleaved; positions listed in cell order."""
+
+    def __init__(self, head_dim: int, grid: int, cells: int, theta: float = 10000.0):
+        super().__init__()
+        half = head_dim // 2
+        freqs = 1.0 / (theta ** (torch.arange(0, half, 2)[: half // 2].float() / half))  # (half/2,)
+        self.register_buffer("freqs", freqs)
+        angles = torch.arange(grid, dtype=torch.float32)[:, None] * freqs  # (grid, half/2)
+        angles = angles.repeat_interleave(2, dim=-1)  # (grid, half): each frequency for a pair
+        rows = angles[:, None, :].expand(grid, grid, half)
+        cols = angles[None, :, :].expand(grid, grid, half)
+        table = torch.cat([rows, cols], dim=-1).reshape(grid * grid, head_dim)[cell_order(grid, cells)]
+        self.register_buffer("freqs_cos", table.cos())
+        self.register_buffer("freqs_sin", table.sin())
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """x (B, H, L, head_dim) at ``positions`` (L,) in cell order (default: the first L)."""
+        cos = self.freqs_cos[: x.shape[2]] if positions is None else self.freqs_cos[positions]
+        sin = self.freqs_sin[: x.shape[2]] if positions is None else self.freqs_sin[positions]
+        return x * cos + rotate_pairs(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, grid: int, cells: int, theta: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.rope = Rope2d(dim // num_heads, grid, cells, theta)
+
+    def forward(self, x: Tensor, mask: Tensor | None, positions: Tensor | None = None) -> Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k = self.rope(q, positions), self.rope(k, positions)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+class SwiGLU(nn.Module):
+    """timm's SwiGLU with the names it gives its layers; xAR passes GELU as the gate activation."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1_g = nn.Linear(dim, hidden)
+        self.fc1_x = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.gelu(self.fc1_g(x)) * self.fc1_x(x))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, grid: int, cells: int, theta: float):
+        super().__init__()
+        self.norm1, self.norm2 = RMSNorm(dim), RMSNorm(dim)
+        self.attn = Attention(dim, num_heads, grid, cells, theta)
+        self.mlp = SwiGLU(dim, int(dim * mlp_ratio * 2 / 3.0))
+        self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
+
+    def forward(self, x: Tensor, cond: Tensor, mask: Tensor | None, positions: Tensor | None = None) -> Tensor:
+        """x (B, L, D); cond (B, L, D): every token's cell condition."""
+        gamma1, gamma2, scale1, scale2, shift1, shift2 = self.ada_lin(cond).chunk(6, dim=-1)
+        x = x + self.attn(self.norm1(x) * (1 + scale1) + shift1, mask, positions) * gamma1
+        return x + self.mlp(self.norm2(x) * (1 + scale2) + shift2) * gamma2
+
+
+class TimestepEmbedder(nn.Module):
+    def __init__(self, dim: int, frequencies: int = 256):
+        super().__init__()
+        self.frequencies = frequencies
+        self.mlp = nn.Sequential(nn.Linear(frequencies, dim), nn.SiLU(), nn.Linear(dim, dim))
+
+    def forward(self, t: Tensor) -> Tensor:
+        return self.mlp(timestep_embedding(t, self.frequencies))
+
+
+# --- the model -----------------------------------------------------------------------------------
+
+
+class XAR(nn.Module):
+    def __init__(self, config: XARConfig):
+        super().__init__()
+        c = self.config = config
+        d, args = c.embed_dim, (c.num_heads, c.mlp_ratio, c.grid, c.cells, c.rope_theta)
+        self.seq_len, self.token_dim = c.seq_len, c.token_dim
+        self.class_emb = nn.Embedding(c.class_num + 1, d)  # the last row is the null class
+        self.time_embed = TimestepEmbedder(d)
+        self.z_proj = nn.Linear(c.token_dim, d)
+        self.z_proj_ln = RMSNorm(d, weight=True)
+        self.encoder_pos_embed_learned = nn.Parameter(torch.zeros(1, c.seq_len, d))
+        self.encoder_blocks = nn.ModuleList(Block(d, *args) for _ in range(c.encoder_depth))
+        self.encoder_norm = RMSNorm(d, weight=True)
+        self.decoder_embed = nn.Linear(d, d)
+        self.decoder_pos_embed_learned = nn.Parameter(torch.zeros(1, c.seq_len, d))
+        self.decoder_blocks = nn.ModuleList(Block(d, *args) for _ in range(c.decoder_depth))
+        self.decoder_norm = RMSNorm(d, weight=True)
+        self.pred = nn.Linear(d, c.token_dim)
+        self.register_buffer("mask", block_causal_mask(c.cells, c.cell_len))
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for p in (self.class_emb.weight, self.encoder_pos_embed_learned, self.decoder_pos_embed_learned):
+            nn.init.normal_(p, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    @property
+    def num_classes(self) -> int:
+        return self.config.class_num
+
+    @property
+    def null_class(self) -> int:
+        return self.config.class_num
+
+    def cell_conditions(self, labels: Tensor, t: Tensor) -> Tensor:
+        """labels (B,), t (B, K) the flow time of each of K cells -> (B, K, D)."""
+        steps = torch.floor(t * 1000).long()  # the official time input: floor(1000 t)
+        return self.class_emb(labels)[:, None] + self.time_embed(steps.reshape(-1)).reshape(*t.shape, -1)
+
+    def velocity(self, x: Tensor, labels: Tensor, t: Tensor) -> Tensor:
+        """The velocity of every token of the first K cells, in one block-causal pass.
+
+        x (B, K * cell_len, d) tokens in cell order; labels (B,) (the null class for unconditional);
+        t (B, K) each cell's flow time (0 = clean context)."""
+        c = self.config
+        n = x.shape[1]
+        if n % c.cell_len or n > c.seq_len:
+            raise ValueError(f"x must hold whole cells of {c.cell_len} tokens (at most {c.seq_len}), got {n}")
+        positions = torch.arange(n, device=x.device)
+        mask = self.mask[..., :n, :n]
+        cond = self.cell_conditions(labels, t).repeat_interleave(c.cell_len, dim=1)  # (B, L, D)
+        h = self.z_proj_ln(self.z_proj(x) + self.encoder_pos_embed_learned[:, positions])
+        for block in self.encoder_blocks:
+            h = block(h, cond, mask, positions)
+        h = self.decoder_embed(self.encoder_norm(h)) + self.decoder_pos_embed_learned[:, positions]
+        for block in self.decoder_blocks:
+            h = block(h, cond, mask, positions)
+        return self.pred(self.decoder_norm(h))
+
+    def forward(self, tokens: Tensor, labels: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Noisy-context flow matching: every cell its own time t from a logit-normal, x_t = (1 - t) x +
+        t eps, target v = eps - x, MSE over all cells at once under the block-causal mask; labels
+        dropped to the null class with ``label_drop_prob``. tokens (B, L, d) in cell order."""
+        b, dev = tokens.shape[0], tokens.device
+        drop = torch.rand(b, generator=generator, device=dev) < self.config.label_drop_prob
+        labels = torch.where(drop, torch.full_like(labels, self.null_class), labels)
+        t = torch.sigmoid(torch.randn((b, self.config.cells), generator=generator, device=dev))
+        eps = torch.randn(tokens.shape, generator=generator, device=dev)
+        tt = t.repeat_interleave(self.config.cell_len, dim=1)[..., None]
+        v = self.velocity((1 - tt) * tokens + tt * eps, labels, t)
+        return (v - (eps - tokens)).pow(2).mean()
