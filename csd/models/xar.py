@@ -31,7 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from csd.chain import ChainNoise, Trajectory, run_chain
+from csd.family import Plan
 from csd.models.head import timestep_embedding
+from csd.models.masked import check_labels
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class XARConfig:
     class_num: int = 1000
     label_drop_prob: float = 0.1
     rope_theta: float = 10000.0
+    flow_steps: int = 50  # Euler-Maruyama steps per cell (the published settings: B 40, L and H 50)
 
     def __post_init__(self) -> None:
         for name in ("grid", "token_dim", "cells", "embed_dim", "encoder_depth", "decoder_depth", "num_heads"):
@@ -89,10 +93,12 @@ def _sizes(dim: int, depth: int, heads: int) -> dict:
 
 # The official sizes (ImageNet 256, KL-16 latents: a 16 x 16 grid in 4 cells of 8 x 8).
 XAR_CONFIGS: dict[str, XARConfig] = {
-    "xar_base": XARConfig(**_sizes(768, 8, 12)),
+    "xar_base": XARConfig(**_sizes(768, 8, 12), flow_steps=40),
     "xar_large": XARConfig(**_sizes(1024, 16, 16)),
     "xar_huge": XARConfig(**_sizes(1280, 20, 16)),
-    "xar_test": XARConfig(grid=4, cells=4, embed_dim=32, encoder_depth=1, decoder_depth=1, num_heads=2, class_num=10),
+    "xar_test": XARConfig(
+        grid=4, cells=4, embed_dim=32, encoder_depth=1, decoder_depth=1, num_heads=2, class_num=10, flow_steps=6
+    ),
 }
 
 
@@ -103,6 +109,19 @@ def xar_config(name: str, **overrides) -> XARConfig:
 
 
 # --- layout --------------------------------------------------------------------------------------
+
+
+def cfg_ramp(cfg: float, cell: int, cells: int) -> float:
+    """xAR's guidance per cell: 1 at the first cell, rising linearly to ``cfg`` at the last."""
+    return cfg if cells == 1 else 1.0 + (cfg - 1.0) * cell / (cells - 1)
+
+
+def flow_times(num_steps: int) -> Tensor:
+    """The official Euler-Maruyama time grid: ``num_steps`` times from 1 to 0.04, then 0 (float64):
+    num_steps - 1 stochastic steps and one deterministic last step."""
+    if not isinstance(num_steps, int) or num_steps < 2:
+        raise ValueError(f"flow steps must be an int >= 2, got {num_steps!r}")
+    return torch.cat([torch.linspace(1.0, 0.04, num_steps, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
 
 
 def cell_order(grid: int, cells: int) -> Tensor:
@@ -173,10 +192,18 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.rope = Rope2d(dim // num_heads, grid, cells, theta)
 
-    def forward(self, x: Tensor, mask: Tensor | None, positions: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, mask: Tensor | None, positions: Tensor | None = None, past=None, record=None
+    ) -> Tensor:
+        """``past``: (k, v) of earlier tokens to attend to as well; ``record``: a list that receives
+        this call's (k, v) (a context pass filling a cache)."""
         b, n, c = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
         q, k = self.rope(q, positions), self.rope(k, positions)
+        if record is not None:
+            record.append((k, v))
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.proj(out.transpose(1, 2).reshape(b, n, c))
 
@@ -202,10 +229,10 @@ class Block(nn.Module):
         self.mlp = SwiGLU(dim, int(dim * mlp_ratio * 2 / 3.0))
         self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
 
-    def forward(self, x: Tensor, cond: Tensor, mask: Tensor | None, positions: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, cond: Tensor, mask, positions=None, past=None, record=None) -> Tensor:
         """x (B, L, D); cond (B, L, D): every token's cell condition."""
         gamma1, gamma2, scale1, scale2, shift1, shift2 = self.ada_lin(cond).chunk(6, dim=-1)
-        x = x + self.attn(self.norm1(x) * (1 + scale1) + shift1, mask, positions) * gamma1
+        x = x + self.attn(self.norm1(x) * (1 + scale1) + shift1, mask, positions, past, record) * gamma1
         return x + self.mlp(self.norm2(x) * (1 + scale2) + shift2) * gamma2
 
 
@@ -222,12 +249,88 @@ class TimestepEmbedder(nn.Module):
 # --- the model -----------------------------------------------------------------------------------
 
 
+# --- the official sampler as a Gaussian chain ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CellCondition:
+    """What a cell's chain is conditioned on: labels (B,), the cell, the context cache (of the doubled
+    batch [labels; null] when guided) and the guidance scale per row."""
+
+    labels: Tensor
+    cell: int
+    cache: list | None
+    cfg: Tensor | None = None  # (B,); None: unguided
+
+
+class CellFlow:
+    """xAR's Euler-Maruyama sampler for one cell as a :class:`csd.chain.GaussianChain` over the
+    flattened cell (cell_len * d): at time t with step dt < 0,
+
+        mu = y + dt ((2 - t) v + y),   sigma = sqrt(2 t |dt|)   (N - 1 steps),   x = mu at the last,
+
+    v the velocity, guided on the doubled batch as v_u + cfg (v_c - v_u). sigma does not depend on
+    the model. States are float64 (as the official sampler's); the network runs in its own dtype."""
+
+    def __init__(self, model: XAR, num_steps: int):
+        self.model, self.times = model, flow_times(num_steps)
+        self.token_dim = model.token_dim
+
+    def num_steps(self) -> int:
+        return len(self.times) - 1
+
+    def transition(self, y: Tensor, step: int, cond: CellCondition) -> tuple[Tensor, Tensor]:
+        m, c = self.model, self.model.config
+        t, t_next = self.times[step].item(), self.times[step + 1].item()
+        dt = t_next - t
+        b = cond.labels.shape[0]
+        x = y.reshape(b, c.cell_len, c.token_dim)
+        dtype = m.z_proj.weight.dtype
+        if cond.cfg is None:
+            v = m.cell_velocity(x.to(dtype), cond.labels, x.new_full((b,), t, dtype=dtype), cond.cell, cond.cache)
+            v = v.to(torch.float64)
+        else:
+            labels = torch.cat([cond.labels, torch.full_like(cond.labels, m.null_class)])
+            xx = torch.cat([x, x]).to(dtype)
+            vv = m.cell_velocity(xx, labels, xx.new_full((2 * b,), t), cond.cell, cond.cache).to(torch.float64)
+            v_c, v_u = vv[:b], vv[b:]
+            v = v_u + cond.cfg.to(torch.float64)[:, None, None] * (v_c - v_u)
+        x64 = x.to(torch.float64)
+        mu = (x64 + dt * ((2.0 - t) * v + x64)).reshape(b, -1)
+        sd = torch.full_like(mu, math.sqrt(2.0 * t * abs(dt)) if step < self.num_steps() - 1 else 0.0)
+        return mu, sd
+
+
+@dataclass(frozen=True)
+class CellChain:
+    """The :class:`csd.family.TokenChain` of one cell per image: rows are images."""
+
+    flow: CellFlow
+    cond: CellCondition
+    temperature: float = 1.0
+
+    @property
+    def rows(self) -> int:
+        return int(self.cond.labels.shape[0])
+
+    def num_steps(self) -> int:
+        return self.flow.num_steps()
+
+    def run(self, noise: ChainNoise) -> Trajectory:
+        noise = ChainNoise(noise.xi.to(torch.float64), noise.eps.to(torch.float64))  # float64 states
+        traj = run_chain(self.flow, self.cond, noise, self.temperature)
+        return replace(traj, x=traj.x.float())
+
+
 class XAR(nn.Module):
+    """xAR. As a :class:`csd.family.ModelFamily` its tokens are whole cells: ``seq_len`` = cells,
+    ``token_dim`` = cell_len * d, one cell per AR step in raster order of cells."""
+
     def __init__(self, config: XARConfig):
         super().__init__()
         c = self.config = config
         d, args = c.embed_dim, (c.num_heads, c.mlp_ratio, c.grid, c.cells, c.rope_theta)
-        self.seq_len, self.token_dim = c.seq_len, c.token_dim
+        self.seq_len, self.token_dim = c.cells, c.cell_len * c.token_dim
         self.class_emb = nn.Embedding(c.class_num + 1, d)  # the last row is the null class
         self.time_embed = TimestepEmbedder(d)
         self.z_proj = nn.Linear(c.token_dim, d)
@@ -273,16 +376,72 @@ class XAR(nn.Module):
         n = x.shape[1]
         if n % c.cell_len or n > c.seq_len:
             raise ValueError(f"x must hold whole cells of {c.cell_len} tokens (at most {c.seq_len}), got {n}")
-        positions = torch.arange(n, device=x.device)
-        mask = self.mask[..., :n, :n]
+        return self._network(x, labels, t, torch.arange(n, device=x.device), self.mask[..., :n, :n])
+
+    def _network(self, x, labels, t, positions, mask, pasts=None, record=None) -> Tensor:
+        """The encoder-decoder on tokens x at ``positions`` (cell order), cells at times t (B, K)."""
+        c = self.config
         cond = self.cell_conditions(labels, t).repeat_interleave(c.cell_len, dim=1)  # (B, L, D)
+        blocks = [*self.encoder_blocks, *self.decoder_blocks]
+        pasts = pasts or [None] * len(blocks)
         h = self.z_proj_ln(self.z_proj(x) + self.encoder_pos_embed_learned[:, positions])
-        for block in self.encoder_blocks:
-            h = block(h, cond, mask, positions)
-        h = self.decoder_embed(self.encoder_norm(h)) + self.decoder_pos_embed_learned[:, positions]
-        for block in self.decoder_blocks:
-            h = block(h, cond, mask, positions)
+        for i, block in enumerate(blocks):
+            if i == len(self.encoder_blocks):
+                h = self.decoder_embed(self.encoder_norm(h)) + self.decoder_pos_embed_learned[:, positions]
+            h = block(h, cond, mask, positions, pasts[i], record)
         return self.pred(self.decoder_norm(h))
+
+    # --- the model family -----------------------------------------------------------------------------
+
+    def check_conditions(self, conditions, batch: int, device: torch.device) -> Tensor:
+        return check_labels(conditions, self.num_classes, batch, device)
+
+    def plan(self, seeds, config, device: torch.device) -> Plan:
+        cells = self.config.cells
+        if config.num_steps != cells:
+            raise ValueError(
+                f"num_steps (AR steps) must equal the cells of this xAR model ({cells}), got {config.num_steps}"
+            )
+        if config.cfg_schedule != "linear":
+            raise ValueError("xAR ramps CFG over the cells: cfg_schedule must be 'linear'")
+        orders = torch.arange(cells - 1, -1, -1, device=device).expand(len(seeds), -1)  # cell 0 first
+        return Plan(orders, [1] * cells, [cfg_ramp(config.cfg_scale, s, cells) for s in range(cells)])
+
+    def head_steps(self, steps: int | None) -> int:
+        return steps or self.config.flow_steps
+
+    def predict(self, tokens, mask, conditions, pos, cfg, config, steps) -> CellChain:
+        """The chain of the next cell of every image: its context is every earlier cell, clean."""
+        cell = int(pos[0, 0])
+        if pos.shape[1] != 1 or bool((pos != cell).any()):
+            raise ValueError("xAR predicts one cell per AR step, the same for every image")
+        b, c = tokens.shape[0], self.config
+        clean = tokens[:, :cell].reshape(b, cell * c.cell_len, c.token_dim)
+        guided = config.guided
+        labels = torch.cat([conditions, torch.full_like(conditions, self.null_class)]) if guided else conditions
+        cache = self.context_cache(torch.cat([clean, clean]) if guided else clean, labels)
+        cond = CellCondition(conditions, cell, cache, cfg if guided else None)
+        return CellChain(CellFlow(self, self.head_steps(steps)), cond, config.temperature)
+
+    # --- sampling ----------------------------------------------------------------------------------
+
+    def context_cache(self, clean: Tensor, labels: Tensor) -> list[tuple[Tensor, Tensor]] | None:
+        """Every block's keys and values of the clean context cells (t = 0): what the official KV
+        cache holds when the next cell is sampled. clean (B, K * cell_len, d); None for K = 0."""
+        n = clean.shape[1]
+        if n == 0:
+            return None
+        record: list = []
+        t = clean.new_zeros(clean.shape[0], n // self.config.cell_len)
+        self._network(clean, labels, t, torch.arange(n, device=clean.device), self.mask[..., :n, :n], None, record)
+        return record
+
+    def cell_velocity(self, x: Tensor, labels: Tensor, t: Tensor, cell: int, cache) -> Tensor:
+        """The velocity of cell ``cell`` at noisy tokens x (B, cell_len, d) and times t (B,), attending
+        to the cached context cells (all earlier) and to itself."""
+        cl = self.config.cell_len
+        positions = torch.arange(cell * cl, (cell + 1) * cl, device=x.device)
+        return self._network(x, labels, t[:, None], positions, None, cache)
 
     def forward(self, tokens: Tensor, labels: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Noisy-context flow matching: every cell its own time t from a logit-normal, x_t = (1 - t) x +

@@ -56,5 +56,33 @@ with torch.no_grad():
     h = ref.forward_mae_encoder(ref.z_proj(x), cond, ref.mask)
     v = ref.forward_mae_decoder(h, cond, ref.mask)
 out = {"state": ref.state_dict(), "x": x, "labels": labels, "t": t, "v": v}
+
+# A whole guided run (eval path: one cell at a time with the KV cache), every draw recorded: each cell's
+# initial noise (torch.randn in sample_tokens) and each stochastic step's eps (randn_like in the sampler).
+torch.Tensor.cuda = lambda self, *args, **kwargs: self
+draws = []
+real_randn = torch.randn
+
+
+def randn(*shape, **kwargs):
+    shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (list, tuple)) else shape
+    z = real_randn(*shape, generator=g)
+    draws.append(z)
+    return z
+
+
+def randn_like(x):
+    z = real_randn(x.shape, generator=g, dtype=x.dtype)
+    draws.append(z)
+    return z
+
+
+ref.eval()
+torch.randn, torch.randn_like = randn, randn_like
+with torch.no_grad():
+    run_labels = torch.tensor([3, 7])
+    tokens = ref.sample_tokens(num_steps=5, cfg=2.5, label=run_labels)  # (B, 16, 16, 16) raster
+torch.randn = real_randn
+out["run"] = {"labels": run_labels, "num_steps": 5, "cfg": 2.5, "draws": draws, "tokens": tokens}
 torch.save(out, __file__.replace("make_xar_reference.py", "xar_reference.pt"))
 print({k: tuple(val.shape) for k, val in out.items() if torch.is_tensor(val)}, len(out["state"]), "state entries")
