@@ -115,9 +115,12 @@ class ModelFamily(Protocol):
         cfg: Tensor,
         config: SamplingConfig,
         steps: int,
+        drafted: Tensor | None = None,
     ) -> TokenChain:
         """The chains of a whole drafted block (``pos`` (B, k): all its AR steps' positions) from the
-        context before the block, in one verification pass."""
+        context before the block, in one verification pass. ``drafted`` (B*k, d): the draft's tokens
+        of the block, for a family whose later positions are conditioned on the earlier ones (xAR:
+        each drafted cell is verified given the cells drafted before it); MAR-like families ignore it."""
 
     def join(self, chains: Sequence[TokenChain], batch: int) -> TokenChain:
         """The chains of several AR steps of a block as one, rows image-major over the whole block."""

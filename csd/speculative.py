@@ -281,7 +281,7 @@ class _Decoding:
         with self.timer("target_backbone"):
             cfg = self._cfg_rows(block.steps)
             args = (self.conditions, block.pos, cfg, self.sampling, block.t_p)
-            chain_p = self.target.verify(self.tokens, self.mask, *args)
+            chain_p = self.target.verify(self.tokens, self.mask, *args, drafted=block.draft.x)
         self.trace.record_pass("target")
         rows, aligned = block.pos.shape[1], self.csd.align
         with self.timer("target_head"):

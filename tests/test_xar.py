@@ -118,3 +118,79 @@ def test_generation_through_the_family_is_seeded_and_batch_invariant():
     assert both.trace.target_passes == 4
     with pytest.raises(ValueError, match=r"must equal the cells of this xAR model \(4\)"):
         generate(m, [1], [0], SamplingConfig(num_steps=3))
+
+
+def _noisy(model: XAR) -> XAR:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def xar_pair():
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        config = xar_config("xar_test", grid=8, cells=16, token_dim=3)  # 16 cells of 2 x 2 tokens
+        target = _noisy(XAR(replace_config(config, embed_dim=48)))
+        draft = _noisy(XAR(config))
+    return target, draft
+
+
+def replace_config(config, **changes):
+    from dataclasses import replace
+
+    return replace(config, **changes)
+
+
+def test_one_pass_block_verification_equals_verifying_the_cells_one_by_one(xar_pair):
+    from csd.chain import ChainNoise
+    from csd.sampling import SamplingConfig
+
+    target, _ = xar_pair
+    b, k, first = 2, 3, 5
+    config = SamplingConfig(num_steps=16, cfg_scale=2.0, cfg_schedule="linear")
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randn(b, target.seq_len, target.token_dim, generator=g)
+    mask = torch.ones(b, target.seq_len, dtype=torch.bool)
+    mask[:, :first] = False
+    drafted = torch.randn(b * k, target.token_dim, generator=g)  # cells 5, 6, 7 of each image
+    labels, steps = torch.tensor([1, 4]), 6
+    cfg = torch.tensor([1.5, 1.6, 1.7] * b)
+    noise = ChainNoise(
+        torch.randn(b * k, target.token_dim, generator=g), torch.randn(steps - 1, b * k, target.token_dim, generator=g)
+    )
+    pos = torch.arange(first, first + k).expand(b, -1)
+    with torch.no_grad():
+        joint = target.verify(tokens, mask, labels, pos, cfg, config, steps, drafted=drafted).run(noise)
+        rows = lambda a, j: a.reshape(*a.shape[:-2], b, k, -1)[..., j, :]
+        for j in range(k):
+            context = tokens.clone()
+            context[:, first : first + j] = drafted.reshape(b, k, -1)[:, :j]
+            one = target.predict(context, mask, labels, pos[:, j : j + 1], rows(cfg[:, None], j)[:, 0], config, steps)
+            single = one.run(ChainNoise(rows(noise.xi, j), rows(noise.eps, j)))
+            torch.testing.assert_close(single.x, rows(joint.x, j), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(single.mean, rows(joint.mean, j), rtol=1e-4, atol=1e-5)
+
+
+def test_csd_on_an_xar_pair_verifies_blocks_of_cells(xar_pair):
+    import numpy as np
+
+    from csd.sampling import SamplingConfig, generate
+    from csd.speculative import CSDConfig, speculative_generate
+    from csd.trace import Maker
+
+    target, draft = xar_pair
+    s = SamplingConfig(num_steps=16, cfg_scale=2.0, cfg_schedule="linear", head_steps=4)
+    c = CSDConfig(gamma=5, prefill=0.1)
+    spec = speculative_generate(target, draft, [1, 2], [5, 6], s, c)
+    base = generate(target, [1, 2], [5, 6], s)
+    t = spec.trace
+    assert base.trace.target_passes == 16 and t.target_passes == 2 + 3  # 2 pre-filled cells, blocks of 5, 5, 4
+    assert set(np.unique(t.maker).tolist()) <= {Maker.PREFILL, Maker.ACCEPTED, Maker.RESAMPLED, Maker.CAPPED}
+    torch.testing.assert_close(spec.tokens[:, :2], base.tokens[:, :2], rtol=1e-5, atol=1e-5)  # same noise, same cells
+    alone = speculative_generate(target, draft, [2], [6], s, c)
+    torch.testing.assert_close(alone.tokens[0], spec.tokens[1], rtol=1e-4, atol=1e-4)
+    assert (alone.trace.maker[0] == t.maker[1]).all()
+    same = speculative_generate(target, target, [1, 2], [5, 6], s, c)  # the target drafting for itself
+    assert same.trace.acceptance_rate == 1.0

@@ -77,9 +77,10 @@ class MaskedARFamily:
             cond = HeadCondition(gather_rows(z, pos), gather_rows(z_uncond, pos), cfg)
         return HeadChain(self.head.chain(steps), cond, config.temperature)
 
-    # One pass over the context before a block gives every position's condition: verifying a block is
-    # predicting all of its positions at once.
-    verify = predict
+    def verify(self, tokens, mask, conditions, pos, cfg, config, steps: int, drafted=None) -> HeadChain:
+        """One pass over the context before a block gives every position's condition: verifying a block
+        is predicting all of its positions at once (the drafted tokens play no part)."""
+        return self.predict(tokens, mask, conditions, pos, cfg, config, steps)
 
     def join(self, chains: Sequence[HeadChain], batch: int) -> HeadChain:
         first = chains[0]

@@ -254,23 +254,41 @@ class TimestepEmbedder(nn.Module):
 
 @dataclass(frozen=True)
 class CellCondition:
-    """What a cell's chain is conditioned on: labels (B,), the cell, the context cache (of the doubled
-    batch [labels; null] when guided) and the guidance scale per row."""
+    """What the chains of ``cells`` consecutive cells per image, from cell ``first``, are conditioned on:
+    labels (B,), the cache of every clean cell before the last of them (the context, then the drafted
+    cells; of the doubled batch [labels; null] when guided) and the guidance scale per row (B * cells,)."""
 
     labels: Tensor
-    cell: int
+    first: int
+    cells: int
     cache: list | None
-    cfg: Tensor | None = None  # (B,); None: unguided
+    cfg: Tensor | None = None  # None: unguided
+
+    def attention_mask(self, cell_len: int, device) -> Tensor | None:
+        """Drafted cell j attends to the clean cells before it and to itself: (1, 1, Q, K) additive."""
+        if self.cells == 1:
+            return None  # all of the cache is earlier
+        clean = self.first + self.cells - 1
+        query_cell = self.first + torch.arange(self.cells * cell_len, device=device) // cell_len  # absolute
+        clean_cell = torch.arange(clean * cell_len, device=device) // cell_len
+        own = torch.arange(self.cells * cell_len, device=device) // cell_len
+        allowed = torch.cat(
+            [clean_cell[None] < query_cell[:, None], own[None] == (query_cell[:, None] - self.first)], dim=1
+        )
+        return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, float("-inf"))[None, None]
 
 
 class CellFlow:
-    """xAR's Euler-Maruyama sampler for one cell as a :class:`csd.chain.GaussianChain` over the
-    flattened cell (cell_len * d): at time t with step dt < 0,
+    """xAR's Euler-Maruyama sampler as a :class:`csd.chain.GaussianChain` over flattened cells
+    (cell_len * d per row; rows image-major): at time t with step dt < 0,
 
         mu = y + dt ((2 - t) v + y),   sigma = sqrt(2 t |dt|)   (N - 1 steps),   x = mu at the last,
 
+    (the last step's sigma is reported too, by the same formula, as the final token's width),
+
     v the velocity, guided on the doubled batch as v_u + cfg (v_c - v_u). sigma does not depend on
-    the model. States are float64 (as the official sampler's); the network runs in its own dtype."""
+    the model. Several cells per image advance together, one backbone pass per step (block
+    verification). States are float64 (as the official sampler's); the network runs in its dtype."""
 
     def __init__(self, model: XAR, num_steps: int):
         self.model, self.times = model, flow_times(num_steps)
@@ -282,28 +300,31 @@ class CellFlow:
     def transition(self, y: Tensor, step: int, cond: CellCondition) -> tuple[Tensor, Tensor]:
         m, c = self.model, self.model.config
         t, t_next = self.times[step].item(), self.times[step + 1].item()
-        dt = t_next - t
-        b = cond.labels.shape[0]
-        x = y.reshape(b, c.cell_len, c.token_dim)
-        dtype = m.z_proj.weight.dtype
+        dt, b, k = t_next - t, cond.labels.shape[0], cond.cells
+        x = y.reshape(b, k * c.cell_len, c.token_dim)
+        dtype, dev = m.z_proj.weight.dtype, y.device
+        positions = torch.arange(cond.first * c.cell_len, (cond.first + k) * c.cell_len, device=dev)
+        mask = cond.attention_mask(c.cell_len, dev)
+        net = lambda xx, labels: m._network(
+            xx.to(dtype), labels, xx.new_full((xx.shape[0], k), t, dtype=dtype), positions, mask, cond.cache
+        ).to(torch.float64)
         if cond.cfg is None:
-            v = m.cell_velocity(x.to(dtype), cond.labels, x.new_full((b,), t, dtype=dtype), cond.cell, cond.cache)
-            v = v.to(torch.float64)
+            v = net(x, cond.labels)
         else:
-            labels = torch.cat([cond.labels, torch.full_like(cond.labels, m.null_class)])
-            xx = torch.cat([x, x]).to(dtype)
-            vv = m.cell_velocity(xx, labels, xx.new_full((2 * b,), t), cond.cell, cond.cache).to(torch.float64)
+            vv = net(torch.cat([x, x]), torch.cat([cond.labels, torch.full_like(cond.labels, m.null_class)]))
             v_c, v_u = vv[:b], vv[b:]
-            v = v_u + cond.cfg.to(torch.float64)[:, None, None] * (v_c - v_u)
+            scale = cond.cfg.to(torch.float64).reshape(b, k).repeat_interleave(c.cell_len, dim=1)[..., None]
+            v = v_u + scale * (v_c - v_u)
         x64 = x.to(torch.float64)
-        mu = (x64 + dt * ((2.0 - t) * v + x64)).reshape(b, -1)
-        sd = torch.full_like(mu, math.sqrt(2.0 * t * abs(dt)) if step < self.num_steps() - 1 else 0.0)
-        return mu, sd
+        mu = (x64 + dt * ((2.0 - t) * v + x64)).reshape(b * k, -1)
+        # The last step is deterministic (never sampled from); its std, by the same formula at t = 0.04, is
+        # the width the acceptance test's final-step term and the resampler give the final token.
+        return mu, torch.full_like(mu, math.sqrt(2.0 * t * abs(dt)))
 
 
 @dataclass(frozen=True)
 class CellChain:
-    """The :class:`csd.family.TokenChain` of one cell per image: rows are images."""
+    """The :class:`csd.family.TokenChain` of ``cond.cells`` cells per image (rows image-major)."""
 
     flow: CellFlow
     cond: CellCondition
@@ -311,7 +332,7 @@ class CellChain:
 
     @property
     def rows(self) -> int:
-        return int(self.cond.labels.shape[0])
+        return int(self.cond.labels.shape[0]) * self.cond.cells
 
     def num_steps(self) -> int:
         return self.flow.num_steps()
@@ -319,7 +340,34 @@ class CellChain:
     def run(self, noise: ChainNoise) -> Trajectory:
         noise = ChainNoise(noise.xi.to(torch.float64), noise.eps.to(torch.float64))  # float64 states
         traj = run_chain(self.flow, self.cond, noise, self.temperature)
-        return replace(traj, x=traj.x.float())
+        # float64 inside the chain; float32 out, as every other family's tokens and statistics
+        return Trajectory(x=traj.x.float(), states=traj.states.float(), mean=traj.mean.float(), std=traj.std.float())
+
+    def evaluate(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        """Every transition at another path's states (T, rows, d): one pass per step."""
+        out = [self.flow.transition(states[k].to(torch.float64), k, self.cond) for k in range(states.shape[0])]
+        mean, std = torch.stack([mu for mu, _ in out]), torch.stack([sd for _, sd in out]) * self.temperature
+        return mean.float(), std.float()
+
+    def select(self, rows: Tensor):
+        raise NotImplementedError(
+            "xAR chains verify a block of cells jointly; the exact criterion's per-row resampling is not "
+            "implemented for xAR: use criterion 'aligned'"
+        )
+
+
+@dataclass(frozen=True)
+class JoinedCells:
+    """The draft's chains of a block, one AR step each (the exact criterion would need them per row)."""
+
+    chains: tuple
+
+    @property
+    def rows(self) -> int:
+        return sum(c.rows for c in self.chains)
+
+    def select(self, rows: Tensor):
+        return self.chains[0].select(rows)
 
 
 class XAR(nn.Module):
@@ -415,13 +463,33 @@ class XAR(nn.Module):
         cell = int(pos[0, 0])
         if pos.shape[1] != 1 or bool((pos != cell).any()):
             raise ValueError("xAR predicts one cell per AR step, the same for every image")
-        b, c = tokens.shape[0], self.config
-        clean = tokens[:, :cell].reshape(b, cell * c.cell_len, c.token_dim)
+        return self._chain(tokens[:, :cell], conditions, cell, 1, cfg, config, steps)
+
+    def verify(self, tokens, mask, conditions, pos, cfg, config, steps, drafted=None) -> CellChain:
+        """The chains of a drafted block of consecutive cells in one pass per flow step: each drafted
+        cell conditioned on the clean cells before it, the context's and the drafted ones."""
+        first, k = int(pos[0, 0]), pos.shape[1]
+        expected = torch.arange(first, first + k, device=pos.device)
+        if bool((pos != expected).any()):
+            raise ValueError("xAR verifies consecutive cells, the same for every image")
+        if drafted is None:
+            raise ValueError("xAR verifies each drafted cell given the cells drafted before it: pass drafted")
+        b = tokens.shape[0]
+        clean = torch.cat([tokens[:, :first], drafted.reshape(b, k, -1)[:, : k - 1].to(tokens.dtype)], dim=1)
+        return self._chain(clean, conditions, first, k, cfg, config, steps)
+
+    def _chain(self, clean_cells: Tensor, labels: Tensor, first: int, k: int, cfg, config, steps) -> CellChain:
+        """Chains of cells first .. first + k - 1 over the clean cells (B, C, cell width) before the last."""
+        b, c = clean_cells.shape[0], self.config
+        clean = clean_cells.reshape(b, -1, c.token_dim)
         guided = config.guided
-        labels = torch.cat([conditions, torch.full_like(conditions, self.null_class)]) if guided else conditions
-        cache = self.context_cache(torch.cat([clean, clean]) if guided else clean, labels)
-        cond = CellCondition(conditions, cell, cache, cfg if guided else None)
+        both = torch.cat([labels, torch.full_like(labels, self.null_class)]) if guided else labels
+        cache = self.context_cache(torch.cat([clean, clean]) if guided else clean, both)
+        cond = CellCondition(labels, first, k, cache, cfg if guided else None)
         return CellChain(CellFlow(self, self.head_steps(steps)), cond, config.temperature)
+
+    def join(self, chains, batch: int) -> JoinedCells:
+        return JoinedCells(tuple(chains))
 
     # --- sampling ----------------------------------------------------------------------------------
 
