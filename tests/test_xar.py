@@ -194,3 +194,30 @@ def test_csd_on_an_xar_pair_verifies_blocks_of_cells(xar_pair):
     assert (alone.trace.maker[0] == t.maker[1]).all()
     same = speculative_generate(target, target, [1, 2], [5, 6], s, c)  # the target drafting for itself
     assert same.trace.acceptance_rate == 1.0
+
+
+def test_cells_of_pixel_patches_round_trip_and_decode_to_the_image():
+    from csd.models.tokenizer import CellTokenizer, PixelTokenizer
+
+    tok = CellTokenizer(PixelTokenizer(4), 8, 16)
+    images = torch.rand(2, 3, 32, 32) * 2 - 1
+    cells = tok.encode(images)
+    assert cells.shape == (2, 16, 192) and tok.token_dim == 192
+    assert torch.equal(tok.decode(cells), images)
+    # The first cell is the top-left 2 x 2 patches: the image's top-left 8 x 8 pixels.
+    assert torch.equal(
+        tok.decode(torch.where(torch.arange(16)[None, :, None] == 0, cells, 0.0))[:, :, :8, :8], images[:, :, :8, :8]
+    )
+
+
+def test_the_xar_trainer_trains_saves_and_the_model_samples(tmp_path, restore_threads):
+    from csd.models.registry import load_model
+    from csd.sampling import SamplingConfig, generate
+    from csd.shapes.train_xar import main
+
+    out = tmp_path / "x"
+    main(["--config", "shapes_xar_draft", "--out", str(out), "--steps", "2", "--batch-size", "4", "--data-size", "8"])
+    model = load_model(f"{out}.safetensors")
+    assert isinstance(model, XAR) and model.config == xar_config("shapes_xar_draft")
+    g = generate(model, [3], [0], SamplingConfig(num_steps=16, cfg_scale=2.0, cfg_schedule="linear", head_steps=3))
+    assert g.tokens.shape == (1, 16, 192) and torch.isfinite(g.tokens).all()

@@ -29,9 +29,12 @@ def weights_path(path: str | Path) -> Path:
 def _arch(model) -> tuple[str, dict]:
     """The JSON's reserved entries for a model."""
     from csd.models.harmon import Harmon
+    from csd.models.xar import XAR
 
     if isinstance(model, Harmon):
         return "harmon", {"config": model.config.to_dict(), "tokenizer": model.tokenizer.to_dict()}
+    if isinstance(model, XAR):
+        return "xar", {"config": model.config.to_dict()}
     return "mar", {"config": model.config.to_dict()}
 
 
@@ -53,11 +56,11 @@ def save_model(model, path: str | Path, extra: Mapping | None = None) -> Path:
     return path
 
 
-ARCHS = ("mar", "harmon")
+ARCHS = ("mar", "harmon", "xar")
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu"):
-    """A MAR (or Harmon) in eval mode from a project checkpoint; :class:`CheckpointError` names the file
+    """A MAR (Harmon, xAR) in eval mode from a project checkpoint; :class:`CheckpointError` names the file
     on any mismatch."""
     path = weights_path(path)
     state, meta = read_safetensors(path)
@@ -70,6 +73,10 @@ def load_model(path: str | Path, device: str | torch.device = "cpu"):
     try:
         if arch == "mar":
             model = MAR(MARConfig.from_dict(meta["config"]))
+        elif arch == "xar":
+            from csd.models.xar import XAR, XARConfig
+
+            model = XAR(XARConfig.from_dict(meta["config"]))
         else:
             from csd.models.harmon import Harmon, HarmonConfig, tokenizer_from_dict
 

@@ -72,3 +72,35 @@ class LatentTokenizer:
     def decode(self, tokens: Tensor) -> Tensor:
         latents = unpatchify(tokens, self.patch_size, self.vae.embed_dim)
         return self.vae.tokens_to_image(latents).clamp(-1.0, 1.0)
+
+
+class CellTokenizer:
+    """Tokens grouped into cells (xAR): (B, cells, cell_len * d) in raster order of cells, each cell's
+    tokens row-major inside it, over an inner tokenizer's (B, grid * grid, d) raster tokens."""
+
+    def __init__(self, inner, grid: int, cells: int):
+        from csd.models.xar import cell_order
+
+        self.inner, self.grid, self.cells = inner, grid, cells
+        self.order = cell_order(grid, cells)  # cell-order position -> raster index
+
+    @property
+    def token_dim(self) -> int:
+        return self.inner.token_dim * self.grid * self.grid // self.cells
+
+    def to_cells(self, raster: Tensor) -> Tensor:
+        b = raster.shape[0]
+        return raster[:, self.order.to(raster.device)].reshape(b, self.cells, -1)
+
+    def to_raster(self, cells: Tensor) -> Tensor:
+        b = cells.shape[0]
+        flat = cells.reshape(b, self.grid * self.grid, -1)
+        raster = torch.empty_like(flat)
+        raster[:, self.order.to(flat.device)] = flat
+        return raster
+
+    def encode(self, images: Tensor, *args) -> Tensor:
+        return self.to_cells(self.inner.encode(images, *args))
+
+    def decode(self, tokens: Tensor) -> Tensor:
+        return self.inner.decode(self.to_raster(tokens))

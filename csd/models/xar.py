@@ -86,6 +86,13 @@ class XARConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> XARConfig:
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown XARConfig fields: {unknown}")
+        return cls(**data)
+
 
 def _sizes(dim: int, depth: int, heads: int) -> dict:
     return dict(embed_dim=dim, encoder_depth=depth, decoder_depth=depth, num_heads=heads)
@@ -96,6 +103,10 @@ XAR_CONFIGS: dict[str, XARConfig] = {
     "xar_base": XARConfig(**_sizes(768, 8, 12), flow_steps=40),
     "xar_large": XARConfig(**_sizes(1024, 16, 16)),
     "xar_huge": XARConfig(**_sizes(1280, 20, 16)),
+    # The embedded pair: 32 x 32 shapes images as an 8 x 8 grid of 4 x 4 RGB patches (d = 48), in 16 cells
+    # of 2 x 2 tokens (16 AR steps), 10 classes; 25 flow steps per cell keep CPU sampling quick.
+    "shapes_xar_target": XARConfig(grid=8, token_dim=48, cells=16, class_num=10, flow_steps=25, **_sizes(192, 6, 6)),
+    "shapes_xar_draft": XARConfig(grid=8, token_dim=48, cells=16, class_num=10, flow_steps=25, **_sizes(96, 2, 3)),
     "xar_test": XARConfig(
         grid=4, cells=4, embed_dim=32, encoder_depth=1, decoder_depth=1, num_heads=2, class_num=10, flow_steps=6
     ),

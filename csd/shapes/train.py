@@ -259,9 +259,9 @@ class Trainer:
         self.data_gen = torch.Generator().manual_seed(stream_seed(cfg.seed, f"train/data/rank{rank}"))
         self.model_gen = torch.Generator(self.device).manual_seed(stream_seed(cfg.seed, f"train/model/rank{rank}"))
 
-        pixels = getattr(self.model_config, "mar", self.model_config)  # a text model's generator
-        self.tokenizer = PixelTokenizer(patch_size=pixels.patch_size)
-        data = make_dataset(cfg.data_size, cfg.data_seed, ShapesConfig(image_size=pixels.img_size))
+        patch, size = self.pixel_layout()
+        self.tokenizer = PixelTokenizer(patch_size=patch)
+        data = make_dataset(cfg.data_size, cfg.data_seed, ShapesConfig(image_size=size))
         self.images, self.labels = data.images.to(self.device), data.labels.to(self.device)
         self.captions = data.captions
 
@@ -276,6 +276,11 @@ class Trainer:
 
     def build_model(self) -> nn.Module:
         return MAR(self.model_config)
+
+    def pixel_layout(self) -> tuple[int, int]:
+        """(patch size, image size) of the pixel tokens the model is trained on."""
+        pixels = getattr(self.model_config, "mar", self.model_config)  # a text model's generator
+        return pixels.patch_size, pixels.img_size
 
     # --- one step ------------------------------------------------------------------------------
 
