@@ -306,6 +306,11 @@ class App:
             pair = self.store.get(pair_name)
         except (OSError, ValueError) as err:  # missing or mismatched checkpoint files
             raise gr.Error(f"Model pair {pair_name!r} could not be loaded: {err}") from None
+        if source.cells and (sampling.num_steps != source.cells or sampling.cfg_schedule != "linear"):
+            raise gr.Error(
+                f"AR steps must be {source.cells} for {pair_name} (xAR makes one cell per AR step) and the CFG "
+                f"schedule 'linear' (its ramp over the cells), got {sampling.num_steps} and {sampling.cfg_schedule!r}"
+            )
         if sampling.num_steps > pair.num_tokens:
             raise gr.Error(
                 f"AR steps must be in [1, {pair.num_tokens}] (the tokens of {pair_name}), got {sampling.num_steps}"
@@ -593,16 +598,16 @@ class App:
         return sample[0]
 
     def classes(self, pair_name: str):
-        """The class choice for a class-conditional pair, the prompt (and its examples) for a text pair."""
+        """The class choice for a class-conditional pair, the prompt (and its examples) for a text pair;
+        an xAR pair's fixed AR steps (one per cell) and CFG ramp."""
         source = self.store.source(pair_name)
+        steps = gr.update(value=source.cells) if source.cells else gr.update()
+        schedule = gr.update(value="linear") if source.cells else gr.update()
         if source.is_text:
-            return gr.update(visible=False), gr.update(visible=True), gr.update(visible=True)
+            return gr.update(visible=False), gr.update(visible=True), gr.update(visible=True), steps, schedule
         names = list(source.class_names)
-        return (
-            gr.update(choices=names, value=names[0], visible=True),
-            gr.update(visible=False),
-            gr.update(visible=False),
-        )
+        shown = gr.update(choices=names, value=names[0], visible=True)
+        return shown, gr.update(visible=False), gr.update(visible=False), steps, schedule
 
 
 # --- presentation ------------------------------------------------------------------------------
@@ -876,7 +881,7 @@ def generate_tab(app: App, queue: dict):
     stopped = stop.click(None, None, None, cancels=[event], api_visibility="private")
     stopped.then(app.generate_stopped, None, outputs, api_visibility="private")
     pair = controls["pair_name"]
-    shown = [controls["class_name"], controls["prompt"], examples]
+    shown = [controls["class_name"], controls["prompt"], examples, controls["ar_steps"], controls["cfg_schedule"]]
     pair.change(app.classes, pair, shown, api_visibility="private")
     with gr.Accordion("Official MAR checkpoints", open=False):
         gr.Markdown(

@@ -246,3 +246,20 @@ def test_bad_prompts_are_named_errors(served_text, prompt, named):
     application, client = served_text
     with pytest.raises(AppError, match=named):
         client.predict(**controls(application, prompt=prompt), api_name="/generate")
+
+
+# --- an xAR pair: one cell per AR step ---------------------------------------------------------------
+
+
+def test_an_xar_pair_generates_and_names_its_fixed_ar_steps():
+    from csd.experiments.pairs import RANDOM_XAR_SOURCE
+
+    application = app.App(PairStore([RANDOM_XAR_SOURCE], torch.device("cpu")), app.Limits(max_batch=2))
+    values = {**application.default_controls(), "batch_size": 1, "ar_steps": 16, "cfg_schedule": "linear"}
+    *_, stats, _, summary, inspected = list(application.generate(progress=lambda *a, **k: None, **values))[-1]
+    assert summary["target_passes"]["target-only"] == 16 and summary["target_passes"]["CSD"] < 16
+    assert inspected.frames  # the Inspect tab replays it, cell by cell
+    with pytest.raises(gr.Error, match="AR steps must be 16 for random xAR"):
+        next(application.generate(progress=lambda *a, **k: None, **{**values, "ar_steps": 32}))
+    steps, schedule = application.classes(RANDOM_XAR_SOURCE.name)[3:]
+    assert steps["value"] == 16 and schedule["value"] == "linear"  # choosing the pair sets them

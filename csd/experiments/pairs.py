@@ -10,7 +10,8 @@ Pairs the app and the analysis can run:
   ``<dir>/vae/kl16.ckpt``;
 * official Harmon pairs (Harmon-1.5B target, Harmon-0.5B draft) when ``<dir>/harmon/`` holds both
   checkpoints and both Qwen2.5 directories (:mod:`csd.models.harmon_official`) and ``<dir>/vae/kl16.ckpt``;
-* small random (untrained) pixel pairs, class- and text-conditioned, for tests and when nothing else is
+* the embedded xAR pair, ``assets/models/shapes_xar_{target,draft}.safetensors`` (cells of pixel patches);
+* small random (untrained) pixel pairs, class- and text-conditioned and xAR, for tests and when nothing else is
   installed.
 
 Loaded models are shared read-only between requests: eval mode, no gradients, never mutated.
@@ -31,13 +32,15 @@ import torch
 from torch import Tensor, nn
 
 from csd.models.mar import MAR, MARConfig
-from csd.models.tokenizer import LatentTokenizer, PixelTokenizer, to_uint8
+from csd.models.tokenizer import CellTokenizer, LatentTokenizer, PixelTokenizer, to_uint8
 from csd.sampling import SamplingConfig, generate
 from csd.shapes.data import CLASS_NAMES
 
 EMBEDDED_DIR = Path(__file__).resolve().parents[2] / "assets" / "models"
 EMBEDDED_NAME = "shapes (embedded)"
 TEXT_NAME = "shapes, text prompts (embedded, Harmon layout)"
+XAR_NAME = "shapes, next-cell flow (embedded xAR)"
+RANDOM_XAR_NAME = "random xAR (untrained)"
 RANDOM_NAME = "random (untrained)"
 RANDOM_TEXT_NAME = "random text (untrained)"
 HARMON_NAME = "Harmon-1.5B / Harmon-0.5B (text)"
@@ -89,11 +92,19 @@ def _frozen(model: nn.Module, device: torch.device) -> nn.Module:
     return model.to(device).eval().requires_grad_(False)
 
 
+def cheap_config(model) -> SamplingConfig:
+    """The cheapest sampler setting a model takes (xAR makes every cell, in at least two flow steps)."""
+    from csd.models.xar import XAR
+
+    if isinstance(model, XAR):
+        return SamplingConfig(num_steps=model.seq_len, head_steps=2, cfg_schedule="linear")
+    return SamplingConfig(num_steps=1, head_steps=1)
+
+
 def _warm_up(target: nn.Module, draft: nn.Module, conditions) -> None:
     """One cheap generation per model, so the first timed request does not pay for lazy initialisation."""
-    config = SamplingConfig(num_steps=1, head_steps=1)
     for model in (target, draft):
-        generate(model, list(conditions), [0], config)
+        generate(model, list(conditions), [0], cheap_config(model))
 
 
 def pixel_tokenizer(token_dim: int) -> PixelTokenizer:
@@ -179,6 +190,38 @@ def load_harmon(checkpoints: Path, device: torch.device) -> ModelPair:
     return _pair(HARMON_NAME, target, draft, tokenizer, (), "official:harmon_1.5b+harmon_0.5b", device, HARMON_PROMPTS)
 
 
+def _xar_files(directory: Path) -> tuple[Path, Path]:
+    return directory / "shapes_xar_target.safetensors", directory / "shapes_xar_draft.safetensors"
+
+
+def cell_pixel_tokenizer(model) -> CellTokenizer:
+    c = model.config
+    return CellTokenizer(pixel_tokenizer(c.token_dim), c.grid, c.cells)
+
+
+def load_xar_embedded(directory: Path, device: torch.device) -> ModelPair:
+    from csd.models.registry import load_model
+
+    files = _xar_files(directory)
+    target, draft = load_model(files[0]), load_model(files[1])
+    return _pair(XAR_NAME, target, draft, cell_pixel_tokenizer(target), CLASS_NAMES, file_digest(*files), device)
+
+
+def random_xar_pair(device: torch.device | str = "cpu", seed: int = 0) -> ModelPair:
+    """Untrained xAR models on the embedded layout (16 cells of 2 x 2 pixel patches), small."""
+    from csd.models.xar import XAR, xar_config
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        target = XAR(xar_config("shapes_xar_draft", embed_dim=64, num_heads=2, encoder_depth=1, decoder_depth=1))
+        draft = XAR(xar_config("shapes_xar_draft", embed_dim=32, num_heads=1, encoder_depth=1, decoder_depth=1))
+        with torch.no_grad():
+            for p in (*target.parameters(), *draft.parameters()):
+                p.add_(0.05 * torch.randn_like(p))
+    tokenizer = cell_pixel_tokenizer(target)
+    return _pair(RANDOM_XAR_NAME, target, draft, tokenizer, CLASS_NAMES, f"random-xar:{seed}", torch.device(device))
+
+
 def load_official(checkpoints: Path, target_config: str, name: str, device: torch.device) -> ModelPair:
     from csd.models.official import load_official_mar
     from csd.models.vae import load_kl16
@@ -252,6 +295,7 @@ class PairSource:
     weights: str  # as ModelPair.weights
     load: Callable[[torch.device], ModelPair]
     prompts: tuple[str, ...] = ()  # a text pair's example prompts
+    cells: int | None = None  # an xAR pair: its AR steps are fixed, one per cell
 
     @property
     def is_text(self) -> bool:
@@ -260,6 +304,7 @@ class PairSource:
 
 RANDOM_SOURCE = PairSource(RANDOM_NAME, CLASS_NAMES, "random:0", random_pair)
 RANDOM_TEXT_SOURCE = PairSource(RANDOM_TEXT_NAME, (), "random-text:0", random_text_pair, EXAMPLE_PROMPTS)
+RANDOM_XAR_SOURCE = PairSource(RANDOM_XAR_NAME, CLASS_NAMES, "random-xar:0", random_xar_pair, cells=16)
 
 
 def _official_weights(target_config: str) -> str:
@@ -272,6 +317,10 @@ def discover(checkpoints: Path | None, embedded_dir: Path = EMBEDDED_DIR) -> lis
     files = _embedded_files(embedded_dir)
     if all(f.is_file() for f in files):
         found.append(PairSource(EMBEDDED_NAME, CLASS_NAMES, file_digest(*files), partial(load_embedded, embedded_dir)))
+    files = _xar_files(embedded_dir)
+    if all(f.is_file() for f in files):
+        load = partial(load_xar_embedded, embedded_dir)
+        found.append(PairSource(XAR_NAME, CLASS_NAMES, file_digest(*files), load, cells=16))
     files = _text_files(embedded_dir)
     if all(f.is_file() for f in files):
         load = partial(load_text_embedded, embedded_dir)
