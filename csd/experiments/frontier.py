@@ -62,16 +62,19 @@ class Point:
         return "CSD"
 
 
-def grid(sampling: SamplingConfig, csd: CSDConfig, head_steps: int, quick: bool) -> list[Point]:
-    """The settings of the frontier, the baseline (target-only at ``sampling``) first."""
+def grid(
+    sampling: SamplingConfig, csd: CSDConfig, head_steps: int, quick: bool, fixed_steps: bool = False
+) -> list[Point]:
+    """The settings of the frontier, the baseline (target-only at ``sampling``) first. ``fixed_steps``:
+    the family's AR steps cannot change (xAR: one per cell), so no fewer-AR-step settings."""
     s, c, t = sampling, csd, head_steps
-    few = {"head_steps": max(1, t // 2)}
+    few = {"head_steps": max(2, t // 2)}
     points = [Point(f"target-only ({s.num_steps} AR steps, head {t})", s)]
-    ar_steps = [k for k in ((16, 8) if quick else (24, 16, 11, 8)) if k < s.num_steps]
+    ar_steps = [] if fixed_steps else [k for k in ((16, 8) if quick else (24, 16, 11, 8)) if k < s.num_steps]
     points += [Point(f"target, {k} AR steps", replace(s, num_steps=k)) for k in ar_steps]
     points += [
         Point(f"target, head {few['head_steps']} steps", replace(s, **few)),
-        Point(f"target, head {t} -> {max(1, t // 5)} steps", replace(s, head_steps=t, head_steps_min=max(1, t // 5))),
+        Point(f"target, head {t} -> {max(2, t // 5)} steps", replace(s, head_steps=t, head_steps_min=max(2, t // 5))),
     ]
     if ar_steps:
         k = ar_steps[0]
@@ -205,7 +208,9 @@ def image_scores(pair: ModelPair, labels: Sequence[int], reference: Generation) 
     run, not of quality."""
     shapes = pair.class_names == CLASS_NAMES or pair.is_text
     wanted = [prompt_class(c) if isinstance(c, str) else c for c in labels]
-    pixels = isinstance(pair.tokenizer, PixelTokenizer) and DEFAULT_CLASSIFIER.is_file()
+    pixels = (
+        isinstance(getattr(pair.tokenizer, "inner", pair.tokenizer), PixelTokenizer) and DEFAULT_CLASSIFIER.is_file()
+    )
     if pixels and shapes and None not in wanted:
         classifier = load_classifier()
         wanted = np.asarray(wanted)
