@@ -221,3 +221,22 @@ def test_the_xar_trainer_trains_saves_and_the_model_samples(tmp_path, restore_th
     assert isinstance(model, XAR) and model.config == xar_config("shapes_xar_draft")
     g = generate(model, [3], [0], SamplingConfig(num_steps=16, cfg_scale=2.0, cfg_schedule="linear", head_steps=3))
     assert g.tokens.shape == (1, 16, 192) and torch.isfinite(g.tokens).all()
+
+
+def test_official_checkpoints_load_strictly_and_name_what_does_not_fit(tmp_path):
+    from csd.models.checkpoint import CheckpointError
+    from csd.models.xar import load_official_xar
+
+    config = xar_config("xar_base", embed_dim=32, encoder_depth=1, decoder_depth=1, num_heads=2)
+    torch.save(REF["state"], tmp_path / "xAR-tiny.pth")
+    model = load_official_xar(tmp_path / "xAR-tiny.pth", config)
+    with torch.no_grad():
+        torch.testing.assert_close(model.velocity(REF["x"], REF["labels"], REF["t"]), REF["v"], rtol=1e-4, atol=1e-5)
+    state = dict(REF["state"])
+    state["pred.weight"] = state["pred.weight"][:8]
+    state["extra.weight"] = state.pop("decoder_norm.weight")
+    torch.save(state, tmp_path / "bad.pth")
+    with pytest.raises(
+        CheckpointError, match=r"(?s)missing keys \(1\): decoder_norm.weight.*unexpected keys \(1\): extra.*pred.weight"
+    ):
+        load_official_xar(tmp_path / "bad.pth", config)

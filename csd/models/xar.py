@@ -534,3 +534,19 @@ class XAR(nn.Module):
         tt = t.repeat_interleave(self.config.cell_len, dim=1)[..., None]
         v = self.velocity((1 - tt) * tokens + tt * eps, labels, t)
         return (v - (eps - tokens)).pow(2).mean()
+
+
+# --- official checkpoints ------------------------------------------------------------------------------
+
+OFFICIAL_FILES = {"xar_base": "xAR-B.pth", "xar_large": "xAR-L.pth", "xar_huge": "xAR-H.pth"}
+
+
+def load_official_xar(path, config: str | XARConfig = "xar_base") -> XAR:
+    """An official ``xAR-{B,L,H}.pth`` (Hub: OliverRen/xAR; a flat state dict, buffers included) read
+    with ``weights_only=True`` and loaded strictly: missing, unexpected and misshapen keys are named."""
+    from csd.models.checkpoint import load_state_strict, safe_torch_load
+
+    state = safe_torch_load(path)
+    model = XAR(xar_config(config) if isinstance(config, str) else config)
+    load_state_strict(model, state, str(path))
+    return model.eval()
