@@ -507,14 +507,20 @@ class App:
             n_images=n_images, seed=r.seeds[0], sampling=r.sampling, csd=r.csd, **condition_of(r)
         )
         analysis = Analysis(r.pair, settings)
-        skips = [gr.skip()] * (len(ANALYSIS_KEYS) + 1)
+        panels = yield from self.run_all(analysis, analysis.panels, len(ANALYSIS_KEYS) + 1, progress)
+        yield analysis_status(panels, recomputed=True), *analysis_figures(panels), panels_json(panels)
 
-        def work(job: Job) -> Panels:
-            for done, total, label in analysis.steps(on_step=lambda label: job.on_step(label)):
+    def run_all(self, runs, finish, skipped: int, progress):
+        """Run ``runs.steps()`` (one generation each) in a stoppable job, yielding a status line (the run
+        within the runs, the AR step within the run) with ``skipped`` outputs left as they are; returns
+        ``finish()``, computed in the job once every run is done."""
+
+        def work(job: Job):
+            for done, total, label in runs.steps(on_step=lambda label: job.on_step(label)):
                 job.post((done, total, label))
-            return analysis.panels()
+            return finish()
 
-        run = (0, len(analysis), "")
+        run, skips = (0, len(runs), ""), [gr.skip()] * skipped
         job = self.job(work)
         for event in self.follow(job, [], lambda *args, **kwargs: None):
             if isinstance(event, Step):
@@ -523,8 +529,7 @@ class App:
                 yield f"Running {done + 1}/{total}: {event.text} ...", *skips
             else:
                 run = event
-        panels = job.result
-        yield analysis_status(panels, recomputed=True), *analysis_figures(panels), panels_json(panels)
+        return job.result
 
     @staticmethod
     def analyze_stopped() -> str:
@@ -545,22 +550,7 @@ class App:
         head = r.pair.target.head_steps(r.sampling.head_steps)
         points = frontier.grid(r.sampling, r.csd, head, quick=True, fixed_steps=fixed)
         small = frontier.SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], **condition_of(r))
-
-        def work(job: Job) -> dict:
-            for done, total, label in small.steps(on_step=lambda label: job.on_step(label)):
-                job.post((done, total, label))
-            return small.result()
-
-        run, skips = (0, len(small), ""), [gr.skip()] * 3
-        job = self.job(work)
-        for event in self.follow(job, [], lambda *args, **kwargs: None):
-            if isinstance(event, Step):
-                done, total, _ = run
-                progress((done * event.total + event.done, total * event.total), desc=event.text, unit="steps")
-                yield f"Running {done + 1}/{total}: {event.text} ...", *skips
-            else:
-                run = event
-        result = job.result
+        result = yield from self.run_all(small, small.result, 3, progress)
         yield frontier_status(result, recomputed=True), *frontier_outputs(result)
 
     @staticmethod
