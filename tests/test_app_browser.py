@@ -10,6 +10,7 @@ download). Without them the test is skipped, except under CI=true where it fails
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -58,124 +59,121 @@ def served():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.browser
-def test_generate_then_analysis_in_chromium(served, tmp_path):
-    # The README's screenshots are rewritten only when asked (scripts/regenerate_assets.sh sets
-    # CSD_SCREENSHOT_DIR=assets); a plain test run leaves the working tree clean.
+def screenshots(tmp_path: Path) -> Path:
+    """Where screenshots go: rewritten for the README only when asked (scripts/regenerate_assets.sh sets
+    CSD_SCREENSHOT_DIR=assets); a plain test run leaves the working tree clean."""
     shots = Path(os.environ.get("CSD_SCREENSHOT_DIR") or tmp_path)
-    if not shots.is_absolute():
-        shots = ROOT / shots
+    return shots if shots.is_absolute() else ROOT / shots
+
+
+@contextmanager
+def open_page(url: str):
+    """The app in a fresh headless Chromium page."""
     from playwright.sync_api import sync_playwright
 
-    application, url = served
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1000})
             page.set_default_timeout(TIMEOUT_MS)
             page.goto(url)
-            page.get_by_role("button", name="Generate", exact=True).click()
-            for box in ("#img-target", "#img-csd", "#img-map", "#img-draft"):
-                page.locator(f"{box} img").wait_for(state="visible")
-            page.locator("#speed-plot .js-plotly-plot").wait_for(state="visible")
-            assert "Speedup" in page.locator("#speed-plot").inner_text()
-            page.screenshot(path=shots / "screenshot_generate.png", full_page=True)
-
-            # The Inspect tab replays that run and opens the likeliest artifact, then any clicked token.
-            page.get_by_role("tab", name="Inspect").click()
-            page.locator("#replay-label").get_by_text("verified", exact=False).wait_for(state="visible")
-            summary = page.locator("#token-summary")
-            summary.get_by_text("Image", exact=False).first.wait_for(state="visible")
-            page.locator("#token-chains .js-plotly-plot").wait_for(state="visible")
-            status_map = page.locator("#replay-map img")
-            box = status_map.bounding_box()
-            status_map.click(position={"x": 5, "y": 5})  # the top-left token of the first image
-            summary.get_by_text("Image 0, token (0, 0)", exact=False).wait_for(state="visible")
-            assert box["width"] > 100
-            hint = [page.locator(f"#hints [data-testid=cell-1-{k}]").inner_text().strip() for k in range(3)]
-            page.locator("#hints [data-testid=cell-1-0]").click()  # the second hint row opens its token
-            summary.get_by_text(f"Image {hint[0]}, token ({hint[1]}, {hint[2]})").wait_for(state="visible")
-            page.screenshot(path=shots / "screenshot_inspect.png", full_page=True)
-            page.get_by_role("tab", name="Generate").click()
-
-            # A second run shows its progress per AR step; Stop ends it and clears what it had shown.
-            page.get_by_role("button", name="Generate", exact=True).click()
-            page.locator("#gen-status").get_by_text("AR step", exact=False).first.wait_for(state="visible")
-            page.get_by_role("button", name="Stop", exact=True).first.click()
-            page.get_by_text("Stopped: the run was cancelled").wait_for(state="visible")
-            assert page.locator("#img-csd img").count() == 0
-            deadline = time.monotonic() + 30
-            while not application.history or application.history[-1]["status"] != "stopped":
-                assert time.monotonic() < deadline, list(application.history)
-                time.sleep(0.05)
-
-            page.get_by_role("tab", name="Analysis").click()
-            if application.panels is None:  # no precomputed panels for the served pair: the tab says so
-                page.get_by_text("press Recompute").wait_for(state="visible")
-            else:
-                for key in ("time", "distance_per_step"):
-                    page.locator(f"#panel-{key} .js-plotly-plot").wait_for(state="visible")
-            frontier_status = page.locator("#frontier-status")
-            if application.front is None:
-                frontier_status.get_by_text("press Recompute frontier").wait_for(state="visible")
-            else:  # the benchmark's frontier for the served pair
-                frontier_status.get_by_text("Precomputed", exact=False).wait_for(state="visible")
-                page.locator("#panel-frontier .js-plotly-plot").wait_for(state="visible")
-            page.screenshot(path=shots / "screenshot.png", full_page=True)
-
-            # The frontier recomputed at one image: every setting runs, the front is drawn, a point's
-            # setting shows on hover.
-            n = page.locator("#frontier-n input[type=number]")
-            n.fill("1")
-            n.press("Enter")
-            page.get_by_role("button", name="Recompute frontier").click()
-            frontier_status.get_by_text("1 images each", exact=False).wait_for(state="visible")
-            assert "Recomputed" in frontier_status.inner_text()
-            plot = page.locator("#panel-frontier .js-plotly-plot")
-            assert "Pareto front" in plot.inner_text()
-            point = page.locator("#panel-frontier .scatterlayer .trace").nth(2).locator(".point").first  # CSD
-            point.hover(force=True)
-            page.locator("#panel-frontier .hoverlayer").get_by_text("gamma", exact=False).first.wait_for(
-                state="visible"
-            )
+            yield page
         finally:
             browser.close()
+
+
+@pytest.mark.browser
+def test_generate_then_analysis_in_chromium(served, tmp_path):
+    shots = screenshots(tmp_path)
+    application, url = served
+    with open_page(url) as page:
+        page.get_by_role("button", name="Generate", exact=True).click()
+        for box in ("#img-target", "#img-csd", "#img-map", "#img-draft"):
+            page.locator(f"{box} img").wait_for(state="visible")
+        page.locator("#speed-plot .js-plotly-plot").wait_for(state="visible")
+        assert "Speedup" in page.locator("#speed-plot").inner_text()
+        page.screenshot(path=shots / "screenshot_generate.png", full_page=True)
+
+        # The Inspect tab replays that run and opens the likeliest artifact, then any clicked token.
+        page.get_by_role("tab", name="Inspect").click()
+        page.locator("#replay-label").get_by_text("verified", exact=False).wait_for(state="visible")
+        summary = page.locator("#token-summary")
+        summary.get_by_text("Image", exact=False).first.wait_for(state="visible")
+        page.locator("#token-chains .js-plotly-plot").wait_for(state="visible")
+        status_map = page.locator("#replay-map img")
+        box = status_map.bounding_box()
+        status_map.click(position={"x": 5, "y": 5})  # the top-left token of the first image
+        summary.get_by_text("Image 0, token (0, 0)", exact=False).wait_for(state="visible")
+        assert box["width"] > 100
+        hint = [page.locator(f"#hints [data-testid=cell-1-{k}]").inner_text().strip() for k in range(3)]
+        page.locator("#hints [data-testid=cell-1-0]").click()  # the second hint row opens its token
+        summary.get_by_text(f"Image {hint[0]}, token ({hint[1]}, {hint[2]})").wait_for(state="visible")
+        page.screenshot(path=shots / "screenshot_inspect.png", full_page=True)
+        page.get_by_role("tab", name="Generate").click()
+
+        # A second run shows its progress per AR step; Stop ends it and clears what it had shown.
+        page.get_by_role("button", name="Generate", exact=True).click()
+        page.locator("#gen-status").get_by_text("AR step", exact=False).first.wait_for(state="visible")
+        page.get_by_role("button", name="Stop", exact=True).first.click()
+        page.get_by_text("Stopped: the run was cancelled").wait_for(state="visible")
+        assert page.locator("#img-csd img").count() == 0
+        deadline = time.monotonic() + 30
+        while not application.history or application.history[-1]["status"] != "stopped":
+            assert time.monotonic() < deadline, list(application.history)
+            time.sleep(0.05)
+
+        page.get_by_role("tab", name="Analysis").click()
+        if application.panels is None:  # no precomputed panels for the served pair: the tab says so
+            page.get_by_text("press Recompute").wait_for(state="visible")
+        else:
+            for key in ("time", "distance_per_step"):
+                page.locator(f"#panel-{key} .js-plotly-plot").wait_for(state="visible")
+        frontier_status = page.locator("#frontier-status")
+        if application.front is None:
+            frontier_status.get_by_text("press Recompute frontier").wait_for(state="visible")
+        else:  # the benchmark's frontier for the served pair
+            frontier_status.get_by_text("Precomputed", exact=False).wait_for(state="visible")
+            page.locator("#panel-frontier .js-plotly-plot").wait_for(state="visible")
+        page.screenshot(path=shots / "screenshot.png", full_page=True)
+
+        # The frontier recomputed at one image: every setting runs, the front is drawn, a point's
+        # setting shows on hover.
+        n = page.locator("#frontier-n input[type=number]")
+        n.fill("1")
+        n.press("Enter")
+        page.get_by_role("button", name="Recompute frontier").click()
+        frontier_status.get_by_text("1 images each", exact=False).wait_for(state="visible")
+        assert "Recomputed" in frontier_status.inner_text()
+        plot = page.locator("#panel-frontier .js-plotly-plot")
+        assert "Pareto front" in plot.inner_text()
+        point = page.locator("#panel-frontier .scatterlayer .trace").nth(2).locator(".point").first  # CSD
+        point.hover(force=True)
+        page.locator("#panel-frontier .hoverlayer").get_by_text("gamma", exact=False).first.wait_for(state="visible")
 
 
 @pytest.mark.browser
 def test_a_prompt_run_on_the_text_pair_in_chromium(served, tmp_path):
     """Choose the text pair, pick an example prompt, generate; a word outside the vocabulary is refused."""
-    from playwright.sync_api import sync_playwright
-
     from csd.experiments.pairs import EXAMPLE_PROMPTS, TEXT_NAME
 
     application, url = served
     assert TEXT_NAME in application.store.names, "the embedded text pair ships in assets/models"
-    shots = Path(os.environ.get("CSD_SCREENSHOT_DIR") or tmp_path)
-    if not shots.is_absolute():
-        shots = ROOT / shots
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1000})
-            page.set_default_timeout(TIMEOUT_MS)
-            page.goto(url)
-            page.get_by_label("Model pair").first.click()
-            page.get_by_role("option", name=TEXT_NAME).click()
-            prompt = page.locator("#prompt textarea")
-            prompt.wait_for(state="visible")
-            page.locator("#prompt-examples").get_by_text(EXAMPLE_PROMPTS[1]).click()
-            page.wait_for_function(
-                "text => document.querySelector('#prompt textarea').value === text", arg=EXAMPLE_PROMPTS[1]
-            )
-            page.get_by_role("button", name="Generate", exact=True).click()
-            for box in ("#img-target", "#img-csd", "#img-map", "#img-draft"):
-                page.locator(f"{box} img").wait_for(state="visible")
-            page.locator("#gen-status").get_by_text("Speedup", exact=False).first.wait_for(state="visible")
-            page.screenshot(path=shots / "screenshot_prompt.png", full_page=True)
+    shots = screenshots(tmp_path)
+    with open_page(url) as page:
+        page.get_by_label("Model pair").first.click()
+        page.get_by_role("option", name=TEXT_NAME).click()
+        prompt = page.locator("#prompt textarea")
+        prompt.wait_for(state="visible")
+        page.locator("#prompt-examples").get_by_text(EXAMPLE_PROMPTS[1]).click()
+        page.wait_for_function(
+            "text => document.querySelector('#prompt textarea').value === text", arg=EXAMPLE_PROMPTS[1]
+        )
+        page.get_by_role("button", name="Generate", exact=True).click()
+        for box in ("#img-target", "#img-csd", "#img-map", "#img-draft"):
+            page.locator(f"{box} img").wait_for(state="visible")
+        page.locator("#gen-status").get_by_text("Speedup", exact=False).first.wait_for(state="visible")
+        page.screenshot(path=shots / "screenshot_prompt.png", full_page=True)
 
-            prompt.fill("a purple dragon on a plain white background")
-            page.get_by_role("button", name="Generate", exact=True).click()
-            page.get_by_text("not in the vocabulary", exact=False).first.wait_for(state="visible")
-        finally:
-            browser.close()
+        prompt.fill("a purple dragon on a plain white background")
+        page.get_by_role("button", name="Generate", exact=True).click()
+        page.get_by_text("not in the vocabulary", exact=False).first.wait_for(state="visible")

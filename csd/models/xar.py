@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from csd.chain import ChainNoise, Trajectory, run_chain
 from csd.family import Plan
-from csd.models.head import timestep_embedding
+from csd.models.head import TimestepEmbedder
 from csd.models.masked import check_labels
 
 
@@ -245,19 +245,6 @@ class Block(nn.Module):
         gamma1, gamma2, scale1, scale2, shift1, shift2 = self.ada_lin(cond).chunk(6, dim=-1)
         x = x + self.attn(self.norm1(x) * (1 + scale1) + shift1, mask, positions, past, record) * gamma1
         return x + self.mlp(self.norm2(x) * (1 + scale2) + shift2) * gamma2
-
-
-class TimestepEmbedder(nn.Module):
-    def __init__(self, dim: int, frequencies: int = 256):
-        super().__init__()
-        self.frequencies = frequencies
-        self.mlp = nn.Sequential(nn.Linear(frequencies, dim), nn.SiLU(), nn.Linear(dim, dim))
-
-    def forward(self, t: Tensor) -> Tensor:
-        return self.mlp(timestep_embedding(t, self.frequencies))
-
-
-# --- the model -----------------------------------------------------------------------------------
 
 
 # --- the official sampler as a Gaussian chain ---------------------------------------------------------

@@ -556,10 +556,16 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     return TrainConfig(**vars(p.parse_args(argv)))
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    trainer = train(parse_args(argv))
+def run(cfg: TrainConfig, trainer_class: type[Trainer] = Trainer) -> Trainer:
+    """:func:`train`, then say what was saved (the command-line entry of every trainer)."""
+    trainer = train(cfg, trainer_class)
     if trainer.dist.main:
         print(f"saved {trainer.cfg.paths['weights']} ({trainer.step} steps, {trainer.elapsed:.0f}s)", flush=True)
+    return trainer
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run(parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from csd.models.harmon import Harmon, HarmonConfig
 from csd.models.registry import load_model
 from csd.shapes.text import TEXT_CONFIGS, caption_tokenizer, text_config
-from csd.shapes.train import TrainConfig, Trainer, build_parser, train
+from csd.shapes.train import TrainConfig, Trainer, build_parser, run
 
 
 @dataclass(frozen=True)
@@ -82,9 +82,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TextTrainConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    trainer = train(parse_args(argv), TextTrainer)
-    if trainer.dist.main:
-        print(f"saved {trainer.cfg.paths['weights']} ({trainer.step} steps, {trainer.elapsed:.0f}s)", flush=True)
+    run(parse_args(argv), TextTrainer)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from torch import Tensor, nn
 
 from csd.models.xar import XAR, XAR_CONFIGS, XARConfig, cell_order
-from csd.shapes.train import TrainConfig, Trainer, build_parser, train
+from csd.shapes.train import TrainConfig, Trainer, build_parser, run
 
 PIXEL_CONFIGS = sorted(name for name, c in XAR_CONFIGS.items() if name.startswith("shapes_"))
 
@@ -60,9 +60,7 @@ def parse_args(argv: Sequence[str] | None = None) -> XARTrainConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    trainer = train(parse_args(argv), XARTrainer)
-    if trainer.dist.main:
-        print(f"saved {trainer.cfg.paths['weights']} ({trainer.step} steps, {trainer.elapsed:.0f}s)", flush=True)
+    run(parse_args(argv), XARTrainer)
 
 
 if __name__ == "__main__":
