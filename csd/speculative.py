@@ -32,6 +32,14 @@ from csd.sampling import (
 )
 from csd.trace import Maker, Trace
 
+ACCEPTANCE_UNITS = ("row", "token")
+
+
+def split_rows(traj: Trajectory, units: int) -> Trajectory:
+    """A trajectory of n rows of ``units`` tokens each as one of n * units rows (row-major)."""
+    flat = lambda a: a.reshape(*a.shape[:-2], a.shape[-2] * units, a.shape[-1] // units)
+    return Trajectory(x=flat(traj.x), states=flat(traj.states), mean=flat(traj.mean), std=flat(traj.std))
+
 
 @dataclass(frozen=True)
 class CSDConfig:
@@ -50,7 +58,10 @@ class CSDConfig:
     cheaper (or dearer) draft head, None for the target's head steps; a different number of steps
     cannot share noise or compare per-step stds, so it needs align=False, criterion "aligned" and
     trajectory_term "none". With a head-step schedule (SamplingConfig.head_steps_min) every block
-    runs the head steps of its first AR step.
+    runs the head steps of its first AR step. acceptance_unit: "row" (a token of MAR or Harmon, a
+    whole cell of xAR: the exact unit) or "token" (a family whose rows hold several tokens, xAR's
+    cells: each token of a cell tested and resampled alone, an approximation to measure; a cell
+    counts as accepted when all of its tokens are, and Trace.unit_accepted holds the fraction).
     """
 
     gamma: int = 8
@@ -64,6 +75,7 @@ class CSDConfig:
     max_tries: int = 100
     counterfactual: bool = False
     draft_head_steps: int | None = None
+    acceptance_unit: str = "row"
 
     def __post_init__(self) -> None:
         check_int("gamma (draft length)", self.gamma, 1)
@@ -77,6 +89,9 @@ class CSDConfig:
         check_int("max_tries (resampler cap)", self.max_tries, 1, 10000)
         if self.draft_head_steps is not None:
             check_int("draft_head_steps", self.draft_head_steps, 1, 1000, word="None or an int")
+        check_choice("acceptance_unit", self.acceptance_unit, ACCEPTANCE_UNITS)
+        if self.acceptance_unit == "token" and self.criterion != "aligned":
+            raise ValueError("acceptance_unit 'token' needs criterion 'aligned' (the exact test compares whole rows)")
 
     def block_length(self, block: int) -> int:
         """AR steps drafted in block ``block`` (0-based): the schedule's entry, else gamma."""
@@ -189,6 +204,8 @@ class _Decoding:
                     "chains of different lengths share no noise and no per-step stds, so it needs align=False, "
                     "criterion 'aligned' and trajectory_term 'none'"
                 )
+        if csd.acceptance_unit == "token" and getattr(target, "tokens_per_row", 1) == 1:
+            raise ValueError("acceptance_unit 'token' needs a family whose rows hold several tokens (xAR's cells)")
         streams = {name: ImageStreams(seeds, name, device) for name in ("chain", "accept", "resample", "independent")}
         return cls(
             target=target,
@@ -298,6 +315,9 @@ class _Decoding:
 
     def accept_or_resample(self, block: _Block, check: _Check) -> _Decision:
         """The acceptance test for every drafted token; rejected ones are redrawn from max(0, p - q)."""
+        units = self.units()
+        if units > 1:
+            return self._accept_units(block, check, units)
         with self.timer("verify"):
             if self.csd.criterion == "aligned":
                 verdict = aligned_verdict(block.draft, check.target, self.csd.tau_v, self.csd.trajectory_term)
@@ -316,9 +336,46 @@ class _Decoding:
                 x[rejected] = resampled.x
         return _Decision(x, verdict, accepted, rejected, resampled)
 
-    def _resample(self, block: _Block, check: _Check, verdict: Verdict, rejected: Tensor) -> Resampled:
-        """Draw the rejected rows from max(0, p - q) / Z; a capped row takes the target's own sample."""
-        per_image, stream = block.pos.shape[1], self.streams["resample"]
+    def units(self) -> int:
+        """Tokens per row under the acceptance unit: 1 for "row"; a family's tokens per row for "token"."""
+        if self.csd.acceptance_unit == "row":
+            return 1
+        units = getattr(self.target, "tokens_per_row", 1)
+        if units == 1:
+            raise ValueError("acceptance_unit 'token' needs a family whose rows hold several tokens (xAR's cells)")
+        return units
+
+    def _accept_units(self, block: _Block, check: _Check, units: int) -> _Decision:
+        """The aligned test and the resampler on every token of every row alone (acceptance_unit "token");
+        a row is accepted when all of its tokens are; the per-row results aggregate its tokens'."""
+        draft, target = split_rows(block.draft, units), split_rows(check.target, units)
+        with self.timer("verify"):
+            verdict = aligned_verdict(draft, target, self.csd.tau_v, self.csd.trajectory_term)
+            uniforms = self.streams["accept"].rand(block.pos.shape[1] * units).reshape(-1)
+            accepted = accept(verdict, uniforms)
+        x = draft.x.clone()
+        with self.timer("resample"):
+            rejected = (~accepted).nonzero().squeeze(-1)
+            if rejected.numel():
+                tokens = _Block(block.steps, block.pos, draft, block.noise, block.chain_q, block.t_p, block.t_q)
+                resampled = self._resample(tokens, _Check(check.chain_p, target), verdict, rejected, units)
+                x[rejected] = resampled.x
+        rows = lambda a: a.reshape(-1, units)
+        row_verdict = Verdict(rows(verdict.trajectory).sum(1), rows(verdict.final).sum(1))
+        row_ok = rows(accepted).all(1)
+        row_rejected = (~row_ok).nonzero().squeeze(-1)
+        tries = torch.zeros(accepted.shape, dtype=torch.long, device=accepted.device)
+        capped = torch.zeros(accepted.shape, dtype=torch.bool, device=accepted.device)
+        if rejected.numel():
+            tries[rejected], capped[rejected] = resampled.tries.long(), resampled.capped
+        per_row = Resampled(x=None, tries=rows(tries).sum(1)[row_rejected], capped=rows(capped).any(1)[row_rejected])
+        self.trace.record_unit_acceptance(block.pos, rows(accepted).float().mean(1))
+        return _Decision(x.reshape(-1, block.draft.x.shape[-1]), row_verdict, row_ok, row_rejected, per_row)
+
+    def _resample(self, block: _Block, check: _Check, verdict: Verdict, rejected: Tensor, units: int = 1) -> Resampled:
+        """Draw the rejected rows from max(0, p - q) / Z; a capped row takes the target's own sample.
+        ``units``: rows per drafted position (the tokens of a cell under acceptance_unit "token")."""
+        per_image, stream = block.pos.shape[1] * units, self.streams["resample"]
         owner = lambda pending: torch.bincount(rejected[pending] // per_image, minlength=self.batch)
         fallback = check.target.x[rejected]
         d = fallback.shape[-1]

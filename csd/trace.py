@@ -75,6 +75,8 @@ class Trace:
     times: dict[str, float] = field(default_factory=dict)  # seconds per phase
     settings: dict = field(default_factory=dict)
     details: TokenDetails | None = None  # per-token inputs of every decision, when asked for
+    # acceptance_unit "token": the fraction of each verified row's tokens accepted (an xAR cell's)
+    unit_accepted: np.ndarray | None = None
 
     @classmethod
     def empty(cls, batch: int, num_tokens: int, step_sizes: list[int], settings: dict | None = None) -> Trace:
@@ -165,6 +167,19 @@ class Trace:
         _put(self.log_ratio_final, pos, log_ratio_final)
         _put(self.resample_tries, pos, resample_tries)
 
+    def record_unit_acceptance(self, pos: Tensor, fraction: Tensor) -> None:
+        """Under acceptance_unit "token": the fraction of the tokens of each row at ``pos`` accepted."""
+        if self.unit_accepted is None:
+            self.unit_accepted = np.full(self.maker.shape, np.nan, dtype=np.float32)
+        _put(self.unit_accepted, pos, fraction)
+
+    @property
+    def unit_acceptance_rate(self) -> float:
+        """Fraction of the verified rows' tokens accepted (acceptance_unit "token"); NaN otherwise."""
+        if self.unit_accepted is None or not self.verified.any():
+            return float("nan")
+        return float(np.nanmean(self.unit_accepted[self.verified]))
+
     # --- summaries ---------------------------------------------------------------------------
 
     @property
@@ -221,6 +236,7 @@ class Trace:
             "resampled": self.count(Maker.RESAMPLED),
             "capped": self.count(Maker.CAPPED),
             "acceptance_rate": self.acceptance_rate,
+            "unit_acceptance_rate": self.unit_acceptance_rate,
             "mean_accept_prob": self.mean_accept_prob,
             "mean_resample_tries": float(tries.mean()) if tries.size else float("nan"),
             "distance_aligned": float(np.nanmean(self.distance_aligned))

@@ -5,6 +5,7 @@ tests/data/xar_reference.pt was made by tests/data/make_xar_reference.py from th
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -240,3 +241,40 @@ def test_official_checkpoints_load_strictly_and_name_what_does_not_fit(tmp_path)
         CheckpointError, match=r"(?s)missing keys \(1\): decoder_norm.weight.*unexpected keys \(1\): extra.*pred.weight"
     ):
         load_official_xar(tmp_path / "bad.pth", config)
+
+
+def test_per_token_acceptance_is_a_measured_option(xar_pair):
+    from csd.sampling import SamplingConfig
+    from csd.speculative import CSDConfig, speculative_generate
+
+    target, draft = xar_pair
+    s = SamplingConfig(num_steps=16, cfg_scale=2.0, cfg_schedule="linear", head_steps=4)
+    cell = speculative_generate(target, draft, [1, 2], [5, 6], s, CSDConfig(gamma=5, prefill=0.1))
+    token = speculative_generate(
+        target, draft, [1, 2], [5, 6], s, CSDConfig(gamma=5, prefill=0.1, acceptance_unit="token")
+    )
+    t = token.trace
+    verified = t.verified
+    assert t.unit_accepted is not None and ((t.unit_accepted[verified] >= 0) & (t.unit_accepted[verified] <= 1)).all()
+    assert t.acceptance_rate <= t.unit_acceptance_rate  # a cell is accepted only when all its tokens are
+    assert cell.trace.unit_accepted is None and np.isnan(cell.trace.summary()["unit_acceptance_rate"])
+    torch.testing.assert_close(token.tokens[:, :2], cell.tokens[:, :2])  # pre-fill is the same
+    same = speculative_generate(target, target, [1], [5], s, CSDConfig(gamma=5, acceptance_unit="token"))
+    assert same.trace.unit_acceptance_rate == 1.0
+    with pytest.raises(ValueError, match="acceptance_unit 'token' needs criterion 'aligned'"):
+        CSDConfig(acceptance_unit="token", criterion="exact")
+
+
+def test_per_token_acceptance_needs_rows_of_several_tokens(random_models):
+    from csd.sampling import SamplingConfig
+    from csd.speculative import CSDConfig, speculative_generate
+
+    with pytest.raises(ValueError, match="rows hold several tokens"):
+        speculative_generate(
+            random_models.target,
+            random_models.draft,
+            [1],
+            [0],
+            SamplingConfig(num_steps=4),
+            CSDConfig(acceptance_unit="token"),
+        )
