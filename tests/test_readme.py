@@ -78,3 +78,13 @@ def test_the_frontier_paragraph_quotes_the_frontier_run():
     assert f"({cheap['time']:.2f}, FD {cheap['fd']:.1f})" in para
     on = [r for r in rows.values() if r["method"] == "CSD" and r["front_fd"]]
     assert f"between {min(r['time'] for r in on):.2f} and\n{max(r['time'] for r in on):.2f}" in para
+
+
+def test_the_text_pair_block_is_the_text_benchmark_run():
+    """The README's text-pair table is headline_markdown of bench/results/text/bench.json."""
+    from csd.experiments.bench import headline_markdown
+
+    result = json.loads((ROOT / "bench" / "results" / "text" / "bench.json").read_text())
+    block = README[README.index("<!-- text-headline:start -->") : README.index("<!-- text-headline:end -->")]
+    assert headline_markdown(result) in block
+    assert "colour accuracy" in block and "acceptance with alignment" in block

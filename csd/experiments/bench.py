@@ -347,8 +347,10 @@ def markdown(result: dict) -> str:
         f"Quality at batch {s['default_batch']}, gamma {s['csd']['gamma']}: {n} images per sampler, Frechet distance "
         f"to {s['bench']['n_ref']} held-out real images (two real sets of {n}: {_f(result['fd_real'])}).",
         "",
-        "| sampler | time vs target | class accuracy | Frechet distance |",
-        "| --- | --- | --- | --- |",
+        "| sampler | time vs target | class accuracy |"
+        + (" colour accuracy |" if _colours(result) else "")
+        + " Frechet distance |",
+        "| --- | --- | --- | --- |" + (" --- |" if _colours(result) else ""),
     ]
     for key, name, rel_time in (
         ("target", "target only", 1.0),
@@ -358,7 +360,8 @@ def markdown(result: dict) -> str:
         ("draft", "draft only", result["draft_time"]),
     ):
         acc, fd = result[f"accuracy_{key}"], result[f"fd_{key}"]
-        lines.append(f"| {name} | {_f(rel_time)} | {_f(acc, 3)} | {_f(fd)} |")
+        colour = f" {_f(result[f'colour_accuracy_{key}'], 3)} |" if _colours(result) else ""
+        lines.append(f"| {name} | {_f(rel_time)} | {_f(acc, 3)} |{colour} {_f(fd)} |")
     by_gamma = result.get("quality_by_gamma", [])
     if len(by_gamma) > 1:
         lines += [
@@ -396,15 +399,24 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _colours(result: dict) -> bool:
+    """Whether a result scored prompts (a text pair): it then has colour accuracies too."""
+    return "colour_accuracy_target" in result
+
+
 def headline_markdown(result: dict) -> str:
-    """The README's table: every sampler of the quality section at the default batch, time as a speed-up."""
+    """The README's table: every sampler of the quality section at the default batch, time as a speed-up
+    (and the colour accuracy of what the prompts asked, for a text pair)."""
     s = result["settings"]
+    colour = lambda key: f" {_f(result[f'colour_accuracy_{key}'], 3)} |" if _colours(result) else ""
     lines = [
         f"| {s['sampling']['num_steps']} AR steps, batch {s['default_batch']}, {s['bench']['n']} images "
-        "| speed-up | target passes | acceptance | class accuracy | Frechet distance |",
-        "| --- | --- | --- | --- | --- | --- |",
-        f"| target only | 1.00x | {s['sampling']['num_steps']} | | {_f(result['accuracy_target'], 3)} "
-        f"| {_f(result['fd_target'], 1)} |",
+        "| speed-up | target passes | acceptance | class accuracy |"
+        + (" colour accuracy |" if _colours(result) else "")
+        + " Frechet distance |",
+        "| --- | --- | --- | --- | --- |" + (" --- |" if _colours(result) else "") + " --- |",
+        f"| target only | 1.00x | {s['sampling']['num_steps']} | | {_f(result['accuracy_target'], 3)} |"
+        f"{colour('target')} {_f(result['fd_target'], 1)} |",
     ]
     by_gamma = {q["gamma"]: q for q in result.get("quality_by_gamma", [])}
     main_row = next(r for r in result["rows"] if r["batch"] == s["default_batch"] and r["gamma"] == s["csd"]["gamma"])
@@ -414,19 +426,27 @@ def headline_markdown(result: dict) -> str:
         "acceptance": result["acceptance_aligned"],
         "accuracy": result["accuracy_csd"],
         "fd": result["fd_csd"],
+        "colour": colour("csd"),
     }
     for g, q in sorted(by_gamma.items()):
         default = " (default)" if g == s["csd"]["gamma"] else ""
         lines.append(
             f"| CSD, gamma {g}{default} | {_f(q['speedup'])}x | {q['target_passes']} | {_f(q['acceptance'], 2)} "
-            f"| {_f(q['accuracy'], 3)} | {_f(q['fd'], 1)} |"
+            f"| {_f(q['accuracy'], 3)} |{q.get('colour', ' |' if _colours(result) else '')} {_f(q['fd'], 1)} |"
         )
     lines += [
         f"| target, {main_row['target_passes']} AR steps | {_f(1 / result['fewer_steps_time'])}x "
-        f"| {main_row['target_passes']} | | {_f(result['accuracy_fewer'], 3)} | {_f(result['fd_fewer'], 1)} |",
-        f"| draft only | {_f(1 / result['draft_time'])}x | 0 | | {_f(result['accuracy_draft'], 3)} "
-        f"| {_f(result['fd_draft'], 1)} |",
+        f"| {main_row['target_passes']} | | {_f(result['accuracy_fewer'], 3)} |{colour('fewer')} "
+        f"{_f(result['fd_fewer'], 1)} |",
+        f"| draft only | {_f(1 / result['draft_time'])}x | 0 | | {_f(result['accuracy_draft'], 3)} |"
+        f"{colour('draft')} {_f(result['fd_draft'], 1)} |",
     ]
+    if _colours(result):  # the text pair's block also says what the speed-up is measured against
+        lines += [
+            "",
+            f"Cost-model bound of the same run: {_f(result['speedup_bound'])}x; acceptance with alignment "
+            f"{_f(result['acceptance_aligned'], 3)}, without {_f(result['acceptance_unaligned'], 3)}.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -486,9 +506,11 @@ def paste_block(path: Path, marker: str, text: str) -> None:
 
 
 def update_docs(result: dict, root: Path = ROOT) -> None:
-    """The benchmark's Markdown into docs/results.md and its headline table into the README."""
-    paste_block(root / "docs" / "results.md", "bench", markdown(result).split("\n", 2)[2])
-    paste_block(root / "README.md", "headline", headline_markdown(result))
+    """The benchmark's Markdown into docs/results.md and its headline table into the README (the text
+    pair's into their own blocks, ``text-bench`` and ``text-headline``)."""
+    prefix = "text-" if _colours(result) else ""
+    paste_block(root / "docs" / "results.md", f"{prefix}bench", markdown(result).split("\n", 2)[2])
+    paste_block(root / "README.md", f"{prefix}headline", headline_markdown(result))
 
 
 def single_batch(config: BenchConfig, batches: list[int] | None) -> int:
