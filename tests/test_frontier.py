@@ -183,3 +183,16 @@ def test_the_chart_and_table_follow_the_result_metric(small):
     assert "front (accuracy)" in md and "Frechet" not in md
     with pytest.raises(ValueError, match="metric must be one of"):
         frontier_chart(result, "fd")
+
+
+def test_the_frontier_runs_on_a_text_pair(tmp_path, restore_threads):
+    from csd.experiments.bench import main
+    from tests.helpers import save_tiny_text_pair
+
+    target, draft = save_tiny_text_pair(tmp_path)
+    args = ["--frontier", "--quick", "--target", target, "--draft", draft, "--n", "4", "--n-ref", "20"]
+    args += ["--repeats", "1", "--batches", "2", "--num-steps", "6", "--threads", "1", "--out", str(tmp_path / "out")]
+    result = main(args)
+    assert result["rows"][0]["name"].startswith("target-only (6 AR steps") and any(
+        r["front_fd"] for r in result["rows"]
+    )
