@@ -47,7 +47,7 @@ def test_relative_links_point_at_files_that_exist(page):
 
 
 def test_the_front_page_is_short():
-    assert len(README.splitlines()) <= 160
+    assert len(README.splitlines()) <= 175  # three families' results; the rest is in docs/
 
 
 def test_update_docs_rewrites_both_blocks_from_a_result(tmp_path):
