@@ -232,6 +232,11 @@ def test_generate_takes_the_prompt_by_keyword(served_text):
     assert "Speedup" in stats and summary["batch_size"] == 2
     _, _, _, data = client.predict(n_images=1, **analysis_controls(application, prompt=prompt), api_name="/frontier")
     assert data["metrics"] == ["accuracy"]  # the class the prompt names, by the shapes classifier
+    status, *figures, panels = client.predict(
+        n_images=1, **analysis_controls(application, prompt=prompt), api_name="/analyze"
+    )
+    assert "Recomputed" in status and all(f is not None for f in figures)  # every panel, for a prompt
+    assert Panels.from_dict(panels).settings["prompt"] == prompt
 
 
 @pytest.mark.parametrize(
