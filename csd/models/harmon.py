@@ -202,6 +202,12 @@ class Prompts:
     def __len__(self) -> int:
         return len(self.text)
 
+    def both(self, pad: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """ids, attn, null ids, null attn, all padded to one width."""
+        width = max(self.ids.shape[1], self.null_ids.shape[1])
+        fit = lambda t, v: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=v)
+        return fit(self.ids, pad), fit(self.attn, False), fit(self.null_ids, pad), fit(self.null_attn, False)
+
 
 def pad_ids(rows: Sequence[Sequence[int]], pad: int, device) -> tuple[Tensor, Tensor]:
     width = max(len(r) for r in rows)
@@ -307,11 +313,8 @@ class Harmon(MaskedARFamily, nn.Module):
         if not guided:
             return self.backbone(tokens, mask, prompts.ids, prompts.attn), None
         b = tokens.shape[0]
-        width = max(prompts.ids.shape[1], prompts.null_ids.shape[1])
-        pad = lambda t, v: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=v)
-        p = self.tokenizer.pad_token_id
-        ids = torch.cat([pad(prompts.ids, p), pad(prompts.null_ids, p)])
-        attn = torch.cat([pad(prompts.attn, False), pad(prompts.null_attn, False)])
+        ids, attn, null_ids, null_attn = prompts.both(self.tokenizer.pad_token_id)
+        ids, attn = torch.cat([ids, null_ids]), torch.cat([attn, null_attn])
         z = self.backbone(torch.cat([tokens, tokens]), torch.cat([mask, mask]), ids, attn)
         return z[:b], z[b:]
 
@@ -328,12 +331,8 @@ class Harmon(MaskedARFamily, nn.Module):
         mask = torch.zeros(b, n, dtype=torch.bool, device=dev)
         mask.scatter_(1, orders[:, : math.ceil(n * ratio)], True)
         drop = torch.rand((b, 1), generator=generator, device=dev) < c.label_drop_prob
-        width = max(prompts.ids.shape[1], prompts.null_ids.shape[1])
-        pad = lambda t, v: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=v)
-        p = self.tokenizer.pad_token_id
-        ids = torch.where(drop, pad(prompts.null_ids, p), pad(prompts.ids, p))
-        attn = torch.where(drop, pad(prompts.null_attn, False), pad(prompts.attn, False))
-        z = self.backbone(tokens, mask, ids, attn)
+        ids, attn, null_ids, null_attn = prompts.both(self.tokenizer.pad_token_id)
+        z = self.backbone(tokens, mask, torch.where(drop, null_ids, ids), torch.where(drop, null_attn, attn))
         mul = c.diffusion_batch_mul
         x0 = tokens.reshape(b * n, -1).repeat(mul, 1)
         weight = mask.reshape(b * n).repeat(mul).to(x0.dtype)
