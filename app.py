@@ -38,6 +38,7 @@ from csd.experiments.analysis import Analysis, AnalysisSettings, Panels, Run, co
 from csd.experiments.inspection import Frame, artifact_hints, inspect_token, replay_frames, token_index
 from csd.experiments.jobs import Job, Step, Stopped
 from csd.experiments.pairs import EXAMPLE_PROMPTS, RANDOM_SOURCE, ModelPair, PairStore, discover, fetch_official
+from csd.family import head_per_block
 from csd.models.harmon import MAX_PROMPT_CHARS, check_prompt
 from csd.models.schedule import CFG_SCHEDULES
 from csd.sampling import SamplingConfig
@@ -616,7 +617,7 @@ def _json_float(v: float) -> float | None:
 def run_summary(r: Request, target: Run, spec: Run, draft: Run) -> dict:
     """The numbers of one comparison, JSON-ready (the API's last output)."""
     t = spec.trace
-    model, bound = cost_model(target.trace, draft.trace, r.csd)
+    model, bound = cost_model(target.trace, draft.trace, r.csd, head_per_block(r.pair.target))
     return {
         "pair": r.pair.name,
         "batch_size": len(r.seeds),

@@ -91,14 +91,21 @@ class StepCosts:
             raise ValueError("target costs must not both be zero")
 
 
-def speedup_bound(costs: StepCosts, num_steps: int, gamma: int, prefill_steps: int) -> float:
-    """Target-only cost over block-CSD cost for the same S, without resampling and overhead."""
+def speedup_bound(
+    costs: StepCosts, num_steps: int, gamma: int, prefill_steps: int, head_per_block: bool = False
+) -> float:
+    """Target-only cost over block-CSD cost for the same S, without resampling and overhead.
+
+    ``head_per_block``: the target's chain of a whole block costs what one step's does (xAR: its flow
+    chain is the backbone itself, run over the block's cells at once), so verification is charged
+    (P + blocks) (C_p + H_p) instead of (P + blocks) C_p + S H_p."""
     if not 0 <= prefill_steps <= num_steps:
         raise ValueError(f"prefill_steps must be in [0, {num_steps}], got {prefill_steps}")
     s, p = num_steps, prefill_steps
     c_p, h_p, c_q, h_q = costs.target_backbone, costs.target_head, costs.draft_backbone, costs.draft_head
-    csd = (s - p) * (c_q + h_q) + (p + math.ceil((s - p) / gamma)) * c_p + s * h_p
-    return s * (c_p + h_p) / csd
+    passes = p + math.ceil((s - p) / gamma)
+    verify = passes * (c_p + h_p) if head_per_block else passes * c_p + s * h_p
+    return s * (c_p + h_p) / ((s - p) * (c_q + h_q) + verify)
 
 
 def simple_bound(target_backbone: float, draft_backbone: float, gamma: int) -> float:

@@ -124,3 +124,14 @@ class ModelFamily(Protocol):
 
     def join(self, chains: Sequence[TokenChain], batch: int) -> TokenChain:
         """The chains of several AR steps of a block as one, rows image-major over the whole block."""
+
+
+def fixed_num_steps(model) -> int | None:
+    """The AR steps a family's model requires (xAR: one per cell), None where any number works."""
+    return getattr(model, "fixed_num_steps", None)
+
+
+def head_per_block(model) -> bool:
+    """Whether the target's chain of a drafted block costs about one step's chain (xAR: the flow chain
+    is the backbone over the block's cells) rather than one per drafted token (MAR's per-token head)."""
+    return bool(getattr(model, "head_per_block", False))

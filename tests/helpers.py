@@ -95,3 +95,13 @@ def save_tiny_text_pair(folder) -> tuple[str, str]:
 
     pair = random_text_pair()
     return str(save_model(pair.target, f"{folder}/text_target")), str(save_model(pair.draft, f"{folder}/text_draft"))
+
+
+def save_tiny_xar_pair(folder) -> tuple[str, str]:
+    """The untrained xAR pair of csd.experiments.pairs (16 cells on the embedded layout) saved in the
+    project format."""
+    from csd.experiments.pairs import random_xar_pair
+    from csd.models.registry import save_model
+
+    pair = random_xar_pair()
+    return str(save_model(pair.target, f"{folder}/xar_target")), str(save_model(pair.draft, f"{folder}/xar_draft"))

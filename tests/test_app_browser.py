@@ -177,3 +177,34 @@ def test_a_prompt_run_on_the_text_pair_in_chromium(served, tmp_path):
         prompt.fill("a purple dragon on a plain white background")
         page.get_by_role("button", name="Generate", exact=True).click()
         page.get_by_text("not in the vocabulary", exact=False).first.wait_for(state="visible")
+
+
+@pytest.mark.browser
+def test_an_xar_run_in_chromium(served, tmp_path):
+    """Choose the embedded xAR pair: the AR steps follow its cells and the CFG schedule its linear ramp;
+    generate, see the per-cell accepted map and the speedup; other AR steps are refused by name."""
+    from csd.experiments.pairs import XAR_NAME
+
+    application, url = served
+    assert XAR_NAME in application.store.names, "the embedded xAR pair ships in assets/models"
+    cells = application.store.source(XAR_NAME).cells
+    shots = screenshots(tmp_path)
+    with open_page(url) as page:
+        page.get_by_label("Model pair").first.click()
+        page.get_by_role("option", name=XAR_NAME).click()
+        steps = page.get_by_label("AR steps", exact=False).locator("xpath=self::input[@type='number']").first
+        page.wait_for_function(
+            "n => [...document.querySelectorAll('input[type=number]')].some("
+            "e => e.getAttribute('aria-label')?.includes('AR steps') && e.value === String(n))",
+            arg=cells,
+        )
+        page.get_by_role("button", name="Generate", exact=True).click()
+        for box in ("#img-target", "#img-csd", "#img-map", "#img-draft"):
+            page.locator(f"{box} img").wait_for(state="visible")
+        page.locator("#gen-status").get_by_text("Speedup", exact=False).first.wait_for(state="visible")
+        page.screenshot(path=shots / "screenshot_xar.png", full_page=True)
+
+        steps.fill(str(cells // 2))
+        steps.press("Enter")
+        page.get_by_role("button", name="Generate", exact=True).click()
+        page.get_by_text(f"AR steps must be {cells} for {XAR_NAME}", exact=False).first.wait_for(state="visible")

@@ -14,13 +14,15 @@ import torch
 
 from csd.cost import StepCosts, csd_passes, prefill_steps, sequential_passes, simple_bound, speedup_bound
 from csd.experiments import defaults
-from csd.experiments.bench import BenchConfig, alternate, compare_settings, main, parse_setting
+from csd.experiments import bench
+from csd.experiments.bench import BenchConfig, alternate, compare_settings, headline_markdown, main, parse_setting
 from csd.experiments.evaluate import eval_labels_seeds, generate_images, load_models, quality
 from csd.models.schedule import step_sizes
-from csd.sampling import SamplingConfig
+from csd.experiments.pairs import cell_pixel_tokenizer, pixel_tokenizer
+from csd.sampling import SamplingConfig, generate
 from csd.shapes.metrics import REFERENCE_SEED, load_classifier, reference_features
 from csd.speculative import CSDConfig, speculative_generate
-from tests.helpers import LinearGaussianChain, ToyARModel, save_tiny_pixel_pair
+from tests.helpers import LinearGaussianChain, ToyARModel, save_tiny_pixel_pair, save_tiny_xar_pair
 
 COSTS = StepCosts(target_backbone=10.0, target_head=2.0, draft_backbone=1.0, draft_head=0.5)
 
@@ -46,6 +48,16 @@ def test_bound_reduces_to_simple_bound_when_heads_are_free():
 def test_gamma_one_with_a_free_draft_gains_nothing():
     free_draft = StepCosts(target_backbone=10.0, target_head=2.0, draft_backbone=0.0, draft_head=0.0)
     assert speedup_bound(free_draft, 16, 1, 0) == pytest.approx(1.0)
+
+
+def test_bound_charges_a_whole_block_chain_once_when_the_head_runs_per_block():
+    # xAR: 16 cells, 1 pre-filled, gamma 8 -> 1 + ceil(15 / 8) = 3 target chains of (C_p + H_p) each.
+    expected = 16 * 12.0 / (15 * 1.5 + 3 * 12.0)
+    assert speedup_bound(COSTS, 16, 8, 1, head_per_block=True) == pytest.approx(expected)
+    assert speedup_bound(COSTS, 16, 8, 1, head_per_block=True) > speedup_bound(COSTS, 16, 8, 1)
+    # With a free head both charges agree.
+    free = StepCosts(target_backbone=10.0, target_head=0.0, draft_backbone=1.0, draft_head=0.5)
+    assert speedup_bound(free, 16, 8, 1, head_per_block=True) == pytest.approx(speedup_bound(free, 16, 8, 1))
 
 
 def test_bad_costs_name_the_parameter():
@@ -187,6 +199,37 @@ def test_quick_bench_writes_every_key_and_a_table(tmp_path, restore_threads):
     assert sum(result["cost"]["fractions_of_csd_time"].values()) == pytest.approx(1.0)
     table = (tmp_path / "out" / "bench.md").read_text()
     assert "| batch | gamma |" in table and "draft only" in table
+
+
+def test_quick_bench_on_an_xar_pair_cuts_flow_steps_and_scores_cells_and_tokens(tmp_path, restore_threads):
+    """xAR (one AR step per cell): the cheap baseline keeps the AR steps and cuts the flow steps, the bound
+    charges a block's chain once, acceptance is reported per cell and per token, the images are decoded
+    from cells, and the docs blocks are xAR's own."""
+    target_path, draft_path = save_tiny_xar_pair(tmp_path)
+    out = tmp_path / "out"
+    args = ["--quick", "--target", target_path, "--draft", draft_path, "--out", str(out), "--threads", "1"]
+    args += ["--n", "4", "--n-ref", "20", "--repeats", "1", "--batches", "2", "--gammas", "4"]
+    with pytest.raises(ValueError, match="AR steps"):
+        main(args)  # the default 32 AR steps: xAR needs one per cell
+    result = main(args + ["--num-steps", "16", "--cfg-schedule", "linear", "--gamma", "4", "--head-steps", "8"])
+    row = result["rows"][0]
+    assert result["settings"]["family"] == "XAR" and row["num_steps"] == 16
+    passes = csd_passes(16, 16, 4, 0.05)[0]
+    assert row["target_passes"] == passes == 1 + 4 and row["fewer_steps"] == 16
+    assert row["fewer_head_steps"] == round(8 * passes / 16)
+    for key in ("acceptance_token_aligned", "acceptance_token_unaligned", "acceptance_aligned"):
+        assert 0.0 <= result[key] <= 1.0, key
+    assert "acceptance per token" in (out / "bench.md").read_text()
+    assert "| target, 2 flow steps |" in headline_markdown(result)
+    assert bench._prefix(result) == "xar-"
+
+    target, draft = load_models(target_path, draft_path, torch.device("cpu"))
+    sampling = SamplingConfig(**result["settings"]["sampling"])
+    labels, seeds = eval_labels_seeds(4, 0, target.num_classes)
+    images, _ = generate_images("target", target, draft, labels, seeds, sampling, CSDConfig(), 4)
+    tokens = generate(target, labels, seeds, sampling).tokens
+    assert torch.equal(images, cell_pixel_tokenizer(target).decode(tokens))
+    assert not torch.equal(images, pixel_tokenizer(target.token_dim).decode(tokens))
 
 
 def test_quality_by_gamma_scores_images_made_with_that_gamma(tmp_path, restore_threads):

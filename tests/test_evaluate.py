@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -41,9 +42,9 @@ def test_fewer_steps_baseline_has_as_many_steps_as_csd_has_target_passes():
     sampling, csd = SamplingConfig(num_steps=16), CSDConfig(gamma=4, prefill=0.05)
     passes, _ = csd_passes(64, 16, 4, 0.05)
     # The cosine schedule's first steps make 1, 1, 1, 2 tokens: 5% of 64 takes 4 pre-fill steps.
-    assert fewer_steps(sampling, csd, num_tokens=64).num_steps == passes == 4 + 3  # + ceil(12 / 4) blocks
+    assert fewer_steps(sampling, csd, SimpleNamespace(seq_len=64)).num_steps == passes == 4 + 3  # + ceil(12 / 4) blocks
     growing = CSDConfig(gamma=4, gamma_schedule=(1, 1, 2), prefill=0.05)  # blocks of 1, 1, 2, 4, 4 steps
-    assert fewer_steps(sampling, growing, num_tokens=64).num_steps == 4 + 5
+    assert fewer_steps(sampling, growing, SimpleNamespace(seq_len=64)).num_steps == 4 + 5
 
 
 def test_gamma_schedule_flag_reaches_the_settings():

@@ -24,6 +24,7 @@ from csd.checks import check_int
 from csd.cost import StepCosts, prefill_steps, simple_bound, speedup_bound
 from csd.experiments import defaults
 from csd.experiments.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover
+from csd.family import head_per_block
 from csd.sampling import Generation, SamplingConfig, StepCallback, generate
 from csd.speculative import CSDConfig, speculative_generate
 from csd.trace import Maker, Trace
@@ -366,7 +367,7 @@ class Analysis:
             resampler=_resampler(main.trace, c.max_tries),
             sweeps=self._sweeps(),
             log_ratio=_log_ratio(main.trace),
-            time=_time(self.timed(s, None), self.timed(s, c), c),
+            time=_time(self.timed(s, None), self.timed(s, c), c, head_per_block(self.pair.target)),
         )
 
     def _distance(self, aligned: Run, independent: Run) -> DistancePanel:
@@ -460,18 +461,19 @@ def step_costs(target: Trace, draft: Trace) -> StepCosts:
     )
 
 
-def cost_model(target: Trace, draft: Trace, csd: CSDConfig) -> tuple[float, float]:
-    """(cost-model speedup with measured per-step costs, heads-free bound C_p / (C_q + C_p / gamma))."""
+def cost_model(target: Trace, draft: Trace, csd: CSDConfig, per_block: bool = False) -> tuple[float, float]:
+    """(cost-model speedup with measured per-step costs, heads-free bound C_p / (C_q + C_p / gamma));
+    ``per_block``: the target's chain is charged per verified block (:func:`csd.family.head_per_block`)."""
     costs = step_costs(target, draft)
     pre = prefill_steps(target.step_sizes, csd.prefill)
     return (
-        speedup_bound(costs, len(target.step_sizes), csd.gamma, pre),
+        speedup_bound(costs, len(target.step_sizes), csd.gamma, pre, per_block),
         simple_bound(costs.target_backbone, costs.draft_backbone, csd.gamma),
     )
 
 
-def _time(target: Run, csd: Run, config: CSDConfig) -> TimePanel:
-    model, bound = cost_model(target.trace, csd.trace, config)
+def _time(target: Run, csd: Run, config: CSDConfig, per_block: bool) -> TimePanel:
+    model, bound = cost_model(target.trace, csd.trace, config, per_block)
     costs = step_costs(target.trace, csd.trace)
     return TimePanel(
         phases={

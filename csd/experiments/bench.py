@@ -48,6 +48,7 @@ from csd.experiments.evaluate import (
     summarize_stats,
 )
 from csd.experiments.pairs import file_digest
+from csd.family import fixed_num_steps, head_per_block
 from csd.models.schedule import step_sizes
 from csd.sampling import SamplingConfig, generate
 from csd.shapes.metrics import REFERENCE_SEED, frechet_distance, load_classifier, reference_features
@@ -158,15 +159,16 @@ def time_batch(target, draft, sampling: SamplingConfig, csd: CSDConfig, batch: i
     """Interleaved timings of every sampler at one batch size -> (rows, step costs, samples)."""
     labels, seeds = eval_labels_seeds(batch, 0, target.num_classes)
     # The draft runs its head with as many steps as in CSD, which shares the target's noise shape.
-    draft_sampling = replace(sampling, head_steps=sampling.head_steps or target.head.chain().num_steps())
+    draft_sampling = replace(sampling, head_steps=target.head_steps(sampling.head_steps))
     runs: dict[str, Callable[[], object]] = {
         "target": partial(generate, target, labels, seeds, sampling),
         "draft": partial(generate, draft, labels, seeds, draft_sampling, Maker.DRAFT),
     }
+    fewer = {g: fewer_steps(sampling, replace(csd, gamma=g), target) for g in config.gammas}
+    fewer_key = lambda g: f"target/{fewer[g].num_steps}/{fewer[g].head_steps}"
     for g in config.gammas:
         runs[f"csd/{g}"] = partial(speculative_generate, target, draft, labels, seeds, sampling, replace(csd, gamma=g))
-        fewer = fewer_steps(sampling, replace(csd, gamma=g), target.seq_len)
-        runs.setdefault(f"target/{fewer.num_steps}", partial(generate, target, labels, seeds, fewer))
+        runs.setdefault(fewer_key(g), partial(generate, target, labels, seeds, fewer[g]))
     samples = alternate(runs, config.repeats, config.warmup)
     costs = measured_costs(samples["target"], samples["draft"], sampling.num_steps)
     p_steps = prefill_steps(step_sizes(target.seq_len, sampling.num_steps), csd.prefill)
@@ -186,9 +188,11 @@ def time_batch(target, draft, sampling: SamplingConfig, csd: CSDConfig, batch: i
                 "speedup": base.median / spec.median,
                 "speedup_min": lo,
                 "speedup_max": hi,
-                "speedup_bound": speedup_bound(costs, sampling.num_steps, g, p_steps),
+                "speedup_bound": speedup_bound(costs, sampling.num_steps, g, p_steps, head_per_block(target)),
                 "speedup_bound_simple": simple_bound(costs.target_backbone, costs.draft_backbone, g),
-                "fewer_steps_time": samples[f"target/{passes}"].median / base.median,
+                "fewer_steps_time": samples[fewer_key(g)].median / base.median,
+                "fewer_steps": fewer[g].num_steps,
+                "fewer_head_steps": target.head_steps(fewer[g].head_steps),
                 "draft_time": samples["draft"].median / base.median,
                 "acceptance": float(np.nanmean([o.trace.acceptance_rate for o in spec.outputs])),
                 "cq_over_cp": costs.draft_backbone / costs.target_backbone,
@@ -209,13 +213,18 @@ def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, con
     gen = lambda mode, c=csd: generate_images(mode, target, draft, labels, seeds, sampling, c, defaults.BATCH_SIZE)
     out, feats = {}, {}
     # Counterfactual runs add the other noise choice's target chain; the committed images are unchanged.
-    for key, mode, setting in (
+    runs = [
         ("target", "target", csd),
         ("csd", "csd", replace(csd, counterfactual=True)),
         ("csd_unaligned", "csd", replace(csd, align=False, counterfactual=True)),
         ("draft", "draft", csd),
         ("fewer", "target-fewer-steps", csd),
-    ):
+    ]
+    per_token = getattr(target, "tokens_per_row", 1) > 1  # xAR: also test every token of a cell alone
+    if per_token:
+        token = replace(csd, acceptance_unit="token")
+        runs += [("csd_token", "csd", token), ("csd_token_unaligned", "csd", replace(token, align=False))]
+    for key, mode, setting in runs:
         images, stats = gen(mode, setting)
         scores, feats[key] = quality(images, labels, ref, classifier)
         out[f"accuracy_{key}"], out[f"fd_{key}"] = scores["accuracy"], scores["fd"]
@@ -241,6 +250,9 @@ def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, con
         rows.append(gamma_row(g, scores["accuracy"], scores["fd"], summarize_stats(stats), f"csd/{g}"))
     out["quality_by_gamma"] = sorted(rows, key=lambda r: r["gamma"])
     aligned, unaligned = out.pop("csd"), out.pop("csd_unaligned")
+    if per_token:  # acceptance of the drafted tokens (not cells) when each token is tested alone
+        out["acceptance_token_aligned"] = out.pop("csd_token")["unit_acceptance_rate"]
+        out["acceptance_token_unaligned"] = out.pop("csd_token_unaligned")["unit_acceptance_rate"]
     out.update(
         {
             "fd_csd_vs_target": frechet_distance(feats["csd"], feats["target"]),
@@ -304,6 +316,7 @@ def run_bench(target, draft, sampling: SamplingConfig, csd: CSDConfig, config: B
         "sampling": asdict(sampling),
         "csd": asdict(csd),
         "num_tokens": target.seq_len,
+        "family": type(target).__name__,
         "threads": torch.get_num_threads(),
         "device": str(next(target.parameters()).device),
         "torch": torch.__version__,
@@ -356,7 +369,7 @@ def markdown(result: dict) -> str:
         ("target", "target only", 1.0),
         ("csd", "CSD", 1.0 / result["speedup"]),
         ("csd_unaligned", "CSD without alignment", float("nan")),
-        ("fewer", "target, fewer steps", result["fewer_steps_time"]),
+        ("fewer", f"target, {_fewer(result)}", result["fewer_steps_time"]),
         ("draft", "draft only", result["draft_time"]),
     ):
         acc, fd = result[f"accuracy_{key}"], result[f"fd_{key}"]
@@ -389,6 +402,13 @@ def markdown(result: dict) -> str:
         f"| mean draft-target distance | {_f(result['distance_aligned'], 3)} | {_f(result['distance_unaligned'], 3)} |",
         f"| mean resampler tries | {_f(result['resample_tries_aligned'])} | {_f(result['resample_tries_unaligned'])} |",
         f"| cap hits | {result['cap_hits_aligned']} | {result['cap_hits_unaligned']} |",
+    ]
+    if "acceptance_token_aligned" in result:
+        lines.append(
+            f"| acceptance per token (each token of a cell tested alone) | "
+            f"{_f(result['acceptance_token_aligned'], 3)} | {_f(result['acceptance_token_unaligned'], 3)} |"
+        )
+    lines += [
         "",
         f"Where CSD's time goes (batch {result['cost']['batch']}, gamma {result['cost']['gamma']}):",
         "",
@@ -397,6 +417,16 @@ def markdown(result: dict) -> str:
     ]
     lines += [f"| {k} | {_f(100 * v, 1)}% |" for k, v in result["cost"]["fractions_of_csd_time"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _fewer(result: dict) -> str:
+    """The cheap baseline at the headline gamma: fewer AR steps, or (xAR, one AR step per cell) fewer
+    flow steps."""
+    s = result["settings"]
+    row = next(r for r in result["rows"] if r["batch"] == s["default_batch"] and r["gamma"] == s["csd"]["gamma"])
+    if s.get("family") == "XAR":
+        return f"{row.get('fewer_head_steps', '?')} flow steps"
+    return f"{row['target_passes']} AR steps"
 
 
 def _colours(result: dict) -> bool:
@@ -435,17 +465,24 @@ def headline_markdown(result: dict) -> str:
             f"| {_f(q['accuracy'], 3)} |{q.get('colour', ' |' if _colours(result) else '')} {_f(q['fd'], 1)} |"
         )
     lines += [
-        f"| target, {main_row['target_passes']} AR steps | {_f(1 / result['fewer_steps_time'])}x "
+        f"| target, {_fewer(result)} | {_f(1 / result['fewer_steps_time'])}x "
         f"| {main_row['target_passes']} | | {_f(result['accuracy_fewer'], 3)} |{colour('fewer')} "
         f"{_f(result['fd_fewer'], 1)} |",
         f"| draft only | {_f(1 / result['draft_time'])}x | 0 | | {_f(result['accuracy_draft'], 3)} |"
         f"{colour('draft')} {_f(result['fd_draft'], 1)} |",
     ]
-    if _colours(result):  # the text pair's block also says what the speed-up is measured against
+    if _prefix(result):  # the text and xAR pairs' blocks also say what the speed-up is measured against
         lines += [
             "",
             f"Cost-model bound of the same run: {_f(result['speedup_bound'])}x; acceptance with alignment "
-            f"{_f(result['acceptance_aligned'], 3)}, without {_f(result['acceptance_unaligned'], 3)}.",
+            f"{_f(result['acceptance_aligned'], 3)}, without {_f(result['acceptance_unaligned'], 3)}"
+            + (
+                f" (per cell; per token, each tested alone: {_f(result['acceptance_token_aligned'], 3)} / "
+                f"{_f(result['acceptance_token_unaligned'], 3)})"
+                if "acceptance_token_aligned" in result
+                else ""
+            )
+            + ".",
         ]
     return "\n".join(lines) + "\n"
 
@@ -492,6 +529,13 @@ def compare_settings(
     return rows
 
 
+def _prefix(result: dict) -> str:
+    """The docs blocks of a result: the class pair's, the text pair's ("text-") or xAR's ("xar-")."""
+    if result["settings"].get("family") == "XAR":
+        return "xar-"
+    return "text-" if _colours(result) else ""
+
+
 def paste_block(path: Path, marker: str, text: str) -> None:
     """Replace what stands between ``<!-- marker:start -->`` and ``<!-- marker:end -->`` in a Markdown file."""
     new, n = re.subn(
@@ -507,8 +551,8 @@ def paste_block(path: Path, marker: str, text: str) -> None:
 
 def update_docs(result: dict, root: Path = ROOT) -> None:
     """The benchmark's Markdown into docs/results.md and its headline table into the README (the text
-    pair's into their own blocks, ``text-bench`` and ``text-headline``)."""
-    prefix = "text-" if _colours(result) else ""
+    and xAR pairs' into their own blocks, ``text-bench`` / ``xar-bench`` and ``text-headline`` / ...)."""
+    prefix = _prefix(result)
     paste_block(root / "docs" / "results.md", f"{prefix}bench", markdown(result).split("\n", 2)[2])
     paste_block(root / "README.md", f"{prefix}headline", headline_markdown(result))
 
@@ -523,7 +567,8 @@ def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out:
     from visualize.frontier import frontier_chart
     from visualize.render import save_png
 
-    points = frontier.grid(sampling, csd, target.head_steps(sampling.head_steps), args.quick)
+    fixed = fixed_num_steps(target) is not None  # xAR: no fewer-AR-step settings
+    points = frontier.grid(sampling, csd, target.head_steps(sampling.head_steps), args.quick, fixed_steps=fixed)
     classifier = load_classifier(args.classifier)
     ref = reference_features(config.n_ref, REFERENCE_SEED, classifier)
     batch = single_batch(config, args.batches)

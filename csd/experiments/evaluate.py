@@ -28,10 +28,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from csd.acceptance import CRITERIA, TRAJECTORY_TERMS
+from csd.family import fixed_num_steps
 from csd.checks import check_int
 from csd.cost import csd_passes
 from csd.experiments import defaults
-from csd.experiments.pairs import pixel_tokenizer
+from csd.experiments.pairs import image_tokenizer
 from csd.models.registry import load_model
 from csd.sampling import Generation, SamplingConfig, generate, model_device
 from csd.shapes.data import CLASS_NAMES, contact_sheet, make_dataset
@@ -65,6 +66,9 @@ STAT_NAMES = (
     "accept_prob_sum",
     "accept_trajectory_sum",
     "accept_final_sum",
+    # Under acceptance_unit "token" (xAR's cells): the accepted fraction of each verified row's tokens.
+    "unit_accepted_sum",
+    "unit_accepted_count",
 )
 
 
@@ -97,10 +101,17 @@ def eval_labels_seeds(n: int, seed_offset: int, num_classes: int) -> tuple[list,
     return [i % num_classes for i in range(n)], seeds
 
 
-def fewer_steps(sampling: SamplingConfig, csd: CSDConfig, num_tokens: int) -> SamplingConfig:
-    """Target-only with as many AR steps as block CSD makes target passes (the fair cheap baseline)."""
-    passes, _ = csd_passes(num_tokens, sampling.num_steps, csd.gamma, csd.prefill, csd.gamma_schedule)
-    return replace(sampling, num_steps=passes)
+def fewer_steps(sampling: SamplingConfig, csd: CSDConfig, target) -> SamplingConfig:
+    """The fair cheap baseline: target-only with as many AR steps as block CSD makes target passes.
+
+    Where the family's AR steps are fixed (xAR: one per cell) CSD's target passes are whole flow
+    chains over a block, so the baseline keeps the AR steps and cuts the flow (head) steps in the same
+    proportion: T * passes / S, at least 2."""
+    passes, _ = csd_passes(target.seq_len, sampling.num_steps, csd.gamma, csd.prefill, csd.gamma_schedule)
+    if fixed_num_steps(target) is None:
+        return replace(sampling, num_steps=passes)
+    steps = target.head_steps(sampling.head_steps)
+    return replace(sampling, head_steps=max(2, round(steps * passes / sampling.num_steps)), head_steps_min=None)
 
 
 def run_mode(
@@ -120,7 +131,7 @@ def run_mode(
     if mode == "draft":
         return generate(draft, labels, seeds, sampling, Maker.DRAFT)
     if mode == "target-fewer-steps":
-        return generate(target, labels, seeds, fewer_steps(sampling, csd, target.seq_len))
+        return generate(target, labels, seeds, fewer_steps(sampling, csd, target))
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
 
@@ -139,6 +150,9 @@ def image_stats(trace: Trace) -> np.ndarray:
     kept = lambda log_r: np.where(trace.verified, np.exp(np.minimum(np.nan_to_num(log_r), 0.0)), 0.0).sum(axis=1)
     traj, final = trace.log_ratio_trajectory, trace.log_ratio_final
     columns += [kept(traj + final), kept(traj), kept(final)]
+    unit = trace.unit_accepted if trace.unit_accepted is not None else np.full(trace.maker.shape, np.nan)
+    unit = np.where(trace.verified, unit, np.nan)
+    columns += [np.nansum(unit, axis=1), np.isfinite(unit).sum(axis=1)]
     return np.stack(columns, axis=1).astype(np.float64)
 
 
@@ -153,7 +167,7 @@ def generate_images(
     batch_size: int,
 ) -> tuple[Tensor, np.ndarray]:
     """Images (n, 3, H, W) in [-1, 1] on the CPU and their per-image stats, in batches."""
-    tokenizer = pixel_tokenizer(target.token_dim)
+    tokenizer = image_tokenizer(target)
     images, stats = [], []
     for i in range(0, len(seeds), batch_size):
         out = run_mode(mode, target, draft, labels[i : i + batch_size], seeds[i : i + batch_size], sampling, csd)
@@ -169,6 +183,7 @@ def summarize_stats(stats: np.ndarray) -> dict[str, float | int]:
     redrawn = total["resampled"] + total["capped"]
     return {
         "acceptance_rate": ratio("accepted", "verified"),
+        "unit_acceptance_rate": ratio("unit_accepted_sum", "unit_accepted_count"),
         "mean_resample_tries": float(total["resample_tries"] / redrawn) if redrawn else float("nan"),
         "cap_hits": int(total["capped"]),
         "drafted_tokens": int(total["verified"]),
@@ -281,7 +296,7 @@ def evaluate(
             "settings": {
                 "eval": asdict(config),
                 "sampling": asdict(
-                    fewer_steps(sampling, csd, target.seq_len) if config.mode == "target-fewer-steps" else sampling
+                    fewer_steps(sampling, csd, target) if config.mode == "target-fewer-steps" else sampling
                 ),
                 "csd": asdict(csd) if config.mode in ("csd", "target-fewer-steps") else None,
             },

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from csd.family import fixed_num_steps
 from csd.models.mar import MAR, MARConfig
 from csd.models.tokenizer import CellTokenizer, LatentTokenizer, PixelTokenizer, to_uint8
 from csd.sampling import SamplingConfig, generate
@@ -197,6 +198,11 @@ def _xar_files(directory: Path) -> tuple[Path, Path]:
 def cell_pixel_tokenizer(model) -> CellTokenizer:
     c = model.config
     return CellTokenizer(pixel_tokenizer(c.token_dim), c.grid, c.cells)
+
+
+def image_tokenizer(model) -> PixelTokenizer | CellTokenizer:
+    """The pixel tokenizer of a shapes model: RGB patches, grouped into cells for xAR."""
+    return cell_pixel_tokenizer(model) if fixed_num_steps(model) is not None else pixel_tokenizer(model.token_dim)
 
 
 def load_xar_embedded(directory: Path, device: torch.device) -> ModelPair:

@@ -378,6 +378,8 @@ class XAR(nn.Module):
         d, args = c.embed_dim, (c.num_heads, c.mlp_ratio, c.grid, c.cells, c.rope_theta)
         self.seq_len, self.token_dim = c.cells, c.cell_len * c.token_dim
         self.tokens_per_row = c.cell_len  # for acceptance_unit "token"
+        self.fixed_num_steps = c.cells  # one AR step per cell (csd.family.fixed_num_steps)
+        self.head_per_block = True  # the flow chain is the backbone, run over a block's cells at once
         self.class_emb = nn.Embedding(c.class_num + 1, d)  # the last row is the null class
         self.time_embed = TimestepEmbedder(d)
         self.z_proj = nn.Linear(c.token_dim, d)
