@@ -13,12 +13,11 @@ import pytest
 import torch
 
 from csd.cost import StepCosts, csd_passes, prefill_steps, sequential_passes, simple_bound, speedup_bound
-from csd.experiments import defaults
-from csd.experiments import bench
+from csd.experiments import bench, defaults
 from csd.experiments.bench import BenchConfig, alternate, compare_settings, headline_markdown, main, parse_setting
 from csd.experiments.evaluate import eval_labels_seeds, generate_images, load_models, quality
-from csd.models.schedule import step_sizes
 from csd.experiments.pairs import cell_pixel_tokenizer, pixel_tokenizer
+from csd.models.schedule import step_sizes
 from csd.sampling import SamplingConfig, generate
 from csd.shapes.metrics import REFERENCE_SEED, load_classifier, reference_features
 from csd.speculative import CSDConfig, speculative_generate

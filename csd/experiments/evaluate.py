@@ -28,11 +28,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from csd.acceptance import CRITERIA, TRAJECTORY_TERMS
-from csd.family import fixed_num_steps
 from csd.checks import check_int
 from csd.cost import csd_passes
 from csd.experiments import defaults
 from csd.experiments.pairs import image_tokenizer
+from csd.family import fixed_num_steps
 from csd.models.registry import load_model
 from csd.sampling import Generation, SamplingConfig, generate, model_device
 from csd.shapes.data import CLASS_NAMES, contact_sheet, make_dataset
