@@ -278,3 +278,71 @@ def test_per_token_acceptance_needs_rows_of_several_tokens(random_models):
             SamplingConfig(num_steps=4),
             CSDConfig(acceptance_unit="token"),
         )
+
+
+def test_selected_rows_of_a_block_equal_those_rows_run_alone(xar_pair):
+    """The exact criterion's resampler runs some rows of a block: the same numbers as the full block's
+    rows (the target's verification chain and the draft's joined chains), whatever the other rows hold."""
+    from csd.chain import ChainNoise
+    from csd.sampling import SamplingConfig
+
+    target, draft = xar_pair
+    b, k, first, steps = 2, 3, 4, 5
+    config = SamplingConfig(num_steps=16, cfg_scale=2.0, cfg_schedule="linear")
+    g = torch.Generator().manual_seed(11)
+    tokens = torch.randn(b, target.seq_len, target.token_dim, generator=g)
+    mask = torch.ones(b, target.seq_len, dtype=torch.bool)
+    mask[:, :first] = False
+    drafted = torch.randn(b * k, target.token_dim, generator=g)
+    labels, cfg = torch.tensor([3, 7]), torch.tensor([1.2, 1.4, 1.6] * b)
+    pos = torch.arange(first, first + k).expand(b, -1)
+    noise = ChainNoise(
+        torch.randn(b * k, target.token_dim, generator=g), torch.randn(steps - 1, b * k, target.token_dim, generator=g)
+    )
+    rows = torch.tensor([4, 1])
+    with torch.no_grad():
+        chain_p = target.verify(tokens, mask, labels, pos, cfg, config, steps, drafted=drafted)
+        full = chain_p.run(noise)
+        part = chain_p.select(rows).run(noise.select(rows))
+        torch.testing.assert_close(part.x, full.x[rows])
+        torch.testing.assert_close(part.states, full.states[:, rows])
+        nested = chain_p.select(torch.tensor([5, 4, 1])).select(torch.tensor([1, 2]))
+        torch.testing.assert_close(nested.run(noise.select(rows)).x, full.x[rows])
+        mean, std = chain_p.select(rows).evaluate(full.states[:, rows])
+        torch.testing.assert_close(mean, full.mean[:, rows])
+        torch.testing.assert_close(std, full.std[:, rows])
+
+        # The draft's block: one chain per cell, joined image-major.
+        per_cell = []
+        for j in range(k):
+            context = tokens.clone()
+            context[:, first : first + j] = drafted.reshape(b, k, -1)[:, :j]
+            per_cell.append(
+                draft.predict(context, mask, labels, pos[:, j : j + 1], cfg.reshape(b, k)[:, j], config, steps)
+            )
+        joined = draft.join(per_cell, b)
+        whole = joined.run(noise)
+        assert joined.rows == b * k and joined.num_steps() == steps
+        for j in range(k):
+            alone = per_cell[j].run(noise.select(torch.arange(b) * k + j))
+            torch.testing.assert_close(alone.x, whole.x[torch.arange(b) * k + j])
+        mean_q, _ = joined.select(rows).evaluate(full.states[:, rows])
+        torch.testing.assert_close(mean_q, joined.evaluate(full.states)[0][:, rows])
+
+
+def test_the_exact_criterion_runs_on_xar_and_is_batch_invariant(xar_pair):
+    from csd.sampling import SamplingConfig
+    from csd.speculative import CSDConfig, speculative_generate
+    from csd.trace import Maker
+
+    target, draft = xar_pair
+    s = SamplingConfig(num_steps=16, cfg_scale=2.0, cfg_schedule="linear", head_steps=4)
+    c = CSDConfig(gamma=4, prefill=0.1, criterion="exact", max_tries=3)
+    spec = speculative_generate(target, draft, [1, 2], [5, 6], s, c)
+    t = spec.trace
+    assert (t.maker == Maker.RESAMPLED).any() or (t.maker == Maker.CAPPED).any()  # the resampler ran
+    alone = speculative_generate(target, draft, [2], [6], s, c)
+    torch.testing.assert_close(alone.tokens[0], spec.tokens[1], rtol=1e-4, atol=1e-4)
+    assert (alone.trace.maker[0] == t.maker[1]).all()
+    same = speculative_generate(target, target, [1], [5], s, c)
+    assert same.trace.acceptance_rate == 1.0

@@ -347,16 +347,14 @@ class CellChain:
         mean, std = torch.stack([mu for mu, _ in out]), torch.stack([sd for _, sd in out]) * self.temperature
         return mean.float(), std.float()
 
-    def select(self, rows: Tensor):
-        raise NotImplementedError(
-            "xAR chains verify a block of cells jointly; the exact criterion's per-row resampling is not "
-            "implemented for xAR: use criterion 'aligned'"
-        )
+    def select(self, rows: Tensor) -> SelectedCells:
+        return SelectedCells(self, rows)
 
 
 @dataclass(frozen=True)
 class JoinedCells:
-    """The draft's chains of a block, one AR step each (the exact criterion would need them per row)."""
+    """The draft's chains of a block, one AR step (one cell per image) each, as one chain whose rows are
+    image-major over the block: row b * k + j is image b's cell j, a row of ``chains[j]``."""
 
     chains: tuple
 
@@ -364,8 +362,62 @@ class JoinedCells:
     def rows(self) -> int:
         return sum(c.rows for c in self.chains)
 
-    def select(self, rows: Tensor):
-        return self.chains[0].select(rows)
+    def num_steps(self) -> int:
+        return self.chains[0].num_steps()
+
+    def _split(self, x: Tensor) -> list[Tensor]:  # (..., B * k, d) -> k of (..., B, d)
+        k = len(self.chains)
+        return list(x.reshape(*x.shape[:-2], -1, k, x.shape[-1]).unbind(-2))
+
+    @staticmethod
+    def _merge(parts: list[Tensor]) -> Tensor:  # k of (..., B, d) -> (..., B * k, d)
+        x = torch.stack(parts, dim=-2)
+        return x.reshape(*x.shape[:-3], -1, x.shape[-1])
+
+    def run(self, noise: ChainNoise) -> Trajectory:
+        xis, epss = self._split(noise.xi), self._split(noise.eps)
+        trajs = [c.run(ChainNoise(xi, eps)) for c, xi, eps in zip(self.chains, xis, epss, strict=True)]
+        return Trajectory(*(self._merge([getattr(t, f) for t in trajs]) for f in ("x", "states", "mean", "std")))
+
+    def evaluate(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        out = [c.evaluate(s) for c, s in zip(self.chains, self._split(states), strict=True)]
+        return self._merge([m for m, _ in out]), self._merge([s for _, s in out])
+
+    def select(self, rows: Tensor) -> SelectedCells:
+        return SelectedCells(self, rows)
+
+
+@dataclass(frozen=True)
+class SelectedCells:
+    """Some rows of a block's chains (the exact criterion resamples the rejected ones). The rows of a
+    block are independent given its clean cells (a noisy cell attends to the clean cells and to itself
+    only), so the whole chain runs with the other rows' noise (states) at zero and the selected rows
+    are kept: the same numbers as the rows alone, at the cost of the whole block."""
+
+    chain: CellChain | JoinedCells
+    index: Tensor  # (m,) rows of ``chain``
+
+    @property
+    def rows(self) -> int:
+        return int(self.index.numel())
+
+    def num_steps(self) -> int:
+        return self.chain.num_steps()
+
+    def _pad(self, x: Tensor) -> Tensor:  # (..., m, d) -> (..., chain.rows, d), zeros elsewhere
+        full = x.new_zeros(*x.shape[:-2], self.chain.rows, x.shape[-1])
+        full[..., self.index, :] = x
+        return full
+
+    def run(self, noise: ChainNoise) -> Trajectory:
+        return self.chain.run(ChainNoise(self._pad(noise.xi), self._pad(noise.eps))).select(self.index)
+
+    def evaluate(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        mean, std = self.chain.evaluate(self._pad(states))
+        return mean[:, self.index], std[:, self.index]
+
+    def select(self, rows: Tensor) -> SelectedCells:
+        return SelectedCells(self.chain, self.index[rows])
 
 
 class XAR(nn.Module):
