@@ -74,3 +74,35 @@ def test_the_untrained_pair_leaves_the_global_generator_alone():
     torch.manual_seed(123)
     random_pair()
     torch.testing.assert_close(torch.rand(3), expected)
+
+
+def test_official_xar_pairs_are_discovered_and_load_with_the_targets_flow_steps(tmp_path, monkeypatch):
+    """DIR/xar/xAR-{B,L}.pth and the KL-16 tokenizer make an xAR-L / xAR-B pair (tiny stand-ins of the
+    official configs here): 4 cells, the draft on the target's time grid, images from latent cells."""
+    from functools import partial
+
+    from csd.models import vae, xar
+    from csd.sampling import SamplingConfig
+    from csd.speculative import CSDConfig, speculative_generate
+
+    tiny = lambda steps: xar.XARConfig(
+        embed_dim=32, encoder_depth=1, decoder_depth=1, num_heads=2, token_dim=4, flow_steps=steps
+    )
+    monkeypatch.setitem(xar.XAR_CONFIGS, "xar_base", tiny(40))
+    monkeypatch.setitem(xar.XAR_CONFIGS, "xar_large", tiny(50))
+    monkeypatch.setattr(vae, "load_kl16", partial(vae.load_kl16, config="tiny"))
+    (tmp_path / "xar").mkdir()
+    (tmp_path / "vae").mkdir()
+    torch.manual_seed(0)
+    for config, name in (("xar_base", "xAR-B.pth"), ("xar_large", "xAR-L.pth")):
+        torch.save(xar.XAR(xar.XAR_CONFIGS[config]).state_dict(), tmp_path / "xar" / name)
+    assert discover(tmp_path, embedded_dir=tmp_path / "none") == []  # no tokenizer yet
+    torch.save({"model": vae.KLAutoencoder("tiny").state_dict()}, tmp_path / "vae" / "kl16.ckpt")
+    (source,) = discover(tmp_path, embedded_dir=tmp_path / "none")
+    assert source.name == "xAR-L / xAR-B (ImageNet)" and source.cells == 4 and len(source.class_names) == 1000
+    pair = source.load(torch.device("cpu"))
+    assert pair.draft.config.flow_steps == pair.target.config.flow_steps == 50
+    sampling = SamplingConfig(num_steps=4, cfg_schedule="linear", head_steps=3)
+    out = speculative_generate(pair.target, pair.draft, [7], [0], sampling, CSDConfig(gamma=2))
+    assert out.trace.target_passes == 1 + 2  # one pre-filled cell, blocks of 2 and 1
+    assert pair.images(out.tokens).shape == (1, 32, 32, 3)

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from csd.family import fixed_num_steps
 from csd.models.mar import MAR, MARConfig
 from csd.models.tokenizer import CellTokenizer, LatentTokenizer, PixelTokenizer, to_uint8
+from csd.models.xar import XAR_CONFIGS
 from csd.sampling import SamplingConfig, generate
 from csd.shapes.data import CLASS_NAMES
 
@@ -56,6 +57,9 @@ EXAMPLE_PROMPTS = (
 HARMON_PROMPTS = ("a red fox in the snow", "a lighthouse at dusk, oil painting", "a bowl of ramen, top view")
 # Official targets paired with MAR-B as the draft, as in the paper.
 OFFICIAL_TARGETS = {"MAR-H / MAR-B (ImageNet)": "mar_huge", "MAR-L / MAR-B (ImageNet)": "mar_large"}
+# Official xAR targets (DIR/xar/xAR-{B,L,H}.pth, Hub OliverRen/xAR) with xAR-B as the draft.
+XAR_FILES = {"xar_base": "xAR-B.pth", "xar_large": "xAR-L.pth", "xar_huge": "xAR-H.pth"}
+OFFICIAL_XAR_TARGETS = {"xAR-H / xAR-B (ImageNet)": "xar_huge", "xAR-L / xAR-B (ImageNet)": "xar_large"}
 IMAGENET_NAMES = tuple(f"imagenet {i}" for i in range(1000))  # ids; names are not shipped
 
 
@@ -189,6 +193,22 @@ def load_harmon(checkpoints: Path, device: torch.device) -> ModelPair:
     check_text_pair(target, draft)
     tokenizer = LatentTokenizer(_frozen(load_kl16(checkpoints / "vae" / "kl16.ckpt"), device))
     return _pair(HARMON_NAME, target, draft, tokenizer, (), "official:harmon_1.5b+harmon_0.5b", device, HARMON_PROMPTS)
+
+
+def load_official_xar_pair(checkpoints: Path, target_config: str, name: str, device: torch.device) -> ModelPair:
+    """An official xAR target with xAR-B as its draft over the KL-16 latents (a 16 x 16 grid in 4 cells).
+    The draft samples with the target's flow steps: the aligned test needs one time grid."""
+    from csd.models.vae import load_kl16
+    from csd.models.xar import load_official_xar, xar_config
+
+    target = load_official_xar(checkpoints / "xar" / XAR_FILES[target_config], target_config)
+    draft_config = xar_config("xar_base", flow_steps=target.config.flow_steps)
+    draft = load_official_xar(checkpoints / "xar" / XAR_FILES["xar_base"], draft_config)
+    c = target.config
+    tokenizer = CellTokenizer(
+        LatentTokenizer(_frozen(load_kl16(checkpoints / "vae" / "kl16.ckpt"), device)), c.grid, c.cells
+    )
+    return _pair(name, target, draft, tokenizer, IMAGENET_NAMES, f"official:{target_config}+xar_base", device)
 
 
 def _xar_files(directory: Path) -> tuple[Path, Path]:
@@ -338,6 +358,13 @@ def discover(checkpoints: Path | None, embedded_dir: Path = EMBEDDED_DIR) -> lis
                 if have(config):
                     load = partial(load_official, checkpoints, config, name)
                     found.append(PairSource(name, IMAGENET_NAMES, _official_weights(config), load))
+        have_xar = lambda config: (checkpoints / "xar" / XAR_FILES[config]).is_file()
+        if have_xar("xar_base") and (checkpoints / "vae" / "kl16.ckpt").is_file():
+            for name, config in OFFICIAL_XAR_TARGETS.items():
+                if have_xar(config):
+                    load = partial(load_official_xar_pair, checkpoints, config, name)
+                    cells = XAR_CONFIGS[config].cells
+                    found.append(PairSource(name, IMAGENET_NAMES, f"official:{config}+xar_base", load, cells=cells))
         if all(f.is_file() for f in harmon_files(checkpoints)) and (checkpoints / "vae" / "kl16.ckpt").is_file():
             load = partial(load_harmon, checkpoints)
             found.append(PairSource(HARMON_NAME, (), "official:harmon_1.5b+harmon_0.5b", load, HARMON_PROMPTS))
