@@ -38,7 +38,7 @@ from csd.experiments.analysis import Analysis, AnalysisSettings, Panels, Run, co
 from csd.experiments.inspection import Frame, artifact_hints, inspect_token, replay_frames, token_index
 from csd.experiments.jobs import Job, Step, Stopped
 from csd.experiments.pairs import EXAMPLE_PROMPTS, RANDOM_SOURCE, ModelPair, PairStore, discover, fetch_official
-from csd.family import head_per_block
+from csd.family import fixed_num_steps, head_per_block
 from csd.models.harmon import MAX_PROMPT_CHARS, check_prompt
 from csd.models.schedule import CFG_SCHEDULES
 from csd.sampling import SamplingConfig
@@ -628,6 +628,7 @@ def run_summary(r: Request, target: Run, spec: Run, draft: Run) -> dict:
         "target_passes": {"target-only": target.trace.target_passes, "CSD": t.target_passes, "draft-only": 0},
         "draft_passes": {"target-only": 0, "CSD": t.draft_passes, "draft-only": draft.trace.draft_passes},
         "acceptance_rate": _json_float(t.acceptance_rate),
+        "unit": "cells" if fixed_num_steps(r.pair.target) is not None else "tokens",  # what a drafted row is
         "tokens": {
             k: t.count(m)
             for k, m in (
@@ -647,15 +648,17 @@ def _pct(v: float | None) -> str:
 def stats_markdown(s: dict) -> str:
     sec, tp, dp, tok = s["seconds"], s["target_passes"], s["draft_passes"], s["tokens"]
     drafted = tok["accepted"] + tok["resampled"] + tok["capped"]
+    unit = s.get("unit", "tokens")
+    passes = "passes" if unit == "tokens" else "passes (a flow chain each)"
     bound = "n/a" if s["bound"] is None else f"{s['bound']:.2f}x"
     model = "n/a" if s["cost_model_speedup"] is None else f"{s['cost_model_speedup']:.2f}x"
     return (
         f"### Speedup {s['speedup']:.2f}x &nbsp;·&nbsp; acceptance {_pct(s['acceptance_rate'])}\n\n"
         "| | target-only | CSD | draft-only |\n|---|---|---|---|\n"
         f"| wall time | {sec['target-only']:.2f} s | {sec['CSD']:.2f} s | {sec['draft-only']:.2f} s |\n"
-        f"| target backbone passes | {tp['target-only']} | {tp['CSD']} | 0 |\n"
-        f"| draft backbone passes | 0 | {dp['CSD']} | {dp['draft-only']} |\n\n"
-        f"{tok['accepted']} of {drafted} drafted tokens accepted, {tok['resampled']} resampled, "
+        f"| target backbone {passes} | {tp['target-only']} | {tp['CSD']} | 0 |\n"
+        f"| draft backbone {passes} | 0 | {dp['CSD']} | {dp['draft-only']} |\n\n"
+        f"{tok['accepted']} of {drafted} drafted {unit} accepted, {tok['resampled']} resampled, "
         f"{tok['capped']} hit the resampler cap; {tok['prefill']} pre-filled by the target. "
         f"Cost model with the measured per-step costs: {model}; heads-free bound C_p / (C_q + C_p / gamma): {bound}. "
         "With block verification the target's passes do not depend on acceptance: speed comes from gamma "
@@ -876,11 +879,13 @@ def generate_tab(app: App, queue: dict):
     pair = controls["pair_name"]
     shown = [controls["class_name"], controls["prompt"], examples, controls["ar_steps"], controls["cfg_schedule"]]
     pair.change(app.classes, pair, shown, api_visibility="private")
-    with gr.Accordion("Official MAR checkpoints", open=False):
+    with gr.Accordion("Official checkpoints", open=False):
         gr.Markdown(
-            "Official pairs (MAR-H or MAR-L target, MAR-B draft) are offered when the operator starts "
-            "the server with `--checkpoints DIR` (the official layout: `mar/mar_base/checkpoint-last.pth`, "
-            "`vae/kl16.ckpt`) or `--hub-repo REPO`, which fetches that layout before serving. "
+            "Official pairs are offered when the operator starts the server with `--checkpoints DIR` holding "
+            "the official files beside `vae/kl16.ckpt`: MAR-H or MAR-L drafted by MAR-B "
+            "(`mar/mar_base/checkpoint-last.pth`, ...; `--hub-repo REPO` fetches that layout before serving), "
+            "xAR-H or xAR-L drafted by xAR-B (`xar/xAR-B.pth`, ...), Harmon-1.5B drafted by Harmon-0.5B "
+            "(`harmon/`, see docs/families.md). "
             f"This server has: {', '.join(app.store.names)}."
         )
     return controls, inspected, event

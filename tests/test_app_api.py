@@ -263,6 +263,7 @@ def test_an_xar_pair_generates_and_names_its_fixed_ar_steps():
     values = {**application.default_controls(), "batch_size": 1, "ar_steps": 16, "cfg_schedule": "linear"}
     *_, stats, _, summary, inspected = list(application.generate(progress=lambda *a, **k: None, **values))[-1]
     assert summary["target_passes"]["target-only"] == 16 and summary["target_passes"]["CSD"] < 16
+    assert summary["unit"] == "cells" and "drafted cells accepted" in stats
     assert inspected.frames  # the Inspect tab replays it, cell by cell
     with pytest.raises(gr.Error, match="AR steps must be 16 for random xAR"):
         next(application.generate(progress=lambda *a, **k: None, **{**values, "ar_steps": 32}))

@@ -196,3 +196,24 @@ def test_the_frontier_runs_on_a_text_pair(tmp_path, restore_threads):
     assert result["rows"][0]["name"].startswith("target-only (6 AR steps") and any(
         r["front_fd"] for r in result["rows"]
     )
+
+
+def test_the_frontier_runs_on_an_xar_pair_with_fewer_flow_steps_in_place_of_ar_steps(tmp_path, restore_threads):
+    from csd.experiments.bench import main
+    from tests.helpers import save_tiny_xar_pair
+
+    s = SamplingConfig(num_steps=16, cfg_scale=3.0, cfg_schedule="linear")
+    points = grid(s, CSDConfig(), 25, quick=True, fixed_steps=True)
+    assert all(p.sampling.num_steps == 16 for p in points) and points[0].name.endswith("flow 25)")
+    assert [p.sampling.head_steps for p in points if p.method == "target, cheaper head"] == [12, 6, 25]
+
+    target, draft = save_tiny_xar_pair(tmp_path)
+    args = ["--frontier", "--quick", "--target", target, "--draft", draft, "--n", "2", "--n-ref", "20"]
+    args += ["--repeats", "1", "--batches", "2", "--num-steps", "16", "--cfg-schedule", "linear", "--head-steps", "4"]
+    result = main(args + ["--threads", "1", "--out", str(tmp_path / "out")])
+    names = [r["name"] for r in result["rows"]]
+    assert (
+        len(set(names)) == len(names)
+        and "target, flow 2 steps" in names
+        and not any("AR steps" in n for n in names if not n.startswith("target-only"))
+    )

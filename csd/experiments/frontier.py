@@ -66,16 +66,19 @@ def grid(
     sampling: SamplingConfig, csd: CSDConfig, head_steps: int, quick: bool, fixed_steps: bool = False
 ) -> list[Point]:
     """The settings of the frontier, the baseline (target-only at ``sampling``) first. ``fixed_steps``:
-    the family's AR steps cannot change (xAR: one per cell), so no fewer-AR-step settings."""
+    the family's AR steps cannot change (xAR: one per cell), so no fewer-AR-step settings; its "head" is
+    the flow chain, and a quarter of its steps is one more cheap setting in their place."""
     s, c, t = sampling, csd, head_steps
+    head = "flow" if fixed_steps else "head"
     few = {"head_steps": max(2, t // 2)}
-    points = [Point(f"target-only ({s.num_steps} AR steps, head {t})", s)]
+    points = [Point(f"target-only ({s.num_steps} AR steps, {head} {t})", s)]
     ar_steps = [] if fixed_steps else [k for k in ((16, 8) if quick else (24, 16, 11, 8)) if k < s.num_steps]
     points += [Point(f"target, {k} AR steps", replace(s, num_steps=k)) for k in ar_steps]
-    points += [
-        Point(f"target, head {few['head_steps']} steps", replace(s, **few)),
-        Point(f"target, head {t} -> {max(2, t // 5)} steps", replace(s, head_steps=t, head_steps_min=max(2, t // 5))),
-    ]
+    fewer = list(dict.fromkeys([few["head_steps"]] + ([max(2, t // 4)] if fixed_steps else [])))  # distinct
+    points += [Point(f"target, {head} {k} steps", replace(s, head_steps=k)) for k in fewer]
+    points.append(
+        Point(f"target, {head} {t} -> {max(2, t // 5)} steps", replace(s, head_steps=t, head_steps_min=max(2, t // 5)))
+    )
     if ar_steps:
         k = ar_steps[0]
         points.append(Point(f"target, {k} AR steps, head {few['head_steps']}", replace(s, num_steps=k, **few)))
@@ -84,17 +87,17 @@ def grid(
         for tau in (c.tau_v, 5.0):
             points.append(Point(f"CSD, gamma {g}, tau_v {tau:g}", s, replace(c, gamma=g, tau_v=tau)))
     points += [
-        Point(f"CSD, gamma 4, tau_v 5, head {few['head_steps']}", replace(s, **few), replace(c, gamma=4, tau_v=5.0)),
+        Point(f"CSD, gamma 4, tau_v 5, {head} {few['head_steps']}", replace(s, **few), replace(c, gamma=4, tau_v=5.0)),
         Point(f"CSD, gamma {c.gamma}, pre-fill 25%", s, replace(c, prefill=0.25)),
         Point(
-            f"CSD, gamma {c.gamma}, draft head {few['head_steps']} (independent noise)",
+            f"CSD, gamma {c.gamma}, draft {head} {few['head_steps']} (independent noise)",
             s,
             replace(c, draft_head_steps=few["head_steps"], align=False, trajectory_term="none"),
         ),
     ]
     if not quick:
         points += [
-            Point(f"CSD, gamma {g}, head {few['head_steps']}", replace(s, **few), replace(c, gamma=g)) for g in (4, 8)
+            Point(f"CSD, gamma {g}, {head} {few['head_steps']}", replace(s, **few), replace(c, gamma=g)) for g in (4, 8)
         ]
     return points
 
