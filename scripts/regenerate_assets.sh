@@ -36,10 +36,16 @@ echo "== benchmark"
 python -m csd.experiments.bench --quick --n 200 --threads 1 --gammas 1 2 4 8 --quality-gammas 1 2 4 --out bench/results \
   --update-docs  # the tables into docs/results.md and the README's headline
 
+echo "== the xAR pair: training curves and benchmark"
+python -m visualize.training "$M/shapes_xar_target.log.jsonl" "$M/shapes_xar_draft.log.jsonl" \
+  --loss "flow matching on noisy-context cells" --out "$M/training_curves_xar.png"
+python -m csd.experiments.bench --quick --threads 1 --target "$M/shapes_xar_target.safetensors" \
+  --draft "$M/shapes_xar_draft.safetensors" --num-steps 16 --cfg-schedule linear --out bench/results/xar --update-docs
+
 if [[ $# -ge 1 ]]; then
   echo "== probe: $1 vs the shipped target"
   python -m csd.shapes.probe "$1" "$M/shapes_target.safetensors" --n 200
 fi
 
 echo "== app screenshots (headless Chromium)"
-CSD_SCREENSHOT_DIR=assets python -m pytest -q tests/test_app_browser.py  # screenshot_generate, _inspect and screenshot.png
+CSD_SCREENSHOT_DIR=assets python -m pytest -q tests/test_app_browser.py  # screenshot_generate, _inspect, _prompt, _xar and screenshot.png

@@ -58,7 +58,12 @@ def moving_average(values: Sequence[float], window: int) -> np.ndarray:
     return (c[idx] - c[lo]) / (idx - lo)
 
 
-def loss_curves(logs: Mapping[str, list[dict]], window_steps: int = 500, skip_steps: int = 1000) -> Chart:
+MAR_LOSS = "diffusion loss on masked tokens"
+
+
+def loss_curves(
+    logs: Mapping[str, list[dict]], window_steps: int = 500, skip_steps: int = 1000, loss: str = MAR_LOSS
+) -> Chart:
     """Training loss per step, one line per model, each a trailing mean over ``window_steps`` steps of its
     log records (the runs log at different intervals). Records up to ``skip_steps`` (warm-up) are left
     out before smoothing, so that the interesting range is not squashed."""
@@ -72,7 +77,7 @@ def loss_curves(logs: Mapping[str, list[dict]], window_steps: int = 500, skip_st
         series.append(Series(name, [r["step"] for r in kept], [float(v) for v in smooth]))
     finals = ", ".join(f"{s.name} {s.y[-1]:.4f} at {s.x[-1]}" for s in series)
     return Chart(
-        title="Training loss (diffusion loss on masked tokens)",
+        title=f"Training loss ({loss})",
         x_label="step",
         y_label=f"loss, trailing mean over {window_steps} steps",
         series=series,
@@ -94,13 +99,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ap.add_argument("--out", type=Path, required=True, help="PNG of the loss curves; the LR goes to <out>_lr.png")
     ap.add_argument("--window-steps", type=int, default=500)
+    ap.add_argument("--loss", default=MAR_LOSS, help="what the loss is, for the title")
     args = ap.parse_args(argv)
     logs = {}
     for spec in args.logs:
         parts = [Path(p) for p in spec.split("+")]
         logs[parts[-1].name.removesuffix(".log.jsonl")] = chain_logs([read_log(p) for p in parts])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    print(save_png(loss_curves(logs, args.window_steps), args.out))
+    print(save_png(loss_curves(logs, args.window_steps, loss=args.loss), args.out))
     print(save_png(lr_curves(logs), args.out.with_name(args.out.stem + "_lr.png")))
 
 
