@@ -547,7 +547,7 @@ class App:
                 f"--max-analysis-steps, CSD_MAX_ANALYSIS_STEPS: it runs 14 settings), got "
                 f"{n_images} x {r.sampling.num_steps} = {work}: ask for fewer images or AR steps"
             )
-        fixed = self.store.source(r.pair.name).cells is not None  # xAR: one AR step per cell
+        fixed = fixed_num_steps(r.pair.target) is not None  # xAR: one AR step per cell
         head = r.pair.target.head_steps(r.sampling.head_steps)
         points = frontier.grid(r.sampling, r.csd, head, quick=True, fixed_steps=fixed)
         small = frontier.SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], **condition_of(r))

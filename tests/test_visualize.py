@@ -180,6 +180,9 @@ def test_training_curves_read_logs_and_render(tmp_path):
     assert chart.series[0].x == [600, 700, 800, 900, 1000, 1100, 1200]
     assert chart.series[0].y[0] == pytest.approx(1 / 6)  # smoothing starts after the skipped records
     assert chart.series[0].y[-1] == pytest.approx((1 / 11 + 1 / 12) / 2) and "m 0.0871 at 1200" in chart.note
+    assert "masked tokens" in chart.title and loss_curves({"m": records}, loss="flow matching").title.endswith(
+        "(flow matching)"
+    )
     to_matplotlib(lr_curves({"m": records}))
     main([str(log), "--out", str(tmp_path / "curves.png")])
     assert (tmp_path / "curves.png").stat().st_size > 0 and (tmp_path / "curves_lr.png").stat().st_size > 0
