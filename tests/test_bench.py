@@ -14,9 +14,10 @@ import torch
 
 from csd.cost import StepCosts, csd_passes, prefill_steps, sequential_passes, simple_bound, speedup_bound
 from csd.experiments import bench, defaults
-from csd.experiments.bench import BenchConfig, alternate, compare_settings, headline_markdown, main, parse_setting
+from csd.experiments.bench import BenchConfig, compare_settings, headline_markdown, main, parse_setting
 from csd.experiments.evaluate import eval_labels_seeds, generate_images, load_models, quality
 from csd.experiments.pairs import cell_pixel_tokenizer, pixel_tokenizer
+from csd.experiments.timing import alternate
 from csd.models.schedule import step_sizes
 from csd.sampling import SamplingConfig, generate
 from csd.shapes.metrics import REFERENCE_SEED, load_classifier, reference_features

@@ -146,6 +146,25 @@ def test_the_text_trainer_starts_from_the_generator_and_learns(tmp_path, restore
     assert isinstance(model.tokenizer, WordTokenizer)
 
 
+def test_the_text_trainer_gives_the_llm_and_projections_their_own_lr(tmp_path):
+    from csd.shapes.train_text import TextTrainConfig, TextTrainer
+
+    cfg = TextTrainConfig(
+        config="shapes_text_draft", out=str(tmp_path / "d"), steps=2, batch_size=4, data_size=8, cond_lr_mult=4.0
+    )
+    trainer = TextTrainer(cfg)
+    trainer.train_step()
+    lrs = {}
+    for g in trainer.optimizer.param_groups:
+        for p in g["params"]:
+            lrs[id(p)] = g["lr"]
+    cond = {id(p) for m in (trainer.model.llm, trainer.model.proj_in, trainer.model.proj_out) for p in m.parameters()}
+    rest = {id(p) for p in trainer.model.mar.parameters()}
+    assert {lrs[i] for i in cond} == {4.0 * lrs[next(iter(rest))]} and len({lrs[i] for i in rest}) == 1
+    with pytest.raises(ValueError, match="cond_lr_mult must be a finite number > 0"):
+        TextTrainConfig(config="shapes_text_draft", out="x", cond_lr_mult=0.0)
+
+
 # --- official checkpoints: the layout, on a tiny model -----------------------------------------------
 
 

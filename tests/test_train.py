@@ -246,6 +246,45 @@ def test_init_from_refuses_another_architecture_naming_the_file(tmp_path):
         train(tiny_config(tmp_path / "child", init_from=str(tmp_path / "absent.train_state.pt")))
 
 
+def test_init_weights_starts_a_new_run_from_a_shipped_model(tmp_path):
+    parent = train(tiny_config(tmp_path / "parent", steps=4))
+    cfg = tiny_config(tmp_path / "child", steps=2, init_weights=str(tmp_path / "parent.safetensors"))
+    child = Trainer(cfg)
+    for (name, x), y in zip(parent.ema.state_dict().items(), child.model.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name  # the shipped file holds the EMA weights: they start model and EMA
+    assert not child.optimizer.state_dict()["state"]  # fresh AdamW moments
+    assert child.parent["path"].endswith("parent.safetensors") and child.parent["train"]["steps_done"] == 4
+    train(cfg)
+    record = json.loads((tmp_path / "child.json").read_text())["train"]
+    assert record["parent"]["train"]["steps_done"] == 4 and record["parent"]["file_digest"].startswith("sha256:")
+
+
+def test_init_weights_refuses_another_architecture_and_init_from_together(tmp_path):
+    train(tiny_config(tmp_path / "parent", steps=2))
+    wider = tiny_config(
+        tmp_path / "child", init_weights=str(tmp_path / "parent.safetensors"), model_overrides={**TINY, "diffloss_w": 48}
+    )
+    with pytest.raises(ValueError, match="init_weights .*architecture differs"):
+        train(wider)
+    with pytest.raises(ValueError, match="init_weights and init_from are exclusive"):
+        tiny_config(tmp_path / "c", init_weights="a.safetensors", init_from="b.train_state.pt")
+
+
+def test_lr_multipliers_scale_the_named_submodules_only():
+    from csd.shapes.train import param_groups
+
+    model = MAR(mar_config("shapes_draft", **TINY))
+    groups = param_groups(model, 0.02, {"diffloss": 10.0})
+    by_mult = {}
+    for g in groups:
+        by_mult.setdefault(g["lr_mult"], set()).update(id(p) for p in g["params"])
+    assert by_mult[10.0] == {id(p) for p in model.diffloss.parameters()}
+    assert by_mult[1.0] == {id(p) for n, p in model.named_parameters() if not n.startswith("diffloss.")}
+    assert {g["weight_decay"] for g in groups if all(p.ndim <= 1 for p in g["params"])} == {0.0}
+    with pytest.raises(ValueError, match="not submodules"):
+        param_groups(model, 0.02, {"llm": 2.0})
+
+
 def test_mask_ratios_follow_the_truncated_normal(tmp_path):
     def ratios(lo, std):
         g = torch.Generator().manual_seed(0)

@@ -24,10 +24,9 @@ import dataclasses
 import json
 import platform
 import re
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -35,7 +34,7 @@ import numpy as np
 import torch
 
 from csd.checks import check_int, is_int
-from csd.cost import StepCosts, csd_passes, prefill_steps, simple_bound, speedup_bound
+from csd.cost import csd_passes, prefill_steps, simple_bound, speedup_bound
 from csd.experiments import defaults
 from csd.experiments.evaluate import (
     add_setting_args,
@@ -48,6 +47,7 @@ from csd.experiments.evaluate import (
     summarize_stats,
 )
 from csd.experiments.pairs import file_digest
+from csd.experiments.timing import alternate, cost_breakdown, measured_costs, ratio_spread
 from csd.family import fixed_num_steps, head_per_block
 from csd.models.schedule import step_sizes
 from csd.sampling import SamplingConfig, generate
@@ -82,77 +82,6 @@ class BenchConfig:
 
 
 QUICK = BenchConfig(gammas=(4, 8), batches=(1, 8), repeats=3, n=100, n_ref=1000)
-
-
-# --- timing ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Samples:
-    seconds: list[float] = field(default_factory=list)
-    outputs: list = field(default_factory=list)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.seconds)
-
-
-def alternate(runs: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, Samples]:
-    """Time every run ``repeats`` times, interleaved round by round, after ``warmup`` untimed rounds.
-
-    Odd rounds run in reverse order, so a slow drift (thermal, background load) is charged to every
-    run alike rather than to whichever runs last."""
-    names = list(runs)
-    for _ in range(warmup):
-        for name in names:
-            runs[name]()
-    out = {name: Samples() for name in names}
-    for k in range(repeats):
-        for name in names if k % 2 == 0 else names[::-1]:
-            t0 = time.perf_counter()
-            result = runs[name]()
-            out[name].seconds.append(time.perf_counter() - t0)
-            out[name].outputs.append(result)
-    return out
-
-
-def ratio_spread(a: Samples, b: Samples) -> tuple[float, float]:
-    """Min and max of the per-round ratios a / b (how noisy the median ratio is)."""
-    ratios = [x / y for x, y in zip(a.seconds, b.seconds, strict=True)]
-    return min(ratios), max(ratios)
-
-
-def mean_phase(samples: Samples, phase: str) -> float:
-    return float(np.mean([g.trace.times.get(phase, 0.0) for g in samples.outputs]))
-
-
-def measured_costs(target: Samples, draft: Samples, num_steps: int) -> StepCosts:
-    """C_p, H_p from the target-only runs, C_q, H_q from the draft-only runs, per AR step."""
-    return StepCosts(
-        target_backbone=mean_phase(target, "target_backbone") / num_steps,
-        target_head=mean_phase(target, "target_head") / num_steps,
-        draft_backbone=mean_phase(draft, "draft_backbone") / num_steps,
-        draft_head=mean_phase(draft, "draft_head") / num_steps,
-    )
-
-
-# Trace phases of a CSD run, grouped as the cost model names them.
-COST_GROUPS = {
-    "draft_backbone": ("draft_backbone",),
-    "draft_heads": ("draft_head",),
-    "target_backbone": ("prefill_backbone", "target_backbone"),
-    "target_heads": ("prefill_head", "target_head"),
-    "acceptance_test": ("verify",),
-    "resampling": ("resample",),
-}
-
-
-def cost_breakdown(csd_runs: Samples) -> dict[str, float]:
-    """Fraction of a CSD run's wall time per phase group; ``other`` is bookkeeping and noise drawing."""
-    wall = float(np.mean(csd_runs.seconds))
-    out = {group: sum(mean_phase(csd_runs, p) for p in phases) / wall for group, phases in COST_GROUPS.items()}
-    out["other"] = 1.0 - sum(out.values())
-    return out
 
 
 def time_batch(target, draft, sampling: SamplingConfig, csd: CSDConfig, batch: int, config: BenchConfig):

@@ -27,9 +27,9 @@ import numpy as np
 
 from csd.checks import check_int
 from csd.experiments.analysis import image_conditions, run_csd, run_single
-from csd.experiments.bench import alternate
 from csd.experiments.evaluate import eval_labels_seeds, generate_images, quality
 from csd.experiments.pairs import ModelPair
+from csd.experiments.timing import alternate
 from csd.models.tokenizer import PixelTokenizer
 from csd.sampling import Generation, SamplingConfig, StepCallback, generate
 from csd.shapes.data import CLASS_NAMES

@@ -99,6 +99,9 @@ class TrainConfig:
     # Start from another run's train state (weights, EMA and AdamW moments; a fresh step count, LR schedule
     # and generators): fine-tuning with changed settings, e.g. a new mask-ratio distribution or a re-warm-up.
     init_from: str | None = None
+    # Start from a shipped model (.safetensors + .json): its weights as model and EMA, fresh AdamW moments,
+    # step count, schedule and generators. How training continues where the train state was not kept.
+    init_weights: str | None = None
     # Distillation: a frozen teacher model (.safetensors + .json) whose head outputs the student also
     # matches, at the same masks, labels and (x_t, t); distill_weight scales that term of the loss.
     distill_from: str | None = None
@@ -142,6 +145,10 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.distill_weight must be a finite number >= 0, got {w!r}")
         if self.init_from is not None and not self.init_from:
             raise ValueError("TrainConfig.init_from must be a train-state path or None")
+        if self.init_weights is not None and not self.init_weights:
+            raise ValueError("TrainConfig.init_weights must be a model path or None")
+        if self.init_weights and self.init_from:
+            raise ValueError("TrainConfig.init_weights and init_from are exclusive: choose one start")
         self._check_model()
 
     def _check_model(self) -> None:
@@ -194,11 +201,24 @@ def update_ema(ema: nn.Module, model: nn.Module, decay: float) -> None:
         e.lerp_(p, 1.0 - decay)
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """No weight decay on biases and norm scales (1-d tensors), as in MAR (timm's add_weight_decay)."""
-    decay = [p for p in model.parameters() if p.ndim > 1]
-    no_decay = [p for p in model.parameters() if p.ndim <= 1]
-    return [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": weight_decay}]
+def param_groups(model: nn.Module, weight_decay: float, lr_mults: dict[str, float] | None = None) -> list[dict]:
+    """No weight decay on biases and norm scales (1-d tensors), as in MAR (timm's add_weight_decay).
+
+    ``lr_mults`` maps a top-level submodule's name to a multiplier of the schedule's LR (the groups carry
+    it as ``lr_mult``); the rest of the model trains at the schedule's LR."""
+    lr_mults = lr_mults or {}
+    unknown = sorted(set(lr_mults) - {name for name, _ in model.named_children()})
+    if unknown:
+        raise ValueError(f"lr_mults names {unknown}, which are not submodules of the model")
+    groups: list[dict] = []
+    for mult in dict.fromkeys([1.0, *lr_mults.values()]):
+        names = [n for n, _ in model.named_children() if lr_mults.get(n, 1.0) == mult]
+        params = [p for n, p in model.named_parameters() if lr_mults.get(n.split(".")[0], 1.0) == mult]
+        if mult != 1.0 and not names:
+            continue
+        for ndim_ok, wd in ((lambda d: d <= 1, 0.0), (lambda d: d > 1, weight_decay)):
+            groups.append({"params": [p for p in params if ndim_ok(p.ndim)], "weight_decay": wd, "lr_mult": mult})
+    return groups
 
 
 @dataclass(frozen=True)
@@ -248,11 +268,12 @@ class Trainer:
         self.model_config = cfg.model_config()
         rank = self.dist.rank
 
+        self.parent: dict | None = None  # what init_from / init_weights started from
         torch.manual_seed(stream_seed(cfg.seed, "train/init"))  # the same init on every rank
         self.model = self.build_model().to(self.device).train()
         self.ema = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.net = DistributedDataParallel(self.model) if self.dist.world > 1 else self.model
-        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=BETAS)
+        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=cfg.lr, betas=BETAS)
 
         # Dropout (if a config has it) draws from the global generator: seed it per rank and save it too.
         torch.manual_seed(stream_seed(cfg.seed, f"train/global/rank{rank}"))
@@ -270,12 +291,30 @@ class Trainer:
         self.teacher_digest = None if cfg.distill_from is None else file_digest(weights_path(cfg.distill_from))
 
         self.step, self.elapsed, self.loss = 0, 0.0, math.nan
-        self.parent: dict | None = None  # what init_from started from (its args, steps and wall time)
         if self.dist.main:
             self.cfg.paths["log"].parent.mkdir(parents=True, exist_ok=True)
 
     def build_model(self) -> nn.Module:
-        return MAR(self.model_config)
+        model = MAR(self.model_config)
+        if self.cfg.init_weights:
+            self.load_shipped(model, self.cfg.init_weights)
+        return model
+
+    def load_shipped(self, model: nn.Module, path: str | Path) -> None:
+        """Copy a shipped model's weights into ``model``; its architecture must be this run's."""
+        start = load_model(path)
+        if type(start) is not type(model) or start.config != model.config:
+            raise ValueError(f"init_weights {path}: its architecture differs from {self.cfg.config}'s")
+        model.load_state_dict(start.state_dict())
+        record = json.loads(weights_path(path).with_suffix(".json").read_text())
+        self.parent = {"path": str(path), "file_digest": file_digest(weights_path(path)), "train": record.get("train")}
+
+    def lr_mults(self) -> dict[str, float]:
+        """Per-submodule LR multipliers (:func:`param_groups`); none by default."""
+        return {}
+
+    def _param_groups(self) -> list[dict]:
+        return param_groups(self.model, self.cfg.weight_decay, self.lr_mults())
 
     def pixel_layout(self) -> tuple[int, int]:
         """(patch size, image size) of the pixel tokens the model is trained on."""
@@ -303,7 +342,7 @@ class Trainer:
     def train_step(self) -> float:
         lr = lr_at(self.step, self.cfg)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_mult", 1.0)
         tokens, conditions = self.batch()
         dtype = PRECISIONS[self.cfg.precision]
         with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
@@ -444,9 +483,9 @@ class Trainer:
             if key not in state:
                 raise CheckpointError(f"{path} is not a train state written by csd.shapes.train (no {key!r})")
         self._load_weights(state, path)
-        # The loaded groups carry the parent's settings; the groups are (no decay, decay) as in param_groups.
-        for group, wd in zip(self.optimizer.param_groups, (0.0, self.cfg.weight_decay), strict=True):
-            group["weight_decay"] = wd
+        # The loaded groups carry the parent's settings: this run's weight decay and LR multipliers instead.
+        for group, fresh in zip(self.optimizer.param_groups, self._param_groups(), strict=True):
+            group["weight_decay"], group["lr_mult"] = fresh["weight_decay"], fresh["lr_mult"]
         self.parent = {
             "path": str(path),
             "args": state["args"],
@@ -541,6 +580,11 @@ def build_parser(prog: str, description: str, configs: Sequence[str]) -> argpars
         "--init-from",
         default=None,
         help="start from another run's .train_state.pt (weights, EMA, AdamW moments) with a new schedule",
+    )
+    p.add_argument(
+        "--init-weights",
+        default=None,
+        help="start from a shipped model (.safetensors): its weights, fresh AdamW moments and schedule",
     )
     p.add_argument(
         "--distill-from",

@@ -14,6 +14,7 @@ training continues on a machine that does not have the train state.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,12 +32,21 @@ class TextTrainConfig(TrainConfig):
 
     # A class-conditional MAR (.safetensors) whose weights start the generator, or a text model to start from.
     init_generator: str | None = None
+    # The LLM's and the projections' LR as a multiple of the generator's (the schedule's) LR.
+    cond_lr_mult: float = 1.0
 
     def _check_model(self) -> None:
         if self.config not in TEXT_CONFIGS:
             raise ValueError(f"TrainConfig.config must be one of {sorted(TEXT_CONFIGS)}, got {self.config!r}")
         if self.distill_from is not None:
             raise ValueError("TrainConfig.distill_from is not supported for text models")
+        if self.init_weights is not None:
+            raise ValueError(
+                "TrainConfig.init_weights: text models start from --init-generator (a MAR or a text model)"
+            )
+        m = self.cond_lr_mult
+        if not (isinstance(m, int | float) and not isinstance(m, bool) and math.isfinite(m) and m > 0):
+            raise ValueError(f"TextTrainConfig.cond_lr_mult must be a finite number > 0, got {m!r}")
         self.model_config()
 
     def model_config(self) -> HarmonConfig:
@@ -67,6 +77,10 @@ class TextTrainer(Trainer):
                 model.mar.load_state_dict(start.state_dict())
         return model
 
+    def lr_mults(self) -> dict[str, float]:
+        m = float(self.cfg.cond_lr_mult)
+        return {} if m == 1.0 else {"llm": m, "proj_in": m, "proj_out": m}
+
     def conditions(self, idx: Tensor):
         captions = [self.captions[i] for i in idx.tolist()]
         return self.model.check_conditions(captions, len(captions), self.device)
@@ -78,6 +92,9 @@ class TextTrainer(Trainer):
 def parse_args(argv: Sequence[str] | None = None) -> TextTrainConfig:
     p = build_parser("python -m csd.shapes.train_text", __doc__.split("\n")[0], TEXT_CONFIGS)
     p.add_argument("--init-generator", default=None, help="a shipped class-conditional MAR (.safetensors)")
+    p.add_argument(
+        "--cond-lr-mult", type=float, default=1.0, help="LR of the LLM and projections as a multiple of the generator's"
+    )
     return TextTrainConfig(**vars(p.parse_args(argv)))
 
 

@@ -41,7 +41,10 @@ class XARTrainConfig(TrainConfig):
 
 class XARTrainer(Trainer):
     def build_model(self) -> nn.Module:
-        return XAR(self.model_config)
+        model = XAR(self.model_config)
+        if self.cfg.init_weights:
+            self.load_shipped(model, self.cfg.init_weights)
+        return model
 
     def pixel_layout(self) -> tuple[int, int]:
         c = self.model_config
