@@ -262,7 +262,9 @@ def test_init_weights_starts_a_new_run_from_a_shipped_model(tmp_path):
 def test_init_weights_refuses_another_architecture_and_init_from_together(tmp_path):
     train(tiny_config(tmp_path / "parent", steps=2))
     wider = tiny_config(
-        tmp_path / "child", init_weights=str(tmp_path / "parent.safetensors"), model_overrides={**TINY, "diffloss_w": 48}
+        tmp_path / "child",
+        init_weights=str(tmp_path / "parent.safetensors"),
+        model_overrides={**TINY, "diffloss_w": 48},
     )
     with pytest.raises(ValueError, match="init_weights .*architecture differs"):
         train(wider)
