@@ -9,12 +9,23 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from csd.experiments.pairs import load_embedded, random_pair, EMBEDDED_DIR
+from dataclasses import replace
+
+from csd.experiments.pairs import (
+    EMBEDDED_DIR,
+    load_embedded,
+    load_text_embedded,
+    load_xar_embedded,
+    random_pair,
+    random_text_pair,
+    random_xar_pair,
+)
 from csd.sampling import SamplingConfig, generate
 from csd.speculative import CSDConfig, speculative_generate
 
 OUT = Path(__file__).resolve().parent / "golden_tokens.safetensors"
 LABELS, SEEDS = [3, 7], [11, 12]
+PROMPTS = ["a large red star on a plain white background", "a small blue circle on a black to white gradient"]
 SAMPLING = SamplingConfig(num_steps=8, cfg_scale=3.0, cfg_schedule="linear")
 CASES = {
     "aligned": CSDConfig(gamma=3, prefill=0.05),
@@ -22,13 +33,29 @@ CASES = {
 }
 
 
+# xAR makes one cell per AR step (16 here); few flow steps keep it quick.
+XAR_SAMPLING = replace(SAMPLING, num_steps=16, head_steps=6)
+
+
+def pairs():
+    """(name, pair, conditions, sampling) of every family: untrained and embedded pairs."""
+    cpu = torch.device("cpu")
+    yield "random", random_pair(), LABELS, SAMPLING
+    yield "embedded", load_embedded(EMBEDDED_DIR, cpu), LABELS, SAMPLING
+    yield "random_text", random_text_pair(), PROMPTS, SAMPLING
+    yield "text", load_text_embedded(EMBEDDED_DIR, cpu), PROMPTS, SAMPLING
+    yield "random_xar", random_xar_pair(), LABELS, XAR_SAMPLING
+    yield "xar", load_xar_embedded(EMBEDDED_DIR, cpu), LABELS, XAR_SAMPLING
+
+
 def runs() -> dict[str, torch.Tensor]:
     torch.set_num_threads(1)
     out = {}
-    for name, pair in (("random", random_pair()), ("embedded", load_embedded(EMBEDDED_DIR, torch.device("cpu")))):
-        out[f"{name}/target"] = generate(pair.target, LABELS, SEEDS, SAMPLING).tokens
+    for name, pair, conditions, sampling in pairs():
+        out[f"{name}/target"] = generate(pair.target, conditions, SEEDS, sampling).tokens
         for case, csd in CASES.items():
-            out[f"{name}/csd_{case}"] = speculative_generate(pair.target, pair.draft, LABELS, SEEDS, SAMPLING, csd).tokens
+            run = speculative_generate(pair.target, pair.draft, conditions, SEEDS, sampling, csd)
+            out[f"{name}/csd_{case}"] = run.tokens
     return out
 
 
