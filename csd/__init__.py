@@ -2,9 +2,11 @@
 
 The two samplers and their settings; the model-family interface they run on is :mod:`csd.family`."""
 
+from csd.config import CSDConfig, SamplingConfig
+from csd.decoding import Generation
 from csd.family import ModelFamily, Plan, TokenChain
-from csd.sampling import Generation, SamplingConfig, generate
-from csd.speculative import CSDConfig, speculative_generate
+from csd.sampling import generate
+from csd.speculative import speculative_generate
 from csd.trace import Maker, Trace
 
 __version__ = "0.1.0"

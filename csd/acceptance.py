@@ -1,21 +1,25 @@
-"""Acceptance criteria for a drafted continuous token (DESIGN.md section 3).
+"""Acceptance criteria for a drafted continuous token (DESIGN.md sections 3 and 4).
 
-Both criteria return a :class:`Verdict`: log r split into a trajectory term and a final-step
-term, so the UI can show which one decides. A token is accepted with probability min(1, r).
+The math is pure functions of trajectories. Each criterion is also an object with two steps, in the
+spirit of a diffusers scheduler's ``step()``: :meth:`Criterion.verdict` (log r, split into a trajectory
+term and a final-step term so the UI can show which one decides, and the tokens an accepted row
+commits) and :meth:`Criterion.resample` (rejected rows redrawn from max(0, p - q) / Z). A token is
+accepted with probability min(1, r). :class:`PerToken` tests the tokens of a multi-token row alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from csd.chain import Trajectory
+from csd.chain import ChainNoise, Trajectory
+from csd.config import TRAJECTORY_TERMS, CSDConfig
+from csd.family import TokenChain
 from csd.gaussian import normal_logpdf
-
-CRITERIA = ("aligned", "exact")
-TRAJECTORY_TERMS = ("derived", "published", "none")
+from csd.resample import Resampled, resample_gaussian, resample_paths
 
 
 @dataclass(frozen=True)
@@ -88,3 +92,145 @@ def exact_verdict(draft: Trajectory, target_mean: Tensor, target_std: Tensor) ->
     stochastic transitions enter. Accepted tokens commit the target's last mean on that path."""
     traj = path_log_ratio(draft.states, target_mean, target_std, draft.mean, draft.std)
     return Verdict(trajectory=traj, final=torch.zeros_like(traj))
+
+
+# --- criteria as objects ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What a criterion sees of a drafted block, rows image-major: the draft's trajectories and chains,
+    the target's chains and its trajectory (from the draft's noise when aligned)."""
+
+    draft: Trajectory
+    target: Trajectory
+    chain_q: TokenChain
+    chain_p: TokenChain
+
+
+class RowDraws(Protocol):
+    """Random numbers for the rejected rows, drawn image by image (an image's draws never depend on the
+    others'). ``pending`` (m_all,) marks the rejected rows still waiting; results have one row per True."""
+
+    def normal(self, pending: Tensor, *shape: int) -> Tensor: ...
+
+    def uniform(self, pending: Tensor, *shape: int) -> Tensor: ...
+
+
+class Criterion(Protocol):
+    """An acceptance test and its resampler. ``units``: tokens tested per row (1: whole rows)."""
+
+    units: int
+
+    def verdict(self, p: Proposal) -> tuple[Verdict, Tensor]:
+        """log r of every row and the tokens (rows, d) an accepted row commits."""
+
+    def resample(self, p: Proposal, verdict: Verdict, rejected: Tensor, draws: RowDraws) -> Resampled:
+        """Redraw the ``rejected`` rows (indices) from max(0, p - q) / Z; a capped row takes the target's own sample."""
+
+
+@dataclass(frozen=True)
+class AlignedCriterion:
+    """Criterion (a), the paper's approximation; the resampler draws from the final Gaussians, q weighted
+    by the trajectory term (both widened by ``widening``)."""
+
+    tau_v: float = 42.0
+    trajectory_term: str = "derived"
+    widening: float = 1.0
+    max_tries: int = 100
+    units: int = 1
+
+    def verdict(self, p: Proposal) -> tuple[Verdict, Tensor]:
+        return aligned_verdict(p.draft, p.target, self.tau_v, self.trajectory_term), p.draft.x.clone()
+
+    def resample(self, p: Proposal, verdict: Verdict, rejected: Tensor, draws: RowDraws) -> Resampled:
+        w, d = self.widening, p.target.x.shape[-1]
+        return resample_gaussian(
+            p_mean=p.target.final_mean[rejected],
+            p_std=w * p.target.final_std[rejected],
+            q_mean=p.draft.final_mean[rejected],
+            q_std=w * p.draft.final_std[rejected],
+            draws=lambda k, pending: (draws.normal(pending, k, d), draws.uniform(pending, k)),
+            fallback=p.target.x[rejected],
+            max_tries=self.max_tries,
+            log_weight=-verdict.trajectory[rejected],
+        )
+
+
+@dataclass(frozen=True)
+class ExactCriterion:
+    """Criterion (b), speculative sampling on paths: the target's transitions on the draft path; the
+    resampler proposes whole target paths and keeps them with probability max(0, 1 - q/p)."""
+
+    max_tries: int = 100
+    units: int = 1
+
+    def verdict(self, p: Proposal) -> tuple[Verdict, Tensor]:
+        mean_p, std_p = p.chain_p.evaluate(p.draft.states)
+        return exact_verdict(p.draft, mean_p, std_p), mean_p[-1].clone()  # the target's last step on the draft path
+
+    def resample(self, p: Proposal, verdict: Verdict, rejected: Tensor, draws: RowDraws) -> Resampled:
+        chain_p, chain_q = p.chain_p.select(rejected), p.chain_q.select(rejected)
+        steps, d = p.draft.states.shape[0], p.target.x.shape[-1]
+
+        def propose(pending: Tensor) -> tuple[Tensor, Tensor]:  # a whole target path, weighed by q / p
+            raw = draws.normal(pending, steps, d)  # (m, T, d)
+            path = chain_p.select(pending).run(ChainNoise(raw[:, 0], raw[:, 1:].transpose(0, 1)))
+            mean_q, std_q = chain_q.select(pending).evaluate(path.states)
+            return path.x, path_log_ratio(path.states, mean_q, std_q, path.mean, path.std)
+
+        return resample_paths(propose, lambda pending: draws.uniform(pending), p.target.x[rejected], self.max_tries)
+
+
+def split_rows(traj: Trajectory, units: int) -> Trajectory:
+    """A trajectory of n rows of ``units`` tokens each as one of n * units rows (row-major)."""
+    flat = lambda a: a.reshape(*a.shape[:-2], a.shape[-2] * units, a.shape[-1] // units)
+    return Trajectory(x=flat(traj.x), states=flat(traj.states), mean=flat(traj.mean), std=flat(traj.std))
+
+
+@dataclass(frozen=True)
+class PerToken:
+    """A criterion applied to every token of a multi-token row alone (xAR's cells under acceptance_unit
+    "token"): an approximation to measure, for criteria that need no chains (the aligned one)."""
+
+    inner: AlignedCriterion
+    units: int
+
+    def _split(self, p: Proposal) -> Proposal:
+        return Proposal(split_rows(p.draft, self.units), split_rows(p.target, self.units), p.chain_q, p.chain_p)
+
+    def verdict(self, p: Proposal) -> tuple[Verdict, Tensor]:
+        return self.inner.verdict(self._split(p))
+
+    def resample(self, p: Proposal, verdict: Verdict, rejected: Tensor, draws: RowDraws) -> Resampled:
+        return self.inner.resample(self._split(p), verdict, rejected, draws)
+
+    def rows(
+        self, verdict: Verdict, accepted: Tensor, rejected: Tensor, resampled: Resampled | None
+    ) -> tuple[Verdict, Tensor, Tensor, Resampled, Tensor]:
+        """Per-token results as per-row ones: log r summed over a row's tokens, a row accepted when all of
+        its tokens are, its tries summed and capped when any token was; and each row's accepted fraction."""
+        by_row = lambda a: a.reshape(-1, self.units)
+        tries = torch.zeros(accepted.shape, dtype=torch.long, device=accepted.device)
+        capped = torch.zeros(accepted.shape, dtype=torch.bool, device=accepted.device)
+        if resampled is not None:
+            tries[rejected], capped[rejected] = resampled.tries.long(), resampled.capped
+        row_ok = by_row(accepted).all(1)
+        row_rejected = (~row_ok).nonzero().squeeze(-1)
+        per_row = Resampled(
+            x=None, tries=by_row(tries).sum(1)[row_rejected], capped=by_row(capped).any(1)[row_rejected]
+        )
+        row_verdict = Verdict(by_row(verdict.trajectory).sum(1), by_row(verdict.final).sum(1))
+        return row_verdict, row_ok, row_rejected, per_row, by_row(accepted).float().mean(1)
+
+
+def criterion_of(csd: CSDConfig, tokens_per_row: int = 1) -> Criterion:
+    """The criterion a setting names; "token" units test each of a row's ``tokens_per_row`` tokens alone."""
+    if csd.criterion == "exact":
+        return ExactCriterion(csd.max_tries)
+    aligned = AlignedCriterion(csd.tau_v, csd.trajectory_term, csd.resample_widening, csd.max_tries)
+    if csd.acceptance_unit == "token":
+        if tokens_per_row == 1:
+            raise ValueError("acceptance_unit 'token' needs a family whose rows hold several tokens (xAR's cells)")
+        return PerToken(aligned, tokens_per_row)
+    return aligned

@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from csd.models.schedule import step_sizes
+from csd.schedule import step_sizes
 
 
 def sequential_passes(sizes: list[int], gamma: int, prefill: float, acceptance: float) -> tuple[float, float]:

@@ -1,10 +1,12 @@
-"""What the two samplers need from a model family (MAR today; xAR and Harmon plug in the same way).
+"""What the two samplers need from a model family (MAR, Harmon and xAR implement it in csd/models/).
 
 A family makes an image in AR steps. Each step, the backbone reads the tokens made so far (the
 *context*) and the image's *condition* (a class label, a prompt, ...), and a Gaussian chain turns
 explicit noise into the step's tokens (or cells), one Gaussian transition at a time. The samplers
 only ever see four things:
 
+* :attr:`ModelFamily.traits`: the typed facts about the family that decoders and experiments read
+  (:class:`FamilyTraits`: conditions, fixed AR steps, what a row is, what verification costs);
 * :meth:`ModelFamily.plan`: which positions each AR step makes, for given seeds;
 * :meth:`ModelFamily.check_conditions`: the batch's conditions, validated, in the family's form;
 * :meth:`ModelFamily.predict`: one AR step from a context, as chains bound to their conditions;
@@ -14,23 +16,102 @@ only ever see four things:
 
 Chains come back as a :class:`TokenChain`: noise in, a :class:`~csd.chain.Trajectory` (tokens,
 states, per-step means and stds) out, and the same chains evaluated along any other path. That is
-all the acceptance test and the resampler need, for any family. docs/FAMILIES.md says how a new
-family implements it.
+all the acceptance test and the resampler need, for any family. docs/families.md says how a new
+family implements it and registers in one table (:mod:`csd.models.registry`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from csd.chain import ChainNoise, Trajectory
+from csd.checks import check_choice, check_int
+from csd.config import SamplingConfig
+from csd.schedule import CFG_SCHEDULES
 
-if TYPE_CHECKING:
-    from csd.sampling import SamplingConfig
+CONDITIONS = ("classes", "prompts")
+
+
+@dataclass(frozen=True)
+class FamilyTraits:
+    """What decoders, experiments and the app need to know of a family beyond the Protocol's methods.
+
+    family: its name ("MAR", "Harmon", "xAR"); draft and target must share it.
+    conditions: "classes" (class ids, ``num_classes`` of them) or "prompts" (text).
+    fixed_num_steps: the AR steps a model requires (xAR: one per cell), None where any number works.
+    cfg_schedule: the one CFG schedule it takes (xAR ramps CFG over its cells), None for any.
+    head_per_block: the target's chains of a drafted block cost about one step's chain (xAR: the flow
+    chain is the backbone, run over the block's cells at once) rather than one per drafted token.
+    verifies_in_context: verification conditions each drafted row on the drafted rows before it (xAR),
+    so it equals verifying the block step by step; a masked family verifies every drafted token from the
+    context before the block (one backbone pass), as published.
+    tokens_per_row: tokens in one acceptance row (xAR: a cell's), for acceptance_unit "token".
+    min_head_steps: the fewest chain transitions the head takes (a flow sampler needs two).
+    row_name: what a drafted row is called ("tokens", "cells").
+    """
+
+    family: str
+    conditions: str = "classes"
+    num_classes: int = 0
+    fixed_num_steps: int | None = None
+    cfg_schedule: str | None = None
+    head_per_block: bool = False
+    verifies_in_context: bool = False
+    tokens_per_row: int = 1
+    min_head_steps: int = 1
+    row_name: str = "tokens"
+
+    def __post_init__(self) -> None:
+        check_choice("FamilyTraits.conditions", self.conditions, CONDITIONS)
+        check_int("FamilyTraits.num_classes", self.num_classes, 1 if self.conditions == "classes" else 0)
+        if self.conditions == "prompts" and self.num_classes:
+            raise ValueError("FamilyTraits.num_classes must be 0 for a family conditioned on prompts")
+        if self.fixed_num_steps is not None:
+            check_int("FamilyTraits.fixed_num_steps", self.fixed_num_steps, 1, word="None or an int")
+        if self.cfg_schedule is not None:
+            check_choice("FamilyTraits.cfg_schedule", self.cfg_schedule, CFG_SCHEDULES)
+        check_int("FamilyTraits.tokens_per_row", self.tokens_per_row, 1)
+        check_int("FamilyTraits.min_head_steps", self.min_head_steps, 1)
+
+    @property
+    def cheap_knob(self) -> str:
+        """What a cheaper target-only run cuts: AR steps, or head (flow) steps where AR steps are fixed."""
+        return "head_steps" if self.fixed_num_steps is not None else "num_steps"
+
+    def cheapest(self) -> SamplingConfig:
+        """The cheapest sampler setting a model of the family takes (a warm-up run)."""
+        return SamplingConfig(
+            num_steps=self.fixed_num_steps or 1,
+            head_steps=self.min_head_steps,
+            cfg_schedule=self.cfg_schedule or SamplingConfig.cfg_schedule,
+        )
+
+    def check_sampling(self, config: SamplingConfig, seq_len: int) -> None:
+        """The family's rules for a sampler setting, as errors that name the knob and its valid values."""
+        fixed = self.fixed_num_steps
+        if fixed is not None and config.num_steps != fixed:
+            raise ValueError(
+                f"num_steps (AR steps) must equal {fixed} for this {self.family} model (one AR step per "
+                f"{self.row_name[:-1]}), got {config.num_steps}"
+            )
+        if fixed is None and config.num_steps > seq_len:
+            raise ValueError(
+                f"num_steps (AR steps) must be in [1, {seq_len}] (the number of tokens), got {config.num_steps}"
+            )
+        if self.cfg_schedule is not None and config.cfg_schedule != self.cfg_schedule:
+            raise ValueError(
+                f"cfg_schedule must be {self.cfg_schedule!r} for this {self.family} model (its guidance ramps over "
+                f"the {self.row_name}), got {config.cfg_schedule!r}"
+            )
+        for name in ("head_steps", "head_steps_min"):
+            steps = getattr(config, name)
+            if steps is not None and steps < self.min_head_steps:
+                raise ValueError(f"{name} must be >= {self.min_head_steps} for this {self.family} model, got {steps}")
 
 
 @dataclass(frozen=True)
@@ -82,6 +163,7 @@ class ModelFamily(Protocol):
 
     seq_len: int  # tokens (or cells x tokens per cell) of one image
     token_dim: int
+    traits: FamilyTraits
 
     def check_conditions(self, conditions: Sequence[Any] | Tensor, batch: int, device: torch.device) -> Any:
         """The batch's conditions (class ids, prompts, ...) in the form :meth:`predict` takes; raises a
@@ -125,13 +207,10 @@ class ModelFamily(Protocol):
     def join(self, chains: Sequence[TokenChain], batch: int) -> TokenChain:
         """The chains of several AR steps of a block as one, rows image-major over the whole block."""
 
+    def check_draft(self, draft: ModelFamily) -> None:
+        """Raise a ValueError naming what differs when ``draft`` cannot draft for this model beyond the
+        shared token layout (a text family: the same tokenizer and prompt template)."""
 
-def fixed_num_steps(model) -> int | None:
-    """The AR steps a family's model requires (xAR: one per cell), None where any number works."""
-    return getattr(model, "fixed_num_steps", None)
-
-
-def head_per_block(model) -> bool:
-    """Whether the target's chain of a drafted block costs about one step's chain (xAR: the flow chain
-    is the backbone over the block's cells) rather than one per drafted token (MAR's per-token head)."""
-    return bool(getattr(model, "head_per_block", False))
+    def token_layout(self, raster_tokenizer: Any) -> Any:
+        """The tokenizer of this model's tokens over a tokenizer of its raster grid (xAR groups the raster
+        tokens into cells; a masked family's tokens are the raster's)."""

@@ -13,99 +13,34 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from csd.acceptance import CRITERIA, TRAJECTORY_TERMS, Verdict, accept, aligned_verdict, exact_verdict, path_log_ratio
+from csd.acceptance import Criterion, PerToken, Proposal, Verdict, accept, criterion_of
 from csd.chain import ChainNoise, Trajectory, cat_rows
-from csd.checks import check_choice, check_int, check_ints, check_number
+from csd.config import CSDConfig, SamplingConfig
+from csd.decoding import Generation, PhaseTimer, StepCallback, commit, draw_chain_noise, model_device, predict_step
 from csd.family import ModelFamily, Plan, TokenChain
-from csd.resample import Resampled, resample_gaussian, resample_paths
+from csd.resample import Resampled
 from csd.rng import ImageStreams, check_seeds
-from csd.sampling import (
-    Generation,
-    PhaseTimer,
-    SamplingConfig,
-    StepCallback,
-    commit,
-    draw_chain_noise,
-    head_step_schedule,
-    model_device,
-    predict_step,
-)
+from csd.schedule import head_step_schedule
 from csd.trace import Maker, Trace
-
-ACCEPTANCE_UNITS = ("row", "token")
-
-
-def split_rows(traj: Trajectory, units: int) -> Trajectory:
-    """A trajectory of n rows of ``units`` tokens each as one of n * units rows (row-major)."""
-    flat = lambda a: a.reshape(*a.shape[:-2], a.shape[-2] * units, a.shape[-1] // units)
-    return Trajectory(x=flat(traj.x), states=flat(traj.states), mean=flat(traj.mean), std=flat(traj.std))
-
-
-@dataclass(frozen=True)
-class CSDConfig:
-    """Knobs of the speculative decoder.
-
-    gamma: draft length in AR steps per block. gamma_schedule: optional draft lengths of the first
-    blocks, in order (block b drafts gamma_schedule[b] steps; the blocks after them draft gamma);
-    empty by default, the paper's constant draft length. prefill: fraction of tokens the target makes
-    before drafting starts. align: share the draft's noise with the target's chain.
-    criterion: "aligned" (the paper's approximation) or "exact" (path-space reference).
-    trajectory_term: sign convention of criterion (a)'s trajectory term ("derived", "published")
-    or "none" (final-step term only). tau_v: widening of the final Gaussians in the test.
-    resample_widening: widening of the same Gaussians when resampling (the published code: 1).
-    max_tries: resampler cap. counterfactual: also run the target chain with the other noise
-    choice, to record the draft-target distance with and without alignment. draft_head_steps: a
-    cheaper (or dearer) draft head, None for the target's head steps; a different number of steps
-    cannot share noise or compare per-step stds, so it needs align=False, criterion "aligned" and
-    trajectory_term "none". With a head-step schedule (SamplingConfig.head_steps_min) every block
-    runs the head steps of its first AR step. acceptance_unit: "row" (a token of MAR or Harmon, a
-    whole cell of xAR: the exact unit) or "token" (a family whose rows hold several tokens, xAR's
-    cells: each token of a cell tested and resampled alone, an approximation to measure; a cell
-    counts as accepted when all of its tokens are, and Trace.unit_accepted holds the fraction).
-    """
-
-    gamma: int = 8
-    gamma_schedule: tuple[int, ...] = ()
-    prefill: float = 0.05
-    align: bool = True
-    criterion: str = "aligned"
-    trajectory_term: str = "derived"
-    tau_v: float = 42.0
-    resample_widening: float = 1.0
-    max_tries: int = 100
-    counterfactual: bool = False
-    draft_head_steps: int | None = None
-    acceptance_unit: str = "row"
-
-    def __post_init__(self) -> None:
-        check_int("gamma (draft length)", self.gamma, 1)
-        schedule = check_ints("gamma_schedule (draft lengths of the first blocks)", self.gamma_schedule, 1)
-        object.__setattr__(self, "gamma_schedule", schedule)
-        check_number("prefill ratio", self.prefill, 0.0, 1.0, hi_open=True)
-        check_choice("criterion", self.criterion, CRITERIA)
-        check_choice("trajectory_term", self.trajectory_term, TRAJECTORY_TERMS)
-        check_number("tau_v", self.tau_v, 1.0, 1e4)
-        check_number("resample_widening", self.resample_widening, 1.0, 1e4)
-        check_int("max_tries (resampler cap)", self.max_tries, 1, 10000)
-        if self.draft_head_steps is not None:
-            check_int("draft_head_steps", self.draft_head_steps, 1, 1000, word="None or an int")
-        check_choice("acceptance_unit", self.acceptance_unit, ACCEPTANCE_UNITS)
-        if self.acceptance_unit == "token" and self.criterion != "aligned":
-            raise ValueError("acceptance_unit 'token' needs criterion 'aligned' (the exact test compares whole rows)")
-
-    def block_length(self, block: int) -> int:
-        """AR steps drafted in block ``block`` (0-based): the schedule's entry, else gamma."""
-        return self.gamma_schedule[block] if block < len(self.gamma_schedule) else self.gamma
 
 
 def check_pair(target: ModelFamily, draft: ModelFamily) -> None:
-    """Draft and target must share the tokenizer and token layout."""
-    for attr, what in (("seq_len", "number of tokens"), ("token_dim", "token width"), ("num_classes", "classes")):
-        if getattr(target, attr, None) != getattr(draft, attr, None):
+    """Draft and target must be one family with the same tokenizer, token layout and conditions."""
+    t, q = target.traits, draft.traits
+    pairs = (
+        (t.family, q.family, "family"),
+        (target.seq_len, draft.seq_len, "number of tokens (seq_len)"),
+        (target.token_dim, draft.token_dim, "token width (token_dim)"),
+        (t.conditions, q.conditions, "conditions"),
+        (t.num_classes, q.num_classes, "classes (num_classes)"),
+    )
+    for a, b, what in pairs:
+        if a != b:
             raise ValueError(
-                f"draft model does not match the target's token layout: {what} ({attr}) is "
-                f"{getattr(draft, attr, None)} for the draft and {getattr(target, attr, None)} for the target"
+                f"draft model does not match the target's token layout: {what} is {b} for the draft and {a} for "
+                "the target"
             )
+    target.check_draft(draft)
 
 
 @torch.inference_mode()
@@ -168,6 +103,25 @@ class _Decision:
     resampled: Resampled | None
 
 
+@dataclass(frozen=True)
+class _RowDraws:
+    """The resampler's random numbers for rejected rows, each from its image's stream."""
+
+    stream: ImageStreams
+    rejected: Tensor  # (m,) rejected rows of the block
+    per_image: int  # rows per image in the block
+    batch: int
+
+    def _counts(self, pending: Tensor) -> Tensor:
+        return torch.bincount(self.rejected[pending] // self.per_image, minlength=self.batch)
+
+    def normal(self, pending: Tensor, *shape: int) -> Tensor:
+        return self.stream.randn_rows(self._counts(pending), *shape)
+
+    def uniform(self, pending: Tensor, *shape: int) -> Tensor:
+        return self.stream.rand_rows(self._counts(pending), *shape)
+
+
 @dataclass
 class _Decoding:
     """The state of one speculative run; each phase of the loop above is one method."""
@@ -177,6 +131,7 @@ class _Decoding:
     conditions: object
     sampling: SamplingConfig
     csd: CSDConfig
+    criterion: Criterion
     plan: Plan
     steps_p: list[int]  # the target's head steps at each AR step (constant without a schedule)
     streams: dict[str, ImageStreams]
@@ -197,15 +152,14 @@ class _Decoding:
         plan = target.plan(seeds, sampling, device)
         steps_p = head_step_schedule(target.head_steps(sampling.head_steps), sampling.head_steps_min, plan.num_steps)
         if csd.draft_head_steps is not None and any(t != csd.draft_head_steps for t in steps_p):
-            if csd.align or csd.criterion != "aligned" or csd.trajectory_term != "none":
+            if csd.needs_equal_chains():
                 raise ValueError(
                     f"draft_head_steps {csd.draft_head_steps} differs from the target's head steps "
                     f"{sorted(set(steps_p))}: "
                     "chains of different lengths share no noise and no per-step stds, so it needs align=False, "
                     "criterion 'aligned' and trajectory_term 'none'"
                 )
-        if csd.acceptance_unit == "token" and getattr(target, "tokens_per_row", 1) == 1:
-            raise ValueError("acceptance_unit 'token' needs a family whose rows hold several tokens (xAR's cells)")
+        criterion = criterion_of(csd, target.traits.tokens_per_row)
         streams = {name: ImageStreams(seeds, name, device) for name in ("chain", "accept", "resample", "independent")}
         return cls(
             target=target,
@@ -213,6 +167,7 @@ class _Decoding:
             conditions=target.check_conditions(conditions, batch, device),
             sampling=sampling,
             csd=csd,
+            criterion=criterion,
             plan=plan,
             # Alignment shares every noise tensor, so both chains run the target's number of transitions.
             steps_p=steps_p,
@@ -250,14 +205,18 @@ class _Decoding:
             pos = self.plan.positions(s)
             commit(self.tokens, self.mask, pos, traj.x)
             self.trace.record_made(pos, s, Maker.PREFILL)
-            if self.trace.details is not None:
-                with self.timer("inspection"):  # a measurement: kept out of decoding times
-                    self.trace.record_chain(pos, "target", traj)
+            self._inspect(pos, "target", traj)
             self.trace.record_pass("target")
             made += self.plan.sizes[s]
             s += 1
             self.report(s, self.plan.num_steps, "pre-fill")
         return s
+
+    def _inspect(self, pos: Tensor, model: str, traj: Trajectory) -> None:
+        """Keep a chain's transitions for inspection, when asked; a measurement, kept out of decoding times."""
+        if self.trace.details is not None:
+            with self.timer("inspection"):
+                self.trace.record_chain(pos, model, traj)
 
     def blocks(self, start: int) -> Iterator[range]:
         """The AR steps of each block: gamma (or the schedule's entry) at a time, from ``start``."""
@@ -287,9 +246,7 @@ class _Decoding:
         pos = torch.cat([self.plan.positions(j) for j in steps], dim=1)
         joined = (Trajectory.join(trajs, b), ChainNoise.join(noises, b), self.draft.join(chains, b))
         block = _Block(steps, pos, *joined, t_p, t_q)
-        if self.trace.details is not None:
-            with self.timer("inspection"):  # a measurement: kept out of decoding times
-                self.trace.record_chain(pos, "draft", block.draft)
+        self._inspect(pos, "draft", block.draft)
         return block
 
     def verify(self, block: _Block) -> _Check:
@@ -304,9 +261,7 @@ class _Decoding:
         with self.timer("target_head"):
             target = chain_p.run(block.noise if aligned else self._noise("independent", rows, block.t_p))
         self.trace.record_distance(block.pos, (block.draft.x - target.x).norm(dim=-1), aligned)
-        if self.trace.details is not None:
-            with self.timer("inspection"):  # a measurement: kept out of decoding times
-                self.trace.record_chain(block.pos, "target", target)
+        self._inspect(block.pos, "target", target)
         if self.csd.counterfactual and block.t_q == block.t_p:  # the other noise choice needs equal lengths
             with self.timer("counterfactual"):
                 other = chain_p.run(self._noise("independent", rows, block.t_p) if aligned else block.noise)
@@ -314,98 +269,28 @@ class _Decoding:
         return _Check(chain_p, target)
 
     def accept_or_resample(self, block: _Block, check: _Check) -> _Decision:
-        """The acceptance test for every drafted token; rejected ones are redrawn from max(0, p - q)."""
-        units = self.units()
-        if units > 1:
-            return self._accept_units(block, check, units)
+        """The acceptance test for every drafted row (every token of it under PerToken); rejected ones are
+        redrawn from max(0, p - q)."""
+        crit, per_image = self.criterion, block.pos.shape[1] * self.criterion.units
+        proposal = Proposal(block.draft, check.target, block.chain_q, check.chain_p)
         with self.timer("verify"):
-            if self.csd.criterion == "aligned":
-                verdict = aligned_verdict(block.draft, check.target, self.csd.tau_v, self.csd.trajectory_term)
-                x = block.draft.x.clone()
-            else:
-                mean_p, std_p = check.chain_p.evaluate(block.draft.states)
-                verdict = exact_verdict(block.draft, mean_p, std_p)
-                x = mean_p[-1].clone()  # the target's last (noise-free) step on the draft path
-            uniforms = self.streams["accept"].rand(block.pos.shape[1]).reshape(-1)
+            verdict, x = crit.verdict(proposal)
+            uniforms = self.streams["accept"].rand(per_image).reshape(-1)
             accepted = accept(verdict, uniforms)
-        self.trace.record_accept_draw(block.pos, uniforms)
+        if crit.units == 1:
+            self.trace.record_accept_draw(block.pos, uniforms)
         with self.timer("resample"):
             rejected = (~accepted).nonzero().squeeze(-1)
-            resampled = self._resample(block, check, verdict, rejected) if rejected.numel() else None
-            if resampled is not None:
-                x[rejected] = resampled.x
-        return _Decision(x, verdict, accepted, rejected, resampled)
-
-    def units(self) -> int:
-        """Tokens per row under the acceptance unit: 1 for "row"; a family's tokens per row for "token"."""
-        if self.csd.acceptance_unit == "row":
-            return 1
-        units = getattr(self.target, "tokens_per_row", 1)
-        if units == 1:
-            raise ValueError("acceptance_unit 'token' needs a family whose rows hold several tokens (xAR's cells)")
-        return units
-
-    def _accept_units(self, block: _Block, check: _Check, units: int) -> _Decision:
-        """The aligned test and the resampler on every token of every row alone (acceptance_unit "token");
-        a row is accepted when all of its tokens are; the per-row results aggregate its tokens'."""
-        draft, target = split_rows(block.draft, units), split_rows(check.target, units)
-        with self.timer("verify"):
-            verdict = aligned_verdict(draft, target, self.csd.tau_v, self.csd.trajectory_term)
-            uniforms = self.streams["accept"].rand(block.pos.shape[1] * units).reshape(-1)
-            accepted = accept(verdict, uniforms)
-        x = draft.x.clone()
-        with self.timer("resample"):
-            rejected = (~accepted).nonzero().squeeze(-1)
+            resampled = None
             if rejected.numel():
-                tokens = _Block(block.steps, block.pos, draft, block.noise, block.chain_q, block.t_p, block.t_q)
-                resampled = self._resample(tokens, _Check(check.chain_p, target), verdict, rejected, units)
+                draws = _RowDraws(self.streams["resample"], rejected, per_image, self.batch)
+                resampled = crit.resample(proposal, verdict, rejected, draws)
                 x[rejected] = resampled.x
-        rows = lambda a: a.reshape(-1, units)
-        row_verdict = Verdict(rows(verdict.trajectory).sum(1), rows(verdict.final).sum(1))
-        row_ok = rows(accepted).all(1)
-        row_rejected = (~row_ok).nonzero().squeeze(-1)
-        tries = torch.zeros(accepted.shape, dtype=torch.long, device=accepted.device)
-        capped = torch.zeros(accepted.shape, dtype=torch.bool, device=accepted.device)
-        if rejected.numel():
-            tries[rejected], capped[rejected] = resampled.tries.long(), resampled.capped
-        per_row = Resampled(x=None, tries=rows(tries).sum(1)[row_rejected], capped=rows(capped).any(1)[row_rejected])
-        self.trace.record_unit_acceptance(block.pos, rows(accepted).float().mean(1))
-        return _Decision(x.reshape(-1, block.draft.x.shape[-1]), row_verdict, row_ok, row_rejected, per_row)
-
-    def _resample(self, block: _Block, check: _Check, verdict: Verdict, rejected: Tensor, units: int = 1) -> Resampled:
-        """Draw the rejected rows from max(0, p - q) / Z; a capped row takes the target's own sample.
-        ``units``: rows per drafted position (the tokens of a cell under acceptance_unit "token")."""
-        per_image, stream = block.pos.shape[1] * units, self.streams["resample"]
-        owner = lambda pending: torch.bincount(rejected[pending] // per_image, minlength=self.batch)
-        fallback = check.target.x[rejected]
-        d = fallback.shape[-1]
-        if self.csd.criterion == "aligned":  # both final Gaussians, weighted by the trajectory term
-            w = self.csd.resample_widening
-            p, q = check.target, block.draft
-
-            def draws(k: int, pending: Tensor) -> tuple[Tensor, Tensor]:
-                counts = owner(pending)
-                return stream.randn_rows(counts, k, d), stream.rand_rows(counts, k)
-
-            return resample_gaussian(
-                p_mean=p.final_mean[rejected],
-                p_std=w * p.final_std[rejected],
-                q_mean=q.final_mean[rejected],
-                q_std=w * q.final_std[rejected],
-                draws=draws,
-                fallback=fallback,
-                max_tries=self.csd.max_tries,
-                log_weight=-verdict.trajectory[rejected],
-            )
-        chain_p, chain_q = check.chain_p.select(rejected), block.chain_q.select(rejected)
-
-        def propose(pending: Tensor) -> tuple[Tensor, Tensor]:  # a whole target path, weighed by q / p
-            raw = stream.randn_rows(owner(pending), block.t_p, d)  # (m, T, d)
-            path = chain_p.select(pending).run(ChainNoise(raw[:, 0], raw[:, 1:].transpose(0, 1)))
-            mean_q, std_q = chain_q.select(pending).evaluate(path.states)
-            return path.x, path_log_ratio(path.states, mean_q, std_q, path.mean, path.std)
-
-        return resample_paths(propose, lambda pending: stream.rand_rows(owner(pending)), fallback, self.csd.max_tries)
+        if isinstance(crit, PerToken):  # a row's result aggregates its tokens'
+            verdict, accepted, rejected, resampled, fraction = crit.rows(verdict, accepted, rejected, resampled)
+            self.trace.record_unit_acceptance(block.pos, fraction)
+            x = x.reshape(-1, block.draft.x.shape[-1])
+        return _Decision(x, verdict, accepted, rejected, resampled)
 
     def commit_block(self, block: _Block, block_id: int, decision: _Decision) -> None:
         commit(self.tokens, self.mask, block.pos, decision.x)

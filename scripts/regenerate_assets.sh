@@ -33,14 +33,15 @@ chain() {  # <name>_stage1.log.jsonl+...+<name>.log.jsonl
 python -m visualize.training "$(chain shapes_target)" "$(chain shapes_draft)" --out "$M/training_curves.png"
 
 echo "== benchmark"
-python -m csd.experiments.bench --quick --n 200 --threads 1 --gammas 1 2 4 8 --quality-gammas 1 2 4 --out bench/results \
-  --update-docs  # the tables into docs/results.md and the README's headline
+python -m csd.experiments.bench --quick --n 200 --threads 1 --gammas 1 2 4 8 --quality-gammas 1 2 4 --out bench/results
+python -m visualize.report bench/results/bench.json  # the tables into docs/results.md and the README's headline
 
 echo "== the xAR pair: training curves and benchmark"
 python -m visualize.training "$M/shapes_xar_target.log.jsonl" "$M/shapes_xar_draft.log.jsonl" \
   --loss "flow matching on noisy-context cells" --out "$M/training_curves_xar.png"
 python -m csd.experiments.bench --quick --threads 1 --target "$M/shapes_xar_target.safetensors" \
-  --draft "$M/shapes_xar_draft.safetensors" --num-steps 16 --cfg-schedule linear --out bench/results/xar --update-docs
+  --draft "$M/shapes_xar_draft.safetensors" --num-steps 16 --cfg-schedule linear --out bench/results/xar
+python -m visualize.report bench/results/xar/bench.json
 
 if [[ $# -ge 1 ]]; then
   echo "== probe: $1 vs the shipped target"

@@ -8,7 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from csd.chain import HeadCondition
-from csd.models.masked import MaskedARFamily
+from csd.family import FamilyTraits
+from csd.models.mar.adapter import MaskedARFamily
 
 
 class LinearGaussianChain:
@@ -53,7 +54,8 @@ class ToyARModel(MaskedARFamily, nn.Module):
 
     def __init__(self, chain: LinearGaussianChain, seq_len: int = 4, num_classes: int = 3, shifts=None):
         super().__init__()
-        self.seq_len, self.token_dim, self.num_classes = seq_len, chain.token_dim, num_classes
+        self.seq_len, self.token_dim = seq_len, chain.token_dim
+        self.traits = FamilyTraits("toy", "classes", num_classes=num_classes)
         shifts = shifts if shifts is not None else [float(i) for i in range(num_classes)]
         self.table = nn.Parameter(torch.tensor(shifts).unsqueeze(-1).repeat(1, chain.token_dim), requires_grad=False)
         self.head = _Head(chain)
@@ -71,8 +73,7 @@ def save_tiny_pixel_pair(folder, seed: int = 0) -> tuple[str, str]:
     """A tiny random pixel MAR target (width 32) and draft (width 16) saved in the project format.
 
     Weights are perturbed away from MAR's zero-initialised head outputs, so images vary with the seed."""
-    from csd.experiments.pairs import random_pixel_config
-    from csd.models.mar import MAR
+    from csd.models.mar import MAR, tiny_pixel_config
     from csd.models.registry import save_model
 
     gen = torch.Generator().manual_seed(seed)
@@ -80,7 +81,7 @@ def save_tiny_pixel_pair(folder, seed: int = 0) -> tuple[str, str]:
     for name, width in (("target", 32), ("draft", 16)):
         with torch.random.fork_rng(devices=[]):  # layer init reads the global generator
             torch.manual_seed(seed)
-            model = MAR(random_pixel_config(width, 1))
+            model = MAR(tiny_pixel_config(width, 1))
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=gen))

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from csd.config import CSDConfig, SamplingConfig
 from csd.cost import csd_passes, prefill_steps, simple_bound, speedup_bound
 from csd.experiments.analysis import (
     Analysis,
@@ -17,8 +18,6 @@ from csd.experiments.analysis import (
     cost_model,
     step_costs,
 )
-from csd.sampling import SamplingConfig
-from csd.speculative import CSDConfig
 from csd.trace import Trace
 
 SETTINGS = AnalysisSettings(

@@ -16,20 +16,26 @@ pytest.importorskip("gradio_client")
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-import app
+from csd.config import CSDConfig
 from csd.experiments.analysis import Panels
 from csd.experiments.pairs import RANDOM_SOURCE, PairStore
-from csd.speculative import CSDConfig
+from demo import server
+from demo.core import App
+from demo.limits import Limits
+from demo.requests import library_errors
+from demo.tabs.analysis import frontier_result
+from demo.tabs.generate import GenerateTab, compare
+from demo.views import ANALYSIS_KEYS, analysis_status, frontier_status, stats_markdown
 
-LIMITS = app.Limits(max_batch=2, max_steps=8, max_images=2)
+LIMITS = Limits(max_batch=2, max_steps=8, max_images=2)
 SMALL = {"batch_size": 2, "ar_steps": 8, "gamma": 4}  # within LIMITS
 
 
 @pytest.fixture(scope="module")
 def served():
-    application = app.App(PairStore([RANDOM_SOURCE], torch.device("cpu")), LIMITS)
-    demo = app.build(application)
-    url = app.serve(demo, LIMITS, "127.0.0.1", None, block=False)
+    application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), LIMITS)
+    demo = server.build(application)
+    url = server.serve(demo, LIMITS, "127.0.0.1", None, block=False)
     yield application, Client(url, verbose=False)
     demo.close()
 
@@ -39,11 +45,11 @@ def client(served):
     return served[1]
 
 
-def controls(served_app: app.App, **overrides) -> dict:
+def controls(served_app: App, **overrides) -> dict:
     return {**served_app.default_controls(), **SMALL, **overrides}
 
 
-def analysis_controls(served_app: app.App, **overrides) -> dict:
+def analysis_controls(served_app: App, **overrides) -> dict:
     """The analysis takes the generate controls less the batch size (one image per seed), plus n_images."""
     return {k: v for k, v in controls(served_app, **overrides).items() if k != "batch_size"}
 
@@ -74,7 +80,7 @@ def test_analyze_recomputes_every_panel_for_a_tiny_n(served):
     application, client = served
     status, *figures, data = client.predict(n_images=1, **analysis_controls(application), api_name="/analyze")
     assert "Recomputed" in status and "over 1 images" in status
-    assert len(figures) == len(app.ANALYSIS_KEYS) and all(f is not None for f in figures)
+    assert len(figures) == len(ANALYSIS_KEYS) and all(f is not None for f in figures)
     panels = Panels.from_dict(data)
     assert panels.n_images == 1 and panels.settings["sampling"]["num_steps"] == 8
     assert set(panels.prefill.per_step) == {"0%", "5%", "15%"}
@@ -86,8 +92,8 @@ def test_panels_of_other_weights_are_shown_with_a_warning(served):
     application, client = served
     *_, data = client.predict(n_images=1, **analysis_controls(application), api_name="/analyze")
     panels = Panels.from_dict(data)
-    assert "Warning" not in app.analysis_status(panels, current_weights=panels.weights)
-    assert "other weights" in app.analysis_status(panels, current_weights="sha256:0123")
+    assert "Warning" not in analysis_status(panels, current_weights=panels.weights)
+    assert "other weights" in analysis_status(panels, current_weights="sha256:0123")
 
 
 def test_frontier_recomputes_every_alternative_for_the_current_controls(served):
@@ -105,28 +111,26 @@ def test_frontier_recomputes_every_alternative_for_the_current_controls(served):
 
 
 def test_frontier_refuses_more_work_than_the_server_allows():
-    application = app.App(PairStore([RANDOM_SOURCE], torch.device("cpu")), app.Limits(max_analysis_steps=8))
+    application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), Limits(max_analysis_steps=8))
     values = {k: v for k, v in controls(application, ar_steps=8).items() if k != "batch_size"}
     with pytest.raises(gr.Error, match=r"Images \(n\) x AR steps of the frontier must be at most 4.*1 x 8 = 8"):
-        next(application.recompute_frontier(1, progress=lambda *a, **k: None, **values))
+        next(frontier_result(application, 1, lambda *a, **k: None, **values))
 
 
 def test_the_benchmark_frontier_is_shown_only_for_the_weights_it_measured(tmp_path):
     store = PairStore([RANDOM_SOURCE], torch.device("cpu"))
     path = tmp_path / "frontier.json"
-    assert app.precomputed_frontier(path, store) is None  # no file
+    assert server.precomputed_frontier(path, store) is None  # no file
     row = {"name": "target-only", "method": "target, fewer AR steps", "time": 1.0, "sampling": {"num_steps": 8}}
     row |= {"fd": 9.0, "fd_se": 1.0, "front_fd": True, "csd": None}
     result = {"rows": [row], "metrics": ["fd"], "n": 200, "timing": "median", "weights": "sha256:other"}
     path.write_text(json.dumps(result))
-    assert app.precomputed_frontier(path, store) is None  # measured on other weights
+    assert server.precomputed_frontier(path, store) is None  # measured on other weights
     path.write_text(json.dumps(result | {"weights": RANDOM_SOURCE.weights}))
-    shown = app.precomputed_frontier(path, store)
+    shown = server.precomputed_frontier(path, store)
     assert shown["pair"] == RANDOM_SOURCE.name
-    assert "Precomputed" in app.frontier_status(shown) and "No CSD setting is on the front" in app.frontier_status(
-        shown
-    )
-    assert "press **Recompute frontier**" in app.frontier_status(None)
+    assert "Precomputed" in frontier_status(shown) and "No CSD setting is on the front" in frontier_status(shown)
+    assert "press **Recompute frontier**" in frontier_status(None)
 
 
 def test_toy_acceptance_matches_one_minus_total_variation(client):
@@ -171,7 +175,7 @@ def test_toy_rejects_a_zero_std_naming_it(client):
 
 def test_library_errors_become_app_errors_naming_the_knob():
     with pytest.raises(gr.Error, match=r"Invalid setting: gamma \(draft length\)"):
-        with app.library_errors():
+        with library_errors():
             CSDConfig(gamma=0)
 
 
@@ -179,16 +183,16 @@ def test_limits_come_from_the_environment_and_flags_win(monkeypatch):
     monkeypatch.setenv("CSD_MAX_BATCH", "3")
     monkeypatch.setenv("CSD_MAX_STEPS", "12")
     monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
-    args = app.parse_args([])
+    args = server.parse_args([])
     assert (args.max_batch, args.max_steps, args.share, args.host) == (3, 12, False, "127.0.0.1")
-    assert app.parse_args(["--max-batch", "5"]).max_batch == 5
+    assert server.parse_args(["--max-batch", "5"]).max_batch == 5
     with pytest.raises(SystemExit):
-        app.parse_args(["--max-steps", "0"])
+        server.parse_args(["--max-steps", "0"])
 
 
 def test_untrained_models_are_served_when_nothing_is_installed(monkeypatch):
-    monkeypatch.setattr(app, "discover", lambda checkpoints: [])
-    assert app.make_app(None, LIMITS).store.names == [RANDOM_SOURCE.name]
+    monkeypatch.setattr(server, "discover", lambda checkpoints: [])
+    assert server.make_app(None, LIMITS).store.names == [RANDOM_SOURCE.name]
 
 
 def test_inspect_returns_the_replay_the_token_and_the_hints(served):
@@ -218,9 +222,9 @@ def test_inspect_rejects_a_token_off_the_grid_naming_it(served):
 def served_text():
     from csd.experiments.pairs import RANDOM_TEXT_SOURCE
 
-    application = app.App(PairStore([RANDOM_TEXT_SOURCE, RANDOM_SOURCE], torch.device("cpu")), LIMITS)
-    demo = app.build(application)
-    url = app.serve(demo, LIMITS, "127.0.0.1", None, block=False)
+    application = App(PairStore([RANDOM_TEXT_SOURCE, RANDOM_SOURCE], torch.device("cpu")), LIMITS)
+    demo = server.build(application)
+    url = server.serve(demo, LIMITS, "127.0.0.1", None, block=False)
     yield application, Client(url, verbose=False)
     demo.close()
 
@@ -259,13 +263,18 @@ def test_bad_prompts_are_named_errors(served_text, prompt, named):
 def test_an_xar_pair_generates_and_names_its_fixed_ar_steps():
     from csd.experiments.pairs import RANDOM_XAR_SOURCE
 
-    application = app.App(PairStore([RANDOM_XAR_SOURCE], torch.device("cpu")), app.Limits(max_batch=2))
+    application = App(PairStore([RANDOM_XAR_SOURCE], torch.device("cpu")), Limits(max_batch=2))
     values = {**application.default_controls(), "batch_size": 1, "ar_steps": 16, "cfg_schedule": "linear"}
-    *_, stats, _, summary, inspected = list(application.generate(progress=lambda *a, **k: None, **values))[-1]
-    assert summary["target_passes"]["target-only"] == 16 and summary["target_passes"]["CSD"] < 16
-    assert summary["unit"] == "cells" and "drafted cells accepted" in stats
-    assert inspected.frames  # the Inspect tab replays it, cell by cell
-    with pytest.raises(gr.Error, match="AR steps must be 16 for random xAR"):
-        next(application.generate(progress=lambda *a, **k: None, **{**values, "ar_steps": 32}))
-    steps, schedule = application.classes(RANDOM_XAR_SOURCE.name)[3:]
+    kind, done = list(compare(application, lambda *a, **k: None, **values))[-1]
+    summary = done.summary
+    assert kind == "done" and summary["target_passes"]["target-only"] == 16 and summary["target_passes"]["CSD"] < 16
+    assert summary["unit"] == "cells" and "drafted cells accepted" in stats_markdown(summary)
+    assert done.inspected.frames  # the Inspect tab replays it, cell by cell
+    with pytest.raises(gr.Error, match=r"random xAR.*AR steps\) must equal 16 for this xAR model"):
+        next(compare(application, lambda *a, **k: None, **{**values, "ar_steps": 32}))
+    tab = GenerateTab(application)
+    with gr.Blocks():
+        tab.build({})
+    update = tab.pair_changed(RANDOM_XAR_SOURCE.name)
+    steps, schedule = update[tab.controls["ar_steps"]], update[tab.controls["cfg_schedule"]]
     assert steps["value"] == 16 and schedule["value"] == "linear"  # choosing the pair sets them

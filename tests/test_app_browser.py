@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import app
+from demo import server
+from demo.limits import Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -49,12 +50,12 @@ def served():
         if os.environ.get("CI") == "true":
             pytest.fail(f"browser test required under CI: {reason}")
         pytest.skip(reason)
-    limits = app.Limits(max_batch=4)  # the default batch, capped: keeps one generation short
-    application = app.make_app(None, limits)  # what `python app.py` serves, models and panels included
-    demo = app.build(application)
+    limits = Limits(max_batch=4)  # the default batch, capped: keeps one generation short
+    application = server.make_app(None, limits)  # what `python app.py` serves, models and panels included
+    demo = server.build(application)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as `python app.py --threads 1`: on a shared CPU, more threads can be 10x slower
-    yield application, app.serve(demo, limits, "127.0.0.1", None, block=False)
+    yield application, server.serve(demo, limits, "127.0.0.1", None, block=False)
     demo.close()
     torch.set_num_threads(threads)
 
@@ -187,7 +188,7 @@ def test_an_xar_run_in_chromium(served, tmp_path):
 
     application, url = served
     assert XAR_NAME in application.store.names, "the embedded xAR pair ships in assets/models"
-    cells = application.store.source(XAR_NAME).cells
+    cells = application.store.source(XAR_NAME).traits.fixed_num_steps
     shots = screenshots(tmp_path)
     with open_page(url) as page:
         page.get_by_label("Model pair").first.click()
@@ -207,4 +208,6 @@ def test_an_xar_run_in_chromium(served, tmp_path):
         steps.fill(str(cells // 2))
         steps.press("Enter")
         page.get_by_role("button", name="Generate", exact=True).click()
-        page.get_by_text(f"AR steps must be {cells} for {XAR_NAME}", exact=False).first.wait_for(state="visible")
+        page.get_by_text(f"AR steps) must equal {cells} for this xAR model", exact=False).first.wait_for(
+            state="visible"
+        )

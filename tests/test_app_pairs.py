@@ -5,17 +5,16 @@ import torch
 
 from csd.experiments.pairs import (
     EMBEDDED_NAME,
-    OFFICIAL_TARGETS,
+    OFFICIAL_PAIRS,
     RANDOM_SOURCE,
     PairSource,
     PairStore,
     discover,
-    pixel_tokenizer,
     random_pair,
-    random_pixel_config,
 )
-from csd.models.mar import MAR
+from csd.models.mar import MAR, tiny_pixel_config
 from csd.models.registry import save_model
+from csd.models.tokenizer import pixel_tokenizer
 from csd.shapes.data import CLASS_NAMES
 
 
@@ -25,8 +24,8 @@ def test_nothing_is_discovered_in_an_empty_directory(tmp_path):
 
 def test_embedded_pair_is_discovered_and_loads_as_pixel_models(tmp_path):
     torch.manual_seed(0)
-    save_model(MAR(random_pixel_config(32, 1)), tmp_path / "shapes_target.safetensors")
-    save_model(MAR(random_pixel_config(32, 1)), tmp_path / "shapes_draft.safetensors")
+    save_model(MAR(tiny_pixel_config(32, 1)), tmp_path / "shapes_target.safetensors")
+    save_model(MAR(tiny_pixel_config(32, 1)), tmp_path / "shapes_draft.safetensors")
     (source,) = discover(None, embedded_dir=tmp_path)
     assert source.name == EMBEDDED_NAME and source.class_names == CLASS_NAMES
     pair = source.load(torch.device("cpu"))
@@ -41,7 +40,7 @@ def test_official_pairs_need_the_draft_the_tokenizer_and_their_target(tmp_path):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).touch()
     names = [s.name for s in discover(tmp_path, embedded_dir=tmp_path / "none")]
-    assert names == [n for n, config in OFFICIAL_TARGETS.items() if config == "mar_large"]
+    assert names == [s.name for s in OFFICIAL_PAIRS if s.target == "mar_large"]
     (tmp_path / "vae/kl16.ckpt").unlink()
     assert discover(tmp_path, embedded_dir=tmp_path / "none") == []
 
@@ -53,7 +52,7 @@ def test_store_loads_each_pair_once_and_shares_frozen_models():
         calls.append(device)
         return RANDOM_SOURCE.load(device)
 
-    store = PairStore([PairSource("p", CLASS_NAMES, "random:0", load)], torch.device("cpu"))
+    store = PairStore([PairSource("p", CLASS_NAMES, "random:0", load, RANDOM_SOURCE.traits)], torch.device("cpu"))
     first, second = store.get("p"), store.get("p")
     assert first is second and len(calls) == 1
     for model in (first.target, first.draft):
@@ -81,12 +80,18 @@ def test_official_xar_pairs_are_discovered_and_load_with_the_targets_flow_steps(
     official configs here): 4 cells, the draft on the target's time grid, images from latent cells."""
     from functools import partial
 
+    from csd.config import CSDConfig, SamplingConfig
     from csd.models import vae, xar
-    from csd.sampling import SamplingConfig
-    from csd.speculative import CSDConfig, speculative_generate
+    from csd.speculative import speculative_generate
 
     tiny = lambda steps: xar.XARConfig(
-        embed_dim=32, encoder_depth=1, decoder_depth=1, num_heads=2, token_dim=4, flow_steps=steps
+        embed_dim=32,
+        encoder_depth=1,
+        decoder_depth=1,
+        encoder_num_heads=2,
+        decoder_num_heads=2,
+        token_dim=4,
+        flow_steps=steps,
     )
     monkeypatch.setitem(xar.XAR_CONFIGS, "xar_base", tiny(40))
     monkeypatch.setitem(xar.XAR_CONFIGS, "xar_large", tiny(50))
@@ -99,7 +104,11 @@ def test_official_xar_pairs_are_discovered_and_load_with_the_targets_flow_steps(
     assert discover(tmp_path, embedded_dir=tmp_path / "none") == []  # no tokenizer yet
     torch.save({"model": vae.KLAutoencoder("tiny").state_dict()}, tmp_path / "vae" / "kl16.ckpt")
     (source,) = discover(tmp_path, embedded_dir=tmp_path / "none")
-    assert source.name == "xAR-L / xAR-B (ImageNet)" and source.cells == 4 and len(source.class_names) == 1000
+    assert (
+        source.name == "xAR-L / xAR-B (ImageNet)"
+        and source.traits.fixed_num_steps == 4
+        and len(source.class_names) == 1000
+    )
     pair = source.load(torch.device("cpu"))
     assert pair.draft.config.flow_steps == pair.target.config.flow_steps == 50
     sampling = SamplingConfig(num_steps=4, cfg_schedule="linear", head_steps=3)

@@ -12,16 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from csd.config import CSDConfig, SamplingConfig
 from csd.cost import StepCosts, csd_passes, prefill_steps, sequential_passes, simple_bound, speedup_bound
 from csd.experiments import bench, defaults
 from csd.experiments.bench import BenchConfig, compare_settings, headline_markdown, main, parse_setting
 from csd.experiments.evaluate import eval_labels_seeds, generate_images, load_models, quality
-from csd.experiments.pairs import cell_pixel_tokenizer, pixel_tokenizer
+from csd.experiments.pairs import image_tokenizer
 from csd.experiments.timing import alternate
-from csd.models.schedule import step_sizes
-from csd.sampling import SamplingConfig, generate
+from csd.models.tokenizer import pixel_tokenizer
+from csd.sampling import generate
+from csd.schedule import step_sizes
 from csd.shapes.metrics import REFERENCE_SEED, load_classifier, reference_features
-from csd.speculative import CSDConfig, speculative_generate
+from csd.speculative import speculative_generate
 from tests.helpers import LinearGaussianChain, ToyARModel, save_tiny_pixel_pair, save_tiny_xar_pair
 
 COSTS = StepCosts(target_backbone=10.0, target_head=2.0, draft_backbone=1.0, draft_head=0.5)
@@ -213,7 +215,7 @@ def test_quick_bench_on_an_xar_pair_cuts_flow_steps_and_scores_cells_and_tokens(
         main(args)  # the default 32 AR steps: xAR needs one per cell
     result = main(args + ["--num-steps", "16", "--cfg-schedule", "linear", "--gamma", "4", "--head-steps", "8"])
     row = result["rows"][0]
-    assert result["settings"]["family"] == "XAR" and row["num_steps"] == 16
+    assert result["settings"]["family"] == "xAR" and row["num_steps"] == 16
     passes = csd_passes(16, 16, 4, 0.05)[0]
     assert row["target_passes"] == passes == 1 + 4 and row["fewer_steps"] == 16
     assert row["fewer_head_steps"] == round(8 * passes / 16)
@@ -221,14 +223,14 @@ def test_quick_bench_on_an_xar_pair_cuts_flow_steps_and_scores_cells_and_tokens(
         assert 0.0 <= result[key] <= 1.0, key
     assert "acceptance per token" in (out / "bench.md").read_text()
     assert "| target, 2 flow steps |" in headline_markdown(result)
-    assert bench._prefix(result) == "xar-"
+    assert bench.docs_prefix(result) == "xar-"
 
     target, draft = load_models(target_path, draft_path, torch.device("cpu"))
     sampling = SamplingConfig(**result["settings"]["sampling"])
-    labels, seeds = eval_labels_seeds(4, 0, target.num_classes)
+    labels, seeds = eval_labels_seeds(4, 0, target.traits)
     images, _ = generate_images("target", target, draft, labels, seeds, sampling, CSDConfig(), 4)
     tokens = generate(target, labels, seeds, sampling).tokens
-    assert torch.equal(images, cell_pixel_tokenizer(target).decode(tokens))
+    assert torch.equal(images, image_tokenizer(target).decode(tokens))
     assert not torch.equal(images, pixel_tokenizer(target.token_dim).decode(tokens))
 
 
@@ -249,7 +251,7 @@ def test_quality_by_gamma_scores_images_made_with_that_gamma(tmp_path, restore_t
     target, draft = load_models(target_path, draft_path, torch.device("cpu"))
     sampling = SamplingConfig(**result["settings"]["sampling"])
     csd = CSDConfig(**{**result["settings"]["csd"], "gamma": 3})
-    labels, seeds = eval_labels_seeds(12, 0, target.num_classes)
+    labels, seeds = eval_labels_seeds(12, 0, target.traits)
     images, _ = generate_images("csd", target, draft, labels, seeds, sampling, csd, defaults.BATCH_SIZE)
     classifier = load_classifier()  # the bench's default
     scores, _ = quality(images, labels, reference_features(30, REFERENCE_SEED, classifier), classifier)

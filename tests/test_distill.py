@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from csd.experiments.pairs import file_digest
-from csd.models.checkpoint import CheckpointError
+from csd.models.checkpoint import CheckpointError, file_digest
 from csd.models.diffusion import Schedule, distill_loss, learned_log_variance
 from csd.models.mar import MAR
 from csd.models.registry import load_model

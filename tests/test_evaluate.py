@@ -15,17 +15,18 @@ import numpy as np
 import pytest
 import torch
 
+from csd.config import CSDConfig, SamplingConfig
 from csd.cost import csd_passes
 from csd.experiments.evaluate import EvalConfig, eval_labels_seeds, fewer_steps, interleave
-from csd.sampling import SamplingConfig
-from csd.speculative import CSDConfig, speculative_generate
+from csd.family import FamilyTraits
+from csd.speculative import speculative_generate
 from tests.helpers import save_tiny_pixel_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_labels_cycle_over_classes_and_seeds_are_consecutive():
-    labels, seeds = eval_labels_seeds(12, seed_offset=100, num_classes=10)
+    labels, seeds = eval_labels_seeds(12, seed_offset=100, traits=FamilyTraits("MAR", num_classes=10))
     assert labels == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]
     assert seeds == list(range(100, 112))
 
@@ -42,9 +43,18 @@ def test_fewer_steps_baseline_has_as_many_steps_as_csd_has_target_passes():
     sampling, csd = SamplingConfig(num_steps=16), CSDConfig(gamma=4, prefill=0.05)
     passes, _ = csd_passes(64, 16, 4, 0.05)
     # The cosine schedule's first steps make 1, 1, 1, 2 tokens: 5% of 64 takes 4 pre-fill steps.
-    assert fewer_steps(sampling, csd, SimpleNamespace(seq_len=64)).num_steps == passes == 4 + 3  # + ceil(12 / 4) blocks
+    assert (
+        fewer_steps(sampling, csd, SimpleNamespace(seq_len=64, traits=FamilyTraits("MAR", num_classes=10))).num_steps
+        == passes
+        == 4 + 3
+    )  # + ceil(12 / 4) blocks
     growing = CSDConfig(gamma=4, gamma_schedule=(1, 1, 2), prefill=0.05)  # blocks of 1, 1, 2, 4, 4 steps
-    assert fewer_steps(sampling, growing, SimpleNamespace(seq_len=64)).num_steps == 4 + 5
+    assert (
+        fewer_steps(
+            sampling, growing, SimpleNamespace(seq_len=64, traits=FamilyTraits("MAR", num_classes=10))
+        ).num_steps
+        == 4 + 5
+    )
 
 
 def test_gamma_schedule_flag_reaches_the_settings():
@@ -121,7 +131,7 @@ def test_criterion_flags_reach_the_sampler(tmp_path, restore_threads):
     target, draft = load_models(target_path, draft_path, torch.device("cpu"))
     sampling = SamplingConfig(**exact["settings"]["sampling"])
     csd = CSDConfig(**exact["settings"]["csd"])
-    labels, seeds = eval_labels_seeds(4, 0, target.num_classes)
+    labels, seeds = eval_labels_seeds(4, 0, target.traits)
     _, stats = generate_images("csd", target, draft, labels, seeds, sampling, csd, 2)
     for key in ("acceptance_rate", "mean_resample_tries", "drafted_tokens"):
         assert summarize_stats(stats)[key] == pytest.approx(exact[key], nan_ok=True)
@@ -151,10 +161,9 @@ def test_acceptance_terms_are_the_mean_kept_probability_of_each_part_of_log_r(ra
 
 def test_perturbed_draft_is_seeded_and_scaled_per_tensor():
     from csd.experiments.evaluate import perturb_weights
-    from csd.experiments.pairs import random_pixel_config
-    from csd.models.mar import MAR
+    from csd.models.mar import MAR, tiny_pixel_config
 
-    base = MAR(random_pixel_config(16, 1))
+    base = MAR(tiny_pixel_config(16, 1))
     a, b = (perturb_weights(copy.deepcopy(base), 0.01) for _ in range(2))
     for wa, wb, w in zip(a.parameters(), b.parameters(), base.parameters(), strict=True):
         torch.testing.assert_close(wa, wb)  # same seed, same noise

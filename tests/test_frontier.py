@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from csd.config import CSDConfig, SamplingConfig
 from csd.experiments.frontier import (
     METRICS,
     Point,
@@ -16,9 +17,7 @@ from csd.experiments.frontier import (
     pareto,
     run_frontier,
 )
-from csd.sampling import SamplingConfig
 from csd.shapes.metrics import load_classifier, reference_features
-from csd.speculative import CSDConfig
 from tests.helpers import save_tiny_pixel_pair
 from visualize.frontier import frontier_chart
 
@@ -80,8 +79,9 @@ def test_a_tiny_frontier_has_times_qualities_errors_and_fronts(tiny_result):
     json.dumps(tiny_result)  # JSON-ready
 
 
-def test_the_bench_writes_the_frontier_json_markdown_and_plot(tmp_path, restore_threads):
+def test_the_bench_writes_the_frontier_json_and_markdown_and_the_report_its_plot(tmp_path, restore_threads):
     from csd.experiments.bench import main
+    from visualize.report import main as report
 
     target, draft = save_tiny_pixel_pair(tmp_path)
     args = ["--frontier", "--quick", "--target", target, "--draft", draft, "--n", "4", "--n-ref", "20"]
@@ -91,12 +91,14 @@ def test_the_bench_writes_the_frontier_json_markdown_and_plot(tmp_path, restore_
     assert [r["name"] for r in saved["rows"]] == [r["name"] for r in result["rows"]]
     assert saved["rows"][0]["name"].startswith("target-only (6 AR steps")
     assert (tmp_path / "out" / "frontier.md").read_text().startswith("# Quality-time frontier")
+    assert not (tmp_path / "out" / "frontier.png").exists()  # measurements write no figures
+    report([str(tmp_path / "out" / "frontier.json")])
     assert (tmp_path / "out" / "frontier.png").stat().st_size > 1000
 
 
 def test_the_bench_frontier_records_the_weights_the_app_matches(tmp_path, restore_threads):
     from csd.experiments.bench import main
-    from csd.experiments.pairs import file_digest
+    from csd.models.checkpoint import file_digest
 
     target, draft = save_tiny_pixel_pair(tmp_path)
     args = ["--frontier", "--quick", "--target", target, "--draft", draft, "--n", "4", "--n-ref", "20"]

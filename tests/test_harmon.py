@@ -6,13 +6,14 @@ import torch
 
 pytest.importorskip("transformers")
 
+from csd.config import CSDConfig, SamplingConfig
 from csd.models.harmon import MAX_PROMPT_CHARS, Harmon, HarmonConfig, WordTokenizer, harmon_config, qwen2
 from csd.models.mar import mar_config
 from csd.models.registry import load_model, save_model
-from csd.sampling import SamplingConfig, generate
+from csd.sampling import generate
 from csd.shapes.data import make_dataset
 from csd.shapes.text import CAPTION_WORDS, TEXT_CONFIGS, caption_tokenizer, prompt_class, prompt_colour
-from csd.speculative import CSDConfig, speculative_generate
+from csd.speculative import speculative_generate
 from csd.trace import Maker
 
 PROMPTS = ["a small red star on a blue gradient", "a large green circle on a plain white background"]
@@ -187,7 +188,7 @@ def official_layout(tmp_path, model: Harmon):
 
 
 def test_an_official_layout_loads_strictly_with_its_llm_files(pair, tmp_path):
-    from csd.models.harmon_official import load_official_harmon
+    from csd.models.harmon.official import load_official_harmon
 
     target, _ = pair
     pth, llm_dir = official_layout(tmp_path, target)
@@ -200,7 +201,7 @@ def test_an_official_layout_loads_strictly_with_its_llm_files(pair, tmp_path):
 
 def test_official_loading_names_missing_files_and_mismatched_keys(pair, tmp_path):
     from csd.models.checkpoint import CheckpointError
-    from csd.models.harmon_official import load_official_harmon
+    from csd.models.harmon.official import load_official_harmon
 
     target, _ = pair
     pth, llm_dir = official_layout(tmp_path, target)

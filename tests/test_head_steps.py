@@ -4,9 +4,11 @@ and a draft head with its own number of steps; each stays seeded and batch-invar
 import pytest
 import torch
 
+from csd.config import CSDConfig, SamplingConfig
 from csd.experiments.pairs import random_pair
-from csd.sampling import SamplingConfig, generate, head_step_schedule
-from csd.speculative import CSDConfig, speculative_generate
+from csd.sampling import generate
+from csd.schedule import head_step_schedule
+from csd.speculative import speculative_generate
 
 SCHEDULED = SamplingConfig(num_steps=8, cfg_scale=2.0, head_steps=10, head_steps_min=2)
 INDEPENDENT = {"align": False, "trajectory_term": "none"}

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from csd.config import CSDConfig, SamplingConfig
 from csd.experiments.inspection import (
     DRAFTED,
     UNKNOWN,
@@ -13,8 +14,8 @@ from csd.experiments.inspection import (
     replay_frames,
     token_index,
 )
-from csd.sampling import SamplingConfig, generate
-from csd.speculative import CSDConfig, speculative_generate
+from csd.sampling import generate
+from csd.speculative import speculative_generate
 from csd.trace import Maker
 from visualize.images import display_grid, locate, token_map
 from visualize.replay import chains_chart

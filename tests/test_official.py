@@ -8,7 +8,7 @@ import torch
 
 from csd.models.checkpoint import CheckpointError
 from csd.models.mar import MAR, MAR_CONFIGS, mar_config
-from csd.models.official import config_from_args, load_official_mar
+from csd.models.mar.official import config_from_args, load_official_mar
 
 
 def _official_checkpoint(path, model: MAR, ema: MAR, args: argparse.Namespace | None = None):

@@ -5,10 +5,11 @@ import threading
 import pytest
 import torch
 
+from csd.config import CSDConfig, SamplingConfig
 from csd.experiments.jobs import Job, Step, Stopped
-from csd.models.schedule import step_sizes
-from csd.sampling import SamplingConfig, generate
-from csd.speculative import CSDConfig, speculative_generate
+from csd.sampling import generate
+from csd.schedule import step_sizes
+from csd.speculative import speculative_generate
 from csd.trace import Maker
 
 SAMPLING = SamplingConfig(num_steps=8, cfg_scale=2.0)

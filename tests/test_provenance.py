@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from csd.experiments import defaults
-from csd.experiments.pairs import file_digest
+from csd.models.checkpoint import file_digest
 from csd.models.mar import mar_config
 from csd.models.registry import load_model
 from visualize.training import chain_logs, read_log

@@ -51,7 +51,8 @@ def test_the_front_page_is_short():
 
 
 def test_update_docs_rewrites_both_blocks_from_a_result(tmp_path):
-    from csd.experiments.bench import markdown, update_docs
+    from csd.experiments.bench import markdown
+    from visualize.report import update_docs
 
     result = json.loads((ROOT / "bench" / "results" / "bench.json").read_text())
     (tmp_path / "docs").mkdir()

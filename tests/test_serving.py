@@ -13,12 +13,16 @@ import torch
 pytest.importorskip("gradio_client")
 from gradio_client import Client
 
-import app
 from csd.experiments import pairs
-from csd.experiments.pairs import OFFICIAL_FILES, RANDOM_NAME, PairSource, PairStore, discover, fetch_official
+from csd.experiments.pairs import HUB_FILES, RANDOM_NAME, PairSource, PairStore, discover, fetch_official
+from demo import server
+from demo.core import App
+from demo.limits import Limits
+from demo.tabs.analysis import analysis_panels, analyze_stopped
+from demo.tabs.generate import GenerateTab, compare
 from tests.fake_hub import fake_hub
 
-OFFICIAL_REPO = {name: name.encode() * 3 for name in OFFICIAL_FILES} | {"README.md": b"not fetched"}
+OFFICIAL_REPO = {name: name.encode() * 3 for name in HUB_FILES} | {"README.md": b"not fetched"}
 STEP_DELAY = 0.02  # seconds added to every backbone pass of the slow pair: runs long enough to stop midway
 
 
@@ -30,15 +34,15 @@ def _slow_pair(device):
     return pair
 
 
-SLOW_SOURCE = PairSource(RANDOM_NAME, pairs.CLASS_NAMES, "random:0", _slow_pair)
-LIMITS = app.Limits(max_batch=2, max_steps=64, max_images=2)
+SLOW_SOURCE = PairSource(RANDOM_NAME, pairs.CLASS_NAMES, "random:0", _slow_pair, pairs.RANDOM_SOURCE.traits)
+LIMITS = Limits(max_batch=2, max_steps=64, max_images=2)
 
 
 @pytest.fixture(scope="module")
 def served():
-    application = app.App(PairStore([SLOW_SOURCE], torch.device("cpu")), LIMITS)
-    demo = app.build(application)
-    url = app.serve(demo, LIMITS, "127.0.0.1", None, block=False)
+    application = App(PairStore([SLOW_SOURCE], torch.device("cpu")), LIMITS)
+    demo = server.build(application)
+    url = server.serve(demo, LIMITS, "127.0.0.1", None, block=False)
     yield application, demo, Client(url, verbose=False)
     demo.close()
 
@@ -66,7 +70,7 @@ def test_the_page_offers_no_control_that_takes_a_path_or_a_repository(served):
 def test_every_handler_is_a_known_one_and_none_can_download(served, monkeypatch):
     application, demo, client = served
     handlers = {fn.fn.__name__ for fn in demo.fns.values() if fn.fn is not None}  # None: a front-end-only event
-    known = {"generate", "analyze", "toy", "classes", "generate_stopped", "analyze_stopped"}
+    known = {"generate", "analyze", "toy", "pair_changed", "generate_stopped", "analyze_stopped"}
     known |= {"recompute_frontier", "frontier_stopped", "pick_example"}  # the frontier section, example prompts
     known |= {"after_run", "replay", "show_token", "select_on_map", "select_hint", "inspect_api"}  # the Inspect tab
     assert handlers <= known, handlers
@@ -88,13 +92,14 @@ def test_fetch_official_takes_only_the_official_files_and_skips_those_present(tm
     lines = []
     with fake_hub({"org/mar": OFFICIAL_REPO}) as (url, requests):
         fetch_official("org/mar", tmp_path, lines.append, endpoint=url)
-        assert all((tmp_path / name).read_bytes() == OFFICIAL_REPO[name] for name in OFFICIAL_FILES)
+        assert all((tmp_path / name).read_bytes() == OFFICIAL_REPO[name] for name in HUB_FILES)
         assert not (tmp_path / "README.md").exists()
         assert "Fetching 4 of 4 official files" in lines[0] and "org/mar" in lines[0] and "free" in lines[0]
         requests.clear()
         fetch_official("org/mar", tmp_path, lines.append, endpoint=url)
         assert "all present" in lines[1] and not any("/resolve/" in r for r in requests)
-    assert [s.name for s in discover(tmp_path, embedded_dir=tmp_path)] == list(pairs.OFFICIAL_TARGETS)
+    mar_pairs = [s.name for s in pairs.OFFICIAL_PAIRS if s.family == "mar"]
+    assert [s.name for s in discover(tmp_path, embedded_dir=tmp_path)] == mar_pairs
 
 
 def test_fetch_official_checks_the_disk_space_before_downloading(tmp_path):
@@ -120,16 +125,16 @@ def test_a_missing_hub_repository_named_at_start_stops_the_start(tmp_path, monke
         monkeypatch.setenv("HF_ENDPOINT", url)
         monkeypatch.setenv("CSD_HUB_REPO", "nobody/nothing")
         with pytest.raises(SystemExit, match="--hub-repo nobody/nothing: Hub repository 'nobody/nothing' does not"):
-            app.main(["--checkpoints", str(tmp_path)])
-    args = app.parse_args(["--hub-repo", "org/mar"])
-    assert args.hub_repo == "org/mar" and args.checkpoints == app.DEFAULT_CHECKPOINTS
+            server.main(["--checkpoints", str(tmp_path)])
+    args = server.parse_args(["--hub-repo", "org/mar"])
+    assert args.hub_repo == "org/mar" and args.checkpoints == server.DEFAULT_CHECKPOINTS
 
 
 def test_a_hub_repository_named_at_start_is_fetched_before_serving(tmp_path, monkeypatch):
-    monkeypatch.setattr(app, "discover", lambda checkpoints: [SLOW_SOURCE] if checkpoints == tmp_path else [])
+    monkeypatch.setattr(server, "discover", lambda checkpoints: [SLOW_SOURCE] if checkpoints == tmp_path else [])
     with fake_hub({"org/mar": OFFICIAL_REPO}) as (url, _):
         monkeypatch.setenv("HF_ENDPOINT", url)
-        application = app.make_app(tmp_path, LIMITS, hub_repo="org/mar")
+        application = server.make_app(tmp_path, LIMITS, hub_repo="org/mar")
     assert (tmp_path / "vae" / "kl16.ckpt").is_file() and application.store.names == [RANDOM_NAME]
 
 
@@ -173,22 +178,27 @@ def test_stop_ends_the_run_within_an_ar_step_and_the_queue_serves_the_next_reque
     assert not any(isinstance(o[4], str) and o[4].startswith("### Speedup") for o in job.outputs())
 
 
-def test_the_stop_buttons_show_nothing_of_the_stopped_run():
-    images_and_text = app.App.generate_stopped()
-    assert images_and_text[:4] == (None, None, None, None) and "Stopped" in images_and_text[4]
-    assert images_and_text[5:] == (None, None, None)  # no plot, no summary, nothing to inspect
-    assert "panels below are the ones shown before" in app.App.analyze_stopped()
+def test_the_stop_button_shows_nothing_of_the_stopped_run():
+    import gradio as gr
+
+    tab = GenerateTab(App(PairStore([SLOW_SOURCE], torch.device("cpu")), LIMITS))
+    with gr.Blocks():
+        tab.build({})
+    shown = tab.generate_stopped()
+    assert set(shown) == set(tab.outputs) and "Stopped" in shown.pop(tab.stats)
+    assert all(v is None for v in shown.values())  # no image, plot, summary, nothing to inspect
+    assert "panels below are the ones shown before" in analyze_stopped()
 
 
 # --- limits -------------------------------------------------------------------------------------------
 
 
 def test_a_run_past_the_time_limit_ends_with_an_error_naming_the_limit():
-    limits = app.Limits(max_batch=1, max_steps=64, max_seconds=0.2)
-    application = app.App(PairStore([SLOW_SOURCE], torch.device("cpu")), limits)
+    limits = Limits(max_batch=1, max_steps=64, max_seconds=0.2)
+    application = App(PairStore([SLOW_SOURCE], torch.device("cpu")), limits)
     controls = _controls(application)
     with pytest.raises(gr.Error, match=r"ran past the time limit of 0.2 s per request \(--max-seconds"):
-        for _ in application.generate(progress=lambda *a, **k: None, **controls):
+        for _ in compare(application, lambda *a, **k: None, **controls):
             pass
     assert application.history[-1]["status"] == "over time"
     assert application.history[-1]["seconds"] < 0.2 + 10 * STEP_DELAY + 1.0
@@ -196,19 +206,19 @@ def test_a_run_past_the_time_limit_ends_with_an_error_naming_the_limit():
 
 def test_the_time_limit_comes_from_the_environment_and_flags_win(monkeypatch):
     monkeypatch.setenv("CSD_MAX_SECONDS", "12.5")
-    assert app.parse_args([]).max_seconds == 12.5
-    assert app.parse_args(["--max-seconds", "3"]).max_seconds == 3.0
+    assert server.parse_args([]).max_seconds == 12.5
+    assert server.parse_args(["--max-seconds", "3"]).max_seconds == 3.0
     with pytest.raises(SystemExit):
-        app.parse_args(["--max-seconds", "0"])
+        server.parse_args(["--max-seconds", "0"])
     monkeypatch.setenv("CSD_MAX_SECONDS", "soon")
     with pytest.raises(SystemExit, match="CSD_MAX_SECONDS must be a number"):
-        app.parse_args([])
+        server.parse_args([])
 
 
 def test_an_analysis_past_the_work_limit_is_refused_naming_it():
-    limits = app.Limits(max_batch=1, max_steps=64, max_images=8, max_analysis_steps=16)
-    application = app.App(PairStore([SLOW_SOURCE], torch.device("cpu")), limits)
+    limits = Limits(max_batch=1, max_steps=64, max_images=8, max_analysis_steps=16)
+    application = App(PairStore([SLOW_SOURCE], torch.device("cpu")), limits)
     controls = {k: v for k, v in _controls(application, ar_steps=16).items() if k != "batch_size"}
     with pytest.raises(gr.Error, match=r"Images \(n\) x AR steps must be at most 16 .*got 2 x 16 = 32"):
-        next(application.analyze(2, progress=lambda *a, **k: None, **controls))
-    assert app.parse_args(["--max-analysis-steps", "99"]).max_analysis_steps == 99
+        next(analysis_panels(application, 2, lambda *a, **k: None, **controls))
+    assert server.parse_args(["--max-analysis-steps", "99"]).max_analysis_steps == 99

@@ -7,9 +7,10 @@ import pytest
 import torch
 from scipy import stats
 
+from csd.config import CSDConfig, SamplingConfig
 from csd.models.mar import MAR, mar_config
-from csd.sampling import SamplingConfig, generate
-from csd.speculative import CSDConfig, speculative_generate
+from csd.sampling import generate
+from csd.speculative import speculative_generate
 from csd.trace import Maker
 from tests.helpers import LinearGaussianChain, ToyARModel
 

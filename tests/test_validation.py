@@ -3,12 +3,13 @@
 import pytest
 import torch
 
+from csd.config import CSDConfig, SamplingConfig
 from csd.models.mar import MAR, mar_config
-from csd.models.schedule import step_sizes
 from csd.models.tokenizer import PixelTokenizer
 from csd.rng import check_seeds
-from csd.sampling import SamplingConfig, generate
-from csd.speculative import CSDConfig, speculative_generate
+from csd.sampling import generate
+from csd.schedule import step_sizes
+from csd.speculative import speculative_generate
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,9 @@ def test_parameter_counts_equal_the_official_ones(name, millions):
 
 @pytest.fixture(scope="module")
 def model() -> XAR:
-    m = XAR(xar_config("xar_base", embed_dim=32, encoder_depth=1, decoder_depth=1, num_heads=2)).eval()
+    m = XAR(
+        xar_config("xar_base", embed_dim=32, encoder_depth=1, decoder_depth=1, encoder_num_heads=2, decoder_num_heads=2)
+    ).eval()
     m.load_state_dict(REF["state"], strict=True)  # parameters and buffers (mask, RoPE tables)
     return m
 
@@ -72,15 +74,25 @@ def test_training_loss_is_flow_matching_and_seeded():
 def test_bad_configs_are_refused_by_name():
     with pytest.raises(ValueError, match=r"cells \(3\) must be a square"):
         xar_config("xar_test", cells=3)
-    with pytest.raises(ValueError, match="multiple of 4"):
-        xar_config("xar_test", embed_dim=36, num_heads=6)
+    with pytest.raises(ValueError, match=r"embed_dim \(36\) / encoder_num_heads \(6\) must be a multiple of 4"):
+        xar_config("xar_test", embed_dim=36, encoder_num_heads=6, decoder_num_heads=3)
+    with pytest.raises(ValueError, match=r"decoder_num_heads \(5\) must be a multiple of 4"):
+        xar_config("xar_test", decoder_num_heads=5)
+
+
+def test_encoder_and_decoder_take_their_own_head_counts():
+    """As the official constructor's encoder_num_heads and decoder_num_heads."""
+    m = XAR(xar_config("xar_test", encoder_num_heads=2, decoder_num_heads=4))
+    assert [b.attn.num_heads for b in m.encoder_blocks] == [2] and [b.attn.num_heads for b in m.decoder_blocks] == [4]
+    x = torch.randn(1, 16, 16)
+    assert m.velocity(x, torch.tensor([0]), torch.zeros(1, 4)).shape == (1, 16, 16)
 
 
 def test_a_whole_guided_run_replays_the_official_sampler(model):
     """The official sample_tokens (one cell at a time, KV cache, Euler-Maruyama, CFG ramped per cell),
     its draws recorded, replayed through the family interface: the same tokens."""
     from csd.chain import ChainNoise
-    from csd.sampling import SamplingConfig
+    from csd.config import SamplingConfig
 
     run = REF["run"]
     labels, steps, b = run["labels"], run["num_steps"], 2
@@ -105,7 +117,8 @@ def test_a_whole_guided_run_replays_the_official_sampler(model):
 
 
 def test_generation_through_the_family_is_seeded_and_batch_invariant():
-    from csd.sampling import SamplingConfig, generate
+    from csd.config import SamplingConfig
+    from csd.sampling import generate
 
     m = XAR(xar_config("xar_test")).eval()
     with torch.no_grad():
@@ -117,7 +130,7 @@ def test_generation_through_the_family_is_seeded_and_batch_invariant():
     torch.testing.assert_close(both.tokens[1], alone.tokens[0], rtol=1e-4, atol=1e-4)
     assert torch.equal(generate(m, [1, 2], [5, 6], s).tokens, both.tokens)
     assert both.trace.target_passes == 4
-    with pytest.raises(ValueError, match=r"must equal the cells of this xAR model \(4\)"):
+    with pytest.raises(ValueError, match=r"num_steps \(AR steps\) must equal 4 for this xAR model"):
         generate(m, [1], [0], SamplingConfig(num_steps=3))
 
 
@@ -146,7 +159,7 @@ def replace_config(config, **changes):
 
 def test_one_pass_block_verification_equals_verifying_the_cells_one_by_one(xar_pair):
     from csd.chain import ChainNoise
-    from csd.sampling import SamplingConfig
+    from csd.config import SamplingConfig
 
     target, _ = xar_pair
     b, k, first = 2, 3, 5
@@ -177,8 +190,9 @@ def test_one_pass_block_verification_equals_verifying_the_cells_one_by_one(xar_p
 def test_csd_on_an_xar_pair_verifies_blocks_of_cells(xar_pair):
     import numpy as np
 
-    from csd.sampling import SamplingConfig, generate
-    from csd.speculative import CSDConfig, speculative_generate
+    from csd.config import CSDConfig, SamplingConfig
+    from csd.sampling import generate
+    from csd.speculative import speculative_generate
     from csd.trace import Maker
 
     target, draft = xar_pair
@@ -212,8 +226,9 @@ def test_cells_of_pixel_patches_round_trip_and_decode_to_the_image():
 
 
 def test_the_xar_trainer_trains_saves_and_the_model_samples(tmp_path, restore_threads):
+    from csd.config import SamplingConfig
     from csd.models.registry import load_model
-    from csd.sampling import SamplingConfig, generate
+    from csd.sampling import generate
     from csd.shapes.train_xar import main
 
     out = tmp_path / "x"
@@ -228,7 +243,9 @@ def test_official_checkpoints_load_strictly_and_name_what_does_not_fit(tmp_path)
     from csd.models.checkpoint import CheckpointError
     from csd.models.xar import load_official_xar
 
-    config = xar_config("xar_base", embed_dim=32, encoder_depth=1, decoder_depth=1, num_heads=2)
+    config = xar_config(
+        "xar_base", embed_dim=32, encoder_depth=1, decoder_depth=1, encoder_num_heads=2, decoder_num_heads=2
+    )
     torch.save(REF["state"], tmp_path / "xAR-tiny.pth")
     model = load_official_xar(tmp_path / "xAR-tiny.pth", config)
     with torch.no_grad():
@@ -244,8 +261,8 @@ def test_official_checkpoints_load_strictly_and_name_what_does_not_fit(tmp_path)
 
 
 def test_per_token_acceptance_is_a_measured_option(xar_pair):
-    from csd.sampling import SamplingConfig
-    from csd.speculative import CSDConfig, speculative_generate
+    from csd.config import CSDConfig, SamplingConfig
+    from csd.speculative import speculative_generate
 
     target, draft = xar_pair
     s = SamplingConfig(num_steps=16, cfg_scale=2.0, cfg_schedule="linear", head_steps=4)
@@ -266,8 +283,8 @@ def test_per_token_acceptance_is_a_measured_option(xar_pair):
 
 
 def test_per_token_acceptance_needs_rows_of_several_tokens(random_models):
-    from csd.sampling import SamplingConfig
-    from csd.speculative import CSDConfig, speculative_generate
+    from csd.config import CSDConfig, SamplingConfig
+    from csd.speculative import speculative_generate
 
     with pytest.raises(ValueError, match="rows hold several tokens"):
         speculative_generate(
@@ -284,7 +301,7 @@ def test_selected_rows_of_a_block_equal_those_rows_run_alone(xar_pair):
     """The exact criterion's resampler runs some rows of a block: the same numbers as the full block's
     rows (the target's verification chain and the draft's joined chains), whatever the other rows hold."""
     from csd.chain import ChainNoise
-    from csd.sampling import SamplingConfig
+    from csd.config import SamplingConfig
 
     target, draft = xar_pair
     b, k, first, steps = 2, 3, 4, 5
@@ -331,8 +348,8 @@ def test_selected_rows_of_a_block_equal_those_rows_run_alone(xar_pair):
 
 
 def test_the_exact_criterion_runs_on_xar_and_is_batch_invariant(xar_pair):
-    from csd.sampling import SamplingConfig
-    from csd.speculative import CSDConfig, speculative_generate
+    from csd.config import CSDConfig, SamplingConfig
+    from csd.speculative import speculative_generate
     from csd.trace import Maker
 
     target, draft = xar_pair

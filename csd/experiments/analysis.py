@@ -21,12 +21,13 @@ import numpy as np
 import torch
 
 from csd.checks import check_int
+from csd.config import CSDConfig, SamplingConfig
 from csd.cost import StepCosts, prefill_steps, simple_bound, speedup_bound
+from csd.decoding import Generation, StepCallback
 from csd.experiments import defaults
 from csd.experiments.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover
-from csd.family import head_per_block
-from csd.sampling import Generation, SamplingConfig, StepCallback, generate
-from csd.speculative import CSDConfig, speculative_generate
+from csd.sampling import generate
+from csd.speculative import speculative_generate
 from csd.trace import Maker, Trace
 
 HIST_BINS = 30
@@ -367,7 +368,7 @@ class Analysis:
             resampler=_resampler(main.trace, c.max_tries),
             sweeps=self._sweeps(),
             log_ratio=_log_ratio(main.trace),
-            time=_time(self.timed(s, None), self.timed(s, c), c, head_per_block(self.pair.target)),
+            time=_time(self.timed(s, None), self.timed(s, c), c, self.pair.target.traits.head_per_block),
         )
 
     def _distance(self, aligned: Run, independent: Run) -> DistancePanel:
@@ -463,7 +464,7 @@ def step_costs(target: Trace, draft: Trace) -> StepCosts:
 
 def cost_model(target: Trace, draft: Trace, csd: CSDConfig, per_block: bool = False) -> tuple[float, float]:
     """(cost-model speedup with measured per-step costs, heads-free bound C_p / (C_q + C_p / gamma));
-    ``per_block``: the target's chain is charged per verified block (:func:`csd.family.head_per_block`)."""
+    ``per_block``: the target's chain is charged per verified block (:attr:`csd.family.FamilyTraits.head_per_block`)."""
     costs = step_costs(target, draft)
     pre = prefill_steps(target.step_sizes, csd.prefill)
     return (

@@ -23,7 +23,6 @@ import argparse
 import dataclasses
 import json
 import platform
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 
 from csd.checks import check_int, is_int
+from csd.config import CSDConfig, SamplingConfig
 from csd.cost import csd_passes, prefill_steps, simple_bound, speedup_bound
 from csd.experiments import defaults
 from csd.experiments.evaluate import (
@@ -46,13 +46,12 @@ from csd.experiments.evaluate import (
     settings_from_args,
     summarize_stats,
 )
-from csd.experiments.pairs import file_digest
 from csd.experiments.timing import alternate, cost_breakdown, measured_costs, ratio_spread
-from csd.family import fixed_num_steps, head_per_block
-from csd.models.schedule import step_sizes
-from csd.sampling import SamplingConfig, generate
+from csd.models.checkpoint import file_digest
+from csd.sampling import generate
+from csd.schedule import step_sizes
 from csd.shapes.metrics import REFERENCE_SEED, frechet_distance, load_classifier, reference_features
-from csd.speculative import CSDConfig, speculative_generate
+from csd.speculative import speculative_generate
 from csd.trace import Maker
 
 REAL_SEED = REFERENCE_SEED + 1  # a second real set: the Frechet distance a perfect sampler would get at this n
@@ -86,7 +85,7 @@ QUICK = BenchConfig(gammas=(4, 8), batches=(1, 8), repeats=3, n=100, n_ref=1000)
 
 def time_batch(target, draft, sampling: SamplingConfig, csd: CSDConfig, batch: int, config: BenchConfig):
     """Interleaved timings of every sampler at one batch size -> (rows, step costs, samples)."""
-    labels, seeds = eval_labels_seeds(batch, 0, target.num_classes)
+    labels, seeds = eval_labels_seeds(batch, 0, target.traits)
     # The draft runs its head with as many steps as in CSD, which shares the target's noise shape.
     draft_sampling = replace(sampling, head_steps=target.head_steps(sampling.head_steps))
     runs: dict[str, Callable[[], object]] = {
@@ -117,7 +116,7 @@ def time_batch(target, draft, sampling: SamplingConfig, csd: CSDConfig, batch: i
                 "speedup": base.median / spec.median,
                 "speedup_min": lo,
                 "speedup_max": hi,
-                "speedup_bound": speedup_bound(costs, sampling.num_steps, g, p_steps, head_per_block(target)),
+                "speedup_bound": speedup_bound(costs, sampling.num_steps, g, p_steps, target.traits.head_per_block),
                 "speedup_bound_simple": simple_bound(costs.target_backbone, costs.draft_backbone, g),
                 "fewer_steps_time": samples[fewer_key(g)].median / base.median,
                 "fewer_steps": fewer[g].num_steps,
@@ -137,7 +136,7 @@ def time_batch(target, draft, sampling: SamplingConfig, csd: CSDConfig, batch: i
 
 def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, config: BenchConfig, classifier) -> dict:
     """Accuracy and Frechet distances of every sampler, and CSD's acceptance with and without alignment."""
-    labels, seeds = eval_labels_seeds(config.n, 0, target.num_classes)
+    labels, seeds = eval_labels_seeds(config.n, 0, target.traits)
     ref = reference_features(config.n_ref, REFERENCE_SEED, classifier)
     gen = lambda mode, c=csd: generate_images(mode, target, draft, labels, seeds, sampling, c, defaults.BATCH_SIZE)
     out, feats = {}, {}
@@ -149,7 +148,7 @@ def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, con
         ("draft", "draft", csd),
         ("fewer", "target-fewer-steps", csd),
     ]
-    per_token = getattr(target, "tokens_per_row", 1) > 1  # xAR: also test every token of a cell alone
+    per_token = target.traits.tokens_per_row > 1  # xAR: also test every token of a cell alone
     if per_token:
         token = replace(csd, acceptance_unit="token")
         runs += [("csd_token", "csd", token), ("csd_token_unaligned", "csd", replace(token, align=False))]
@@ -245,7 +244,7 @@ def run_bench(target, draft, sampling: SamplingConfig, csd: CSDConfig, config: B
         "sampling": asdict(sampling),
         "csd": asdict(csd),
         "num_tokens": target.seq_len,
-        "family": type(target).__name__,
+        "family": target.traits.family,
         "threads": torch.get_num_threads(),
         "device": str(next(target.parameters()).device),
         "torch": torch.__version__,
@@ -353,7 +352,7 @@ def _fewer(result: dict) -> str:
     flow steps."""
     s = result["settings"]
     row = next(r for r in result["rows"] if r["batch"] == s["default_batch"] and r["gamma"] == s["csd"]["gamma"])
-    if s.get("family") == "XAR":
+    if str(s.get("family")).lower() == "xar":
         return f"{row.get('fewer_head_steps', '?')} flow steps"
     return f"{row['target_passes']} AR steps"
 
@@ -400,7 +399,7 @@ def headline_markdown(result: dict) -> str:
         f"| draft only | {_f(1 / result['draft_time'])}x | 0 | | {_f(result['accuracy_draft'], 3)} |"
         f"{colour('draft')} {_f(result['fd_draft'], 1)} |",
     ]
-    if _prefix(result):  # the text and xAR pairs' blocks also say what the speed-up is measured against
+    if docs_prefix(result):  # the text and xAR pairs' blocks also say what the speed-up is measured against
         lines += [
             "",
             f"Cost-model bound of the same run: {_f(result['speedup_bound'])}x; acceptance with alignment "
@@ -443,7 +442,7 @@ def compare_settings(
     """Target-only and every CSD setting timed side by side (interleaved after a warm-up, one process):
     per setting its target passes (from the cost model, equal to the sampler's) and its speed-up,
     median over median, with the spread of the per-round ratios."""
-    labels, seeds = eval_labels_seeds(batch, 100, target.num_classes)
+    labels, seeds = eval_labels_seeds(batch, 100, target.traits)
     runs = {"target-only": lambda: generate(target, labels, seeds, sampling)}
     for name, csd in settings.items():
         runs[name] = lambda csd=csd: speculative_generate(target, draft, labels, seeds, sampling, csd)
@@ -458,32 +457,11 @@ def compare_settings(
     return rows
 
 
-def _prefix(result: dict) -> str:
+def docs_prefix(result: dict) -> str:
     """The docs blocks of a result: the class pair's, the text pair's ("text-") or xAR's ("xar-")."""
-    if result["settings"].get("family") == "XAR":
+    if str(result["settings"].get("family")).lower() == "xar":
         return "xar-"
     return "text-" if _colours(result) else ""
-
-
-def paste_block(path: Path, marker: str, text: str) -> None:
-    """Replace what stands between ``<!-- marker:start -->`` and ``<!-- marker:end -->`` in a Markdown file."""
-    new, n = re.subn(
-        rf"(<!-- {marker}:start -->\n).*?(<!-- {marker}:end -->)",
-        lambda m: m.group(1) + text.strip() + "\n" + m.group(2),
-        path.read_text(),
-        flags=re.S,
-    )
-    if n != 1:
-        raise ValueError(f"{path}: expected one <!-- {marker}:start --> ... <!-- {marker}:end --> block, found {n}")
-    path.write_text(new)
-
-
-def update_docs(result: dict, root: Path = ROOT) -> None:
-    """The benchmark's Markdown into docs/results.md and its headline table into the README (the text
-    and xAR pairs' into their own blocks, ``text-bench`` / ``xar-bench`` and ``text-headline`` / ...)."""
-    prefix = _prefix(result)
-    paste_block(root / "docs" / "results.md", f"{prefix}bench", markdown(result).split("\n", 2)[2])
-    paste_block(root / "README.md", f"{prefix}headline", headline_markdown(result))
 
 
 def single_batch(config: BenchConfig, batches: list[int] | None) -> int:
@@ -493,10 +471,8 @@ def single_batch(config: BenchConfig, batches: list[int] | None) -> int:
 
 def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out: Path) -> dict:
     from csd.experiments import frontier
-    from visualize.frontier import frontier_chart
-    from visualize.render import save_png
 
-    fixed = fixed_num_steps(target) is not None  # xAR: no fewer-AR-step settings
+    fixed = target.traits.fixed_num_steps is not None  # xAR: no fewer-AR-step settings
     points = frontier.grid(sampling, csd, target.head_steps(sampling.head_steps), args.quick, fixed_steps=fixed)
     classifier = load_classifier(args.classifier)
     ref = reference_features(config.n_ref, REFERENCE_SEED, classifier)
@@ -509,9 +485,10 @@ def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out:
     (out / "frontier.json").write_text(json.dumps(result, indent=2) + "\n")
     table = frontier.frontier_markdown(result)
     (out / "frontier.md").write_text("# Quality-time frontier\n\n" + table)
-    save_png(frontier_chart(result), out / "frontier.png")
     print(table)
-    print(f"wrote {out / 'frontier.json'}, frontier.md and frontier.png")
+    print(
+        f"wrote {out / 'frontier.json'} and frontier.md; its chart: python -m visualize.report {out / 'frontier.json'}"
+    )
     return result
 
 
@@ -527,9 +504,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--n-ref", type=int, help="held-out real images")
     parser.add_argument(
         "--quality-gammas", type=int, nargs="+", help="also score CSD images made with these draft lengths"
-    )
-    parser.add_argument(
-        "--update-docs", action="store_true", help="write the tables into docs/results.md and the README's headline"
     )
     parser.add_argument(
         "--frontier",
@@ -572,10 +546,7 @@ def main(argv: list[str] | None = None) -> dict:
     table = markdown(result)
     (out / "bench.md").write_text(table)
     print(table)
-    print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
-    if args.update_docs:
-        update_docs(result)
-        print("updated docs/results.md and README.md")
+    print(f"wrote {out / 'bench.json'} and bench.md; into the docs: python -m visualize.report {out / 'bench.json'}")
     return result
 
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from csd.config import CSDConfig, SamplingConfig
 from csd.experiments.pairs import EMBEDDED_DIR
-from csd.sampling import SamplingConfig
-from csd.speculative import CSDConfig
 
 TARGET_PATH = EMBEDDED_DIR / "shapes_target.safetensors"
 DRAFT_PATH = EMBEDDED_DIR / "shapes_draft.safetensors"

@@ -27,14 +27,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from csd.acceptance import CRITERIA, TRAJECTORY_TERMS
 from csd.checks import check_int
+from csd.config import CRITERIA, TRAJECTORY_TERMS, CSDConfig, SamplingConfig
 from csd.cost import csd_passes
+from csd.decoding import Generation, model_device
 from csd.experiments import defaults
 from csd.experiments.pairs import image_tokenizer
-from csd.family import fixed_num_steps
+from csd.family import FamilyTraits
 from csd.models.registry import load_model
-from csd.sampling import Generation, SamplingConfig, generate, model_device
+from csd.sampling import generate
 from csd.shapes.data import CLASS_NAMES, contact_sheet, make_dataset
 from csd.shapes.metrics import (
     DEFAULT_CLASSIFIER,
@@ -47,7 +48,7 @@ from csd.shapes.metrics import (
     load_classifier,
     reference_features,
 )
-from csd.speculative import CSDConfig, speculative_generate
+from csd.speculative import speculative_generate
 from csd.trace import Maker, Trace
 
 MODES = ("csd", "target", "draft", "target-fewer-steps")
@@ -91,14 +92,14 @@ class EvalConfig:
 PROMPT_SEED = 104  # the held-out shapes images whose captions prompt a text model's evaluation
 
 
-def eval_labels_seeds(n: int, seed_offset: int, num_classes: int) -> tuple[list, list[int]]:
-    """Labels cycled over the classes (balanced) and consecutive seeds. A text model (``num_classes``
-    0) gets prompts instead: the captions of held-out shapes images (seed PROMPT_SEED), which follow
-    the data's distribution of classes, colours and backgrounds."""
+def eval_labels_seeds(n: int, seed_offset: int, traits: FamilyTraits) -> tuple[list, list[int]]:
+    """Labels cycled over the classes (balanced) and consecutive seeds. A text model (conditioned on
+    prompts) gets prompts instead: the captions of held-out shapes images (seed PROMPT_SEED), which
+    follow the data's distribution of classes, colours and backgrounds."""
     seeds = [seed_offset + i for i in range(n)]
-    if num_classes == 0:
+    if traits.conditions == "prompts":
         return list(make_dataset(seed_offset + n, seed=PROMPT_SEED).captions[seed_offset:]), seeds
-    return [i % num_classes for i in range(n)], seeds
+    return [i % traits.num_classes for i in range(n)], seeds
 
 
 def fewer_steps(sampling: SamplingConfig, csd: CSDConfig, target) -> SamplingConfig:
@@ -108,7 +109,7 @@ def fewer_steps(sampling: SamplingConfig, csd: CSDConfig, target) -> SamplingCon
     chains over a block, so the baseline keeps the AR steps and cuts the flow (head) steps in the same
     proportion: T * passes / S, at least 2."""
     passes, _ = csd_passes(target.seq_len, sampling.num_steps, csd.gamma, csd.prefill, csd.gamma_schedule)
-    if fixed_num_steps(target) is None:
+    if target.traits.cheap_knob == "num_steps":
         return replace(sampling, num_steps=passes)
     steps = target.head_steps(sampling.head_steps)
     return replace(sampling, head_steps=max(2, round(steps * passes / sampling.num_steps)), head_steps_min=None)
@@ -265,7 +266,7 @@ def evaluate(
     With ``sheet``, rank 0 also writes a contact sheet of the images: a row per class, up to 8 per row."""
     if world > config.n:
         raise ValueError(f"n (images) must be >= the number of processes ({world}), got {config.n}")
-    labels, seeds = eval_labels_seeds(config.n, config.seed_offset, target.num_classes)
+    labels, seeds = eval_labels_seeds(config.n, config.seed_offset, target.traits)
     t0 = time.perf_counter()
     images, stats = generate_images(
         config.mode, target, draft, labels[rank::world], seeds[rank::world], sampling, csd, config.batch_size

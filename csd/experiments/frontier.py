@@ -26,16 +26,18 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from csd.checks import check_int
+from csd.config import CSDConfig, SamplingConfig
+from csd.decoding import Generation, StepCallback
 from csd.experiments.analysis import image_conditions, run_csd, run_single
 from csd.experiments.evaluate import eval_labels_seeds, generate_images, quality
 from csd.experiments.pairs import ModelPair
 from csd.experiments.timing import alternate
 from csd.models.tokenizer import PixelTokenizer
-from csd.sampling import Generation, SamplingConfig, StepCallback, generate
+from csd.sampling import generate
 from csd.shapes.data import CLASS_NAMES
 from csd.shapes.metrics import DEFAULT_CLASSIFIER, frechet_distance, load_classifier, predict
 from csd.shapes.text import prompt_class
-from csd.speculative import CSDConfig, speculative_generate
+from csd.speculative import speculative_generate
 
 BOOTSTRAP = 20  # resamples for the Frechet distance's standard error
 
@@ -124,7 +126,7 @@ def fd_standard_error(feats: np.ndarray, ref: np.ndarray, seed: int = 0) -> floa
 
 def run_frontier(target, draft, points: list[Point], classifier, ref_feats, n: int, batch: int, repeats: int) -> dict:
     """Time every point side by side at ``batch`` images, then score ``n`` images of each."""
-    labels, seeds = eval_labels_seeds(batch, 100_000, target.num_classes)
+    labels, seeds = eval_labels_seeds(batch, 100_000, target.traits)
 
     def runner(p: Point):
         if p.csd is None:
@@ -133,7 +135,7 @@ def run_frontier(target, draft, points: list[Point], classifier, ref_feats, n: i
 
     timed = alternate({p.name: runner(p) for p in points}, repeats)
     base = timed[points[0].name].median
-    eval_labels, eval_seeds = eval_labels_seeds(n, 0, target.num_classes)
+    eval_labels, eval_seeds = eval_labels_seeds(n, 0, target.traits)
     rows = []
     for p in points:
         mode = "target" if p.csd is None else "csd"

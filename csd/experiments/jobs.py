@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from csd.sampling import StepCallback
+from csd.decoding import StepCallback
 
 
 class Stopped(Exception):

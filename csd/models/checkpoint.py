@@ -7,6 +7,7 @@ and an explicit allow-list of the few non-tensor classes they hold, never a bare
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -94,3 +95,13 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"config {cfg_path} is not valid JSON: {exc}") from exc
     return state, config
+
+
+def file_digest(*paths: Path) -> str:
+    """A short content hash of weight files (what a result or a pair records as its weights)."""
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return "sha256:" + h.hexdigest()[:16]

@@ -1,41 +1,66 @@
-"""The project's own model files: ``name.safetensors`` (weights) + ``name.json`` (architecture and provenance).
+"""The model families, registered in one table, and the project's own model files.
 
-The JSON holds ``{"arch": "mar", "config": MARConfig.to_dict(), ...}`` or, for a text-conditioned
-model, ``{"arch": "harmon", "config": HarmonConfig.to_dict(), "tokenizer": {...}, ...}``; anything else
-in it (how the model was trained) is informational. Loading is strict: a file whose weights do not match its
-config is an error naming the file, never a silently half-loaded model.
+:data:`FAMILIES` has one row per family (:class:`csd.models.spec.Family`): its network, config and
+presets, its traits, how its files are built, and its official checkpoints. Nothing outside
+``csd/models/`` needs to know which family a model belongs to: it reads the model's ``traits``.
+
+A project file is ``name.safetensors`` (weights) + ``name.json``: ``{"arch": "mar", "config":
+MARConfig.to_dict(), ...}`` (a text family adds its tokenizer); anything else in it (how the model
+was trained) is informational. Loading is strict: a file whose weights do not match its config is an
+error naming the file, never a silently half-loaded model.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import torch
+from torch import nn
 
+from csd.family import FamilyTraits
+from csd.models import harmon, mar, xar
 from csd.models.checkpoint import CheckpointError, load_state_strict, read_safetensors, save_safetensors
-from csd.models.mar import MAR, MARConfig
+from csd.models.spec import Family
 
+FAMILIES: dict[str, Family] = {f.arch: f for f in (mar.FAMILY, harmon.FAMILY, xar.FAMILY)}
+ARCHS = tuple(FAMILIES)
 SUFFIX = ".safetensors"
+
+
+def family_of(model: nn.Module) -> Family:
+    """The row of a model's family (by its network class)."""
+    for family in FAMILIES.values():
+        if type(model) is family.model:
+            return family
+    raise ValueError(f"{type(model).__name__} is not a registered model family ({', '.join(ARCHS)})")
+
+
+def preset(name: str):
+    """A named config of any family ("mar_huge", "xar_base", "shapes_target", ...) and its family."""
+    for family in FAMILIES.values():
+        if name in family.presets:
+            return family, family.presets[name]
+    names = sorted(n for f in FAMILIES.values() for n in f.presets)
+    raise ValueError(f"unknown model config {name!r}; choose from {names}")
+
+
+def build_model(name: str, **overrides) -> nn.Module:
+    """A freshly initialised model of a named config (official sizes with random weights, for timing).
+    A text family's presets need a tokenizer and cannot be built by name alone."""
+    family, config = preset(name)
+    if family.build is not None:
+        raise ValueError(f"{name!r} is a {family.arch} config: build it with its tokenizer")
+    return family.make(replace(config, **overrides) if overrides else config)
 
 
 def weights_path(path: str | Path) -> Path:
     """``path`` with the ``.safetensors`` suffix (a bare prefix such as ``assets/models/x`` is accepted)."""
     path = Path(path)
     return path if path.suffix == SUFFIX else path.with_name(path.name + SUFFIX)
-
-
-def _arch(model) -> tuple[str, dict]:
-    """The JSON's reserved entries for a model."""
-    from csd.models.harmon import Harmon
-    from csd.models.xar import XAR
-
-    if isinstance(model, Harmon):
-        return "harmon", {"config": model.config.to_dict(), "tokenizer": model.tokenizer.to_dict()}
-    if isinstance(model, XAR):
-        return "xar", {"config": model.config.to_dict()}
-    return "mar", {"config": model.config.to_dict()}
 
 
 def save_model(model, path: str | Path, extra: Mapping | None = None) -> Path:
@@ -45,45 +70,52 @@ def save_model(model, path: str | Path, extra: Mapping | None = None) -> Path:
     the previous pair intact. Returns the ``.safetensors`` path."""
     path = weights_path(path)
     extra = dict(extra or {})
-    arch, reserved = _arch(model)
+    family = family_of(model)
+    reserved = {"config": model.config.to_dict(), **family.entries(model)}
     clash = ({"arch"} | set(reserved)) & set(extra)
     if clash:
         raise ValueError(f"extra must not override the reserved JSON keys {sorted(clash)}")
     tmp = path.with_name(f".{path.stem}.tmp{SUFFIX}")
-    save_safetensors(model, tmp, {"arch": arch, **reserved, **extra})
+    save_safetensors(model, tmp, {"arch": family.arch, **reserved, **extra})
     os.replace(tmp.with_suffix(".json"), path.with_suffix(".json"))
     os.replace(tmp, path)
     return path
 
 
-ARCHS = ("mar", "harmon", "xar")
-
-
-def load_model(path: str | Path, device: str | torch.device = "cpu"):
-    """A MAR (Harmon, xAR) in eval mode from a project checkpoint; :class:`CheckpointError` names the file
-    on any mismatch."""
-    path = weights_path(path)
-    state, meta = read_safetensors(path)
-    json_path = path.with_suffix(".json")
+def _family_and_config(meta, json_path: Path):
     arch = meta.get("arch") if isinstance(meta, dict) else type(meta).__name__
-    if arch not in ARCHS:
+    if arch not in FAMILIES:
         raise CheckpointError(f'{json_path}: expected "arch" to be one of {ARCHS}, got {arch!r}')
     if not isinstance(meta.get("config"), dict):
         raise CheckpointError(f'{json_path}: missing the "config" object')
+    family = FAMILIES[arch]
     try:
-        if arch == "mar":
-            model = MAR(MARConfig.from_dict(meta["config"]))
-        elif arch == "xar":
-            from csd.models.xar import XAR, XARConfig
-
-            model = XAR(XARConfig.from_dict(meta["config"]))
-        else:
-            from csd.models.harmon import Harmon, HarmonConfig, tokenizer_from_dict
-
-            if not isinstance(meta.get("tokenizer"), dict):
-                raise CheckpointError(f'{json_path}: missing the "tokenizer" object')
-            model = Harmon(HarmonConfig.from_dict(meta["config"]), tokenizer_from_dict(meta["tokenizer"]))
+        return family, family.config.from_dict(meta["config"])
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{json_path}: invalid {arch} config: {exc}") from exc
+
+
+def read_traits(path: str | Path) -> FamilyTraits:
+    """The traits of the model a project file holds, from its JSON alone (no weights are read)."""
+    json_path = weights_path(path).with_suffix(".json")
+    try:
+        meta = json.loads(json_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"cannot read {json_path}: {exc}") from exc
+    family, config = _family_and_config(meta, json_path)
+    return family.traits(config)
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu"):
+    """A model of any family in eval mode from a project file; :class:`CheckpointError` names the file on
+    any mismatch."""
+    path = weights_path(path)
+    state, meta = read_safetensors(path)
+    json_path = path.with_suffix(".json")
+    family, config = _family_and_config(meta, json_path)
+    try:
+        model = family.make(config, meta)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{json_path}: invalid {family.arch} config: {exc}") from exc
     load_state_strict(model, state, str(path))
     return model.to(device).eval()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,14 @@ class PixelTokenizer:
         return unpatchify(tokens, self.patch_size, self.channels).clamp(-1.0, 1.0)
 
 
+def pixel_tokenizer(token_dim: int) -> PixelTokenizer:
+    """The tokenizer of pixel tokens ``token_dim`` wide: 3 x p x p RGB patches."""
+    patch = math.isqrt(token_dim // 3)
+    if 3 * patch * patch != token_dim:
+        raise ValueError(f"token width {token_dim} is not an RGB pixel patch (3 p^2)")
+    return PixelTokenizer(patch_size=patch)
+
+
 def to_uint8(images: Tensor) -> Tensor:
     """(B, C, H, W) in [-1, 1] -> (B, H, W, C) uint8 for saving and display."""
     return ((images.clamp(-1, 1) + 1.0) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()
@@ -74,13 +83,20 @@ class LatentTokenizer:
         return self.vae.tokens_to_image(latents).clamp(-1.0, 1.0)
 
 
+def cell_order(grid: int, cells: int) -> Tensor:
+    """Raster index of each position in cell order: cells row-major, tokens row-major inside a cell
+    (the official ``clusterify``). (grid*grid,) long."""
+    per = math.isqrt(cells)
+    side = grid // per
+    index = torch.arange(grid * grid).reshape(per, side, per, side)  # (cell row, row in cell, cell col, col)
+    return index.permute(0, 2, 1, 3).reshape(-1)
+
+
 class CellTokenizer:
     """Tokens grouped into cells (xAR): (B, cells, cell_len * d) in raster order of cells, each cell's
     tokens row-major inside it, over an inner tokenizer's (B, grid * grid, d) raster tokens."""
 
     def __init__(self, inner, grid: int, cells: int):
-        from csd.models.xar import cell_order
-
         self.inner, self.grid, self.cells = inner, grid, cells
         self.order = cell_order(grid, cells)  # cell-order position -> raster index
 

@@ -24,9 +24,8 @@ from torch import Tensor
 
 from csd.chain import HeadCondition, run_chain, standard_noise
 from csd.checks import check_int, check_number
-from csd.experiments.pairs import pixel_tokenizer
 from csd.models.mar import MAR
-from csd.models.tokenizer import PixelTokenizer
+from csd.models.tokenizer import PixelTokenizer, pixel_tokenizer
 from csd.rng import stream_seed
 from csd.shapes.data import ShapesConfig, make_dataset
 from csd.shapes.metrics import DEFAULT_CLASSIFIER, REFERENCE_SEED, class_accuracy, load_classifier

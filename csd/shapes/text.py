@@ -64,6 +64,9 @@ TEXT_CONFIGS: dict[str, HarmonConfig] = {
     "shapes_text_draft": HarmonConfig(
         mar_config("shapes_draft"), qwen2(64, 1, 2, 1, 128, _VOCAB, max_position_embeddings=128), **_TEXT
     ),
+    # Untrained text pairs over the caption vocabulary (random weights), for tests and a server with no weights.
+    "random_text_target": HarmonConfig(mar_config("random_target"), qwen2(32, 1, 2, 1, 64, _VOCAB), **_TEXT),
+    "random_text_draft": HarmonConfig(mar_config("random_draft"), qwen2(32, 1, 2, 1, 64, _VOCAB), **_TEXT),
 }
 
 

@@ -83,7 +83,7 @@ def linear_probe(x: Tensor, y: Tensor, train: int, steps: int = 300, weight_deca
 
 def probe(path: str, n: int = 3000, train_fraction: float = 0.7, seed: int = REFERENCE_SEED + 7) -> dict:
     model = load_model(path)
-    if not isinstance(model, Harmon):
+    if model.traits.conditions != "prompts":
         raise ValueError(f"{path} is not a text (Harmon-layout) model")
     model.eval()
     size = model.config.mar.img_size

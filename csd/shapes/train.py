@@ -32,13 +32,12 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from csd.checks import check_int
-from csd.experiments.pairs import file_digest
-from csd.models.checkpoint import CheckpointError, load_state_strict, safe_torch_load
+from csd.config import PRECISIONS as SAMPLING_PRECISIONS
+from csd.models.checkpoint import CheckpointError, file_digest, load_state_strict, safe_torch_load
 from csd.models.mar import MAR, MAR_CONFIGS, MARConfig, mar_config
 from csd.models.registry import load_model, save_model, weights_path
 from csd.models.tokenizer import PixelTokenizer
 from csd.rng import stream_seed
-from csd.sampling import PRECISIONS as SAMPLING_PRECISIONS
 from csd.shapes.data import NUM_CLASSES, ShapesConfig, make_dataset
 from csd.speculative import check_pair
 

@@ -63,7 +63,7 @@ class TextTrainer(Trainer):
         nn.init.zeros_(model.proj_out[2].bias)
         if self.cfg.init_generator:
             start = load_model(self.cfg.init_generator)
-            if isinstance(start, Harmon):  # a whole text model: continue from it
+            if start.traits.conditions == "prompts":  # a whole text model: continue from it
                 if start.config != self.model_config:
                     raise ValueError(
                         f"init_generator {self.cfg.init_generator}: its config differs from {self.cfg.config}'s"

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 
 from torch import Tensor, nn
 
-from csd.models.xar import XAR, XAR_CONFIGS, XARConfig, cell_order
+from csd.models.tokenizer import cell_order
+from csd.models.xar import XAR, XAR_CONFIGS, XARConfig
 from csd.shapes.train import TrainConfig, Trainer, build_parser, run
 
 PIXEL_CONFIGS = sorted(name for name, c in XAR_CONFIGS.items() if name.startswith("shapes_"))

@@ -12,16 +12,18 @@ from safetensors.torch import save_file
 from dataclasses import replace
 
 from csd.experiments.pairs import (
-    EMBEDDED_DIR,
-    load_embedded,
-    load_text_embedded,
-    load_xar_embedded,
+    EMBEDDED_NAME,
+    TEXT_NAME,
+    XAR_NAME,
+    embedded_pair,
     random_pair,
     random_text_pair,
     random_xar_pair,
 )
-from csd.sampling import SamplingConfig, generate
-from csd.speculative import CSDConfig, speculative_generate
+from csd.config import SamplingConfig
+from csd.sampling import generate
+from csd.config import CSDConfig
+from csd.speculative import speculative_generate
 
 OUT = Path(__file__).resolve().parent / "golden_tokens.safetensors"
 LABELS, SEEDS = [3, 7], [11, 12]
@@ -39,13 +41,12 @@ XAR_SAMPLING = replace(SAMPLING, num_steps=16, head_steps=6)
 
 def pairs():
     """(name, pair, conditions, sampling) of every family: untrained and embedded pairs."""
-    cpu = torch.device("cpu")
     yield "random", random_pair(), LABELS, SAMPLING
-    yield "embedded", load_embedded(EMBEDDED_DIR, cpu), LABELS, SAMPLING
+    yield "embedded", embedded_pair(EMBEDDED_NAME), LABELS, SAMPLING
     yield "random_text", random_text_pair(), PROMPTS, SAMPLING
-    yield "text", load_text_embedded(EMBEDDED_DIR, cpu), PROMPTS, SAMPLING
+    yield "text", embedded_pair(TEXT_NAME), PROMPTS, SAMPLING
     yield "random_xar", random_xar_pair(), LABELS, XAR_SAMPLING
-    yield "xar", load_xar_embedded(EMBEDDED_DIR, cpu), LABELS, XAR_SAMPLING
+    yield "xar", embedded_pair(XAR_NAME), LABELS, XAR_SAMPLING
 
 
 def runs() -> dict[str, torch.Tensor]:

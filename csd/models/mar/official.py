@@ -2,7 +2,11 @@
 
 The files hold ``model`` and ``model_ema`` state dicts plus training state and the argparse
 ``args``. They are read with ``torch.load(weights_only=True)`` and an allow-list (argparse
-Namespace only); the architecture comes from ``args`` when no config is given.
+Namespace only); the architecture comes from ``args`` when no config is given. In a checkpoint
+directory they sit at :data:`OFFICIAL_FILES` (the layout of the official Hub mirror)::
+
+    <dir>/mar/mar_base/checkpoint-last.pth   <dir>/mar/mar_large/...   <dir>/mar/mar_huge/...
+    <dir>/vae/kl16.ckpt                      (the KL-16 tokenizer, shared by every official pair)
 """
 
 from __future__ import annotations
@@ -11,9 +15,10 @@ import argparse
 from pathlib import Path
 
 from csd.models.checkpoint import CheckpointError, load_state_strict, safe_torch_load
-from csd.models.mar import MAR, MAR_CONFIGS, MARConfig, mar_config
+from csd.models.mar.network import MAR, MAR_CONFIGS, MARConfig, mar_config
 
 WEIGHT_ENTRIES = ("model_ema", "model")
+OFFICIAL_FILES = {name: (f"mar/{name}/checkpoint-last.pth",) for name in ("mar_base", "mar_large", "mar_huge")}
 
 # argparse name in MAR's main_mar.py -> MARConfig field.
 _ARG_FIELDS = {
@@ -66,3 +71,9 @@ def load_official_mar(path: str | Path, config: MARConfig | str | None = None, w
     model = MAR(config)
     load_state_strict(model, ckpt[weights], f"{path}[{weights!r}]")
     return model.eval()
+
+
+def from_checkpoints(checkpoints: Path, name: str, target: MAR | None = None) -> MAR:
+    """The official ``name`` model (a key of :data:`OFFICIAL_FILES`) from a checkpoint directory; a draft
+    needs nothing of its ``target``."""
+    return load_official_mar(Path(checkpoints) / OFFICIAL_FILES[name][0], name)

@@ -7,7 +7,7 @@ continue from the prompt's valid length, padding masked); its last hidden states
 ``proj_out`` maps them to the MAR width and they are *added* to the encoder output; the MAR decoder
 and the DiffLoss head follow, unchanged. The module tree (``llm.model.*``, ``llm.lm_head``,
 ``mar.*``, ``proj_in.{0,2}``, ``proj_out.{0,2}``) is the official one, so ``harmon_0.5b.pth`` /
-``harmon_1.5b.pth`` load strictly (:func:`csd.models.harmon_official.load_official_harmon`).
+``harmon_1.5b.pth`` load strictly (:func:`csd.models.harmon.official.load_official_harmon`).
 
 The LLM is ``transformers``' Qwen2. The official code runs the prompt once into a KV cache and
 trims the cache after each step; here every step runs the prompt and the image rows in one pass
@@ -15,111 +15,37 @@ trims the cache after each step; here every step runs the prompt and the image r
 length again per step.
 
 Conditions are prompts: :meth:`Harmon.check_conditions` tokenises them (and the null prompt for
-CFG) into a :class:`Prompts` batch. Both models of a pair must share the tokenizer.
+CFG) into a :class:`~csd.models.harmon.prompts.Prompts` batch. Both models of a pair must share the tokenizer.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from csd.family import FamilyTraits
+from csd.models.harmon.prompts import (
+    QWEN_NULL_PROMPT,
+    QWEN_PREFIX,
+    QWEN_TEMPLATE,
+    Prompts,
+    check_prompt,
+    pad_ids,
+)
 from csd.models.head import DiffusionHead
-from csd.models.mar import MAR, MAR_CONFIGS, MARConfig, truncated_normal_ratio
-from csd.models.masked import MaskedARFamily
-
-# The official template (xtuner's Qwen chat INSTRUCTION), prefix and null prompt.
-QWEN_TEMPLATE = "<|im_start|>user\n{input}<|im_end|>\n<|im_start|>assistant\n"
-QWEN_PREFIX = "Generate an image: {prompt}"
-QWEN_NULL_PROMPT = "Generate an image."
-MAX_PROMPT_CHARS = 1000
-
-
-# --- tokenizers ----------------------------------------------------------------------------------
-
-
-class WordTokenizer:
-    """A word-level tokenizer over a closed vocabulary (the embedded models' captions).
-
-    Lower-cases and splits on whitespace, dropping ``.,;:!?``; a word outside the vocabulary is an
-    error that lists the vocabulary. Ids: 0 padding, 1 the start token, then the words."""
-
-    PAD, BOS = "<pad>", "<bos>"
-
-    def __init__(self, words: Sequence[str]):
-        words = list(dict.fromkeys(words))
-        if not words or any(not w or w != w.lower() or re.search(r"\s", w) for w in words):
-            raise ValueError("vocabulary must be non-empty lower-case words without spaces")
-        self.words = words
-        self.vocab = {w: i for i, w in enumerate([self.PAD, self.BOS, *words])}
-        self.pad_token_id, self.bos_token_id = 0, 1
-
-    def __len__(self) -> int:
-        return len(self.vocab)
-
-    @staticmethod
-    def split(text: str) -> list[str]:
-        return re.sub(r"[.,;:!?]", " ", text.lower()).split()
-
-    def unknown(self, text: str) -> list[str]:
-        return sorted({w for w in self.split(text) if w not in self.vocab})
-
-    def encode(self, text: str) -> list[int]:
-        """The start token, then one id per word (``text`` may start with the start token itself)."""
-        words = self.split(text.replace(self.BOS, " "))
-        missing = sorted({w for w in words if w not in self.vocab})
-        if missing:
-            raise ValueError(
-                f"prompt words {missing} are not in this model's vocabulary of {len(self.words)} words: "
-                f"{', '.join(self.words)}"
-            )
-        return [self.bos_token_id, *(self.vocab[w] for w in words)]
-
-    def to_dict(self) -> dict:
-        return {"kind": "words", "words": self.words}
-
-
-class HubTokenizer:
-    """A ``transformers`` tokenizer read from local files only (the official models' Qwen2.5 one);
-    it pads with its end-of-text id, as the official code does."""
-
-    def __init__(self, directory: str):
-        from transformers import AutoTokenizer
-
-        self.directory = str(directory)
-        self.inner = AutoTokenizer.from_pretrained(self.directory, local_files_only=True)
-        self.pad_token_id = self.inner.eos_token_id
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def unknown(self, text: str) -> list[str]:
-        return []  # byte-level BPE: every text has ids
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.inner.encode(text, add_special_tokens=True))
-
-    def to_dict(self) -> dict:
-        return {"kind": "hub", "directory": self.directory}
-
-
-def tokenizer_from_dict(spec: dict):
-    if spec.get("kind") == "words":
-        return WordTokenizer(spec["words"])
-    if spec.get("kind") == "hub":
-        return HubTokenizer(spec["directory"])
-    raise ValueError(f"unknown tokenizer spec {spec!r}")
-
+from csd.models.mar.adapter import MaskedARFamily
+from csd.models.mar.network import MAR, MAR_CONFIGS, MARConfig, training_mask
+from csd.models.spec import SerialConfig
 
 # --- config ----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class HarmonConfig:
+class HarmonConfig(SerialConfig):
     """A Harmon model: its MAR generator, its Qwen2 LLM (``transformers.Qwen2Config`` fields), the
     prompt template and the null prompt, and the token grid it samples (``grid_side``, None: the MAR's
     own; the official models sample 512 px, a 32 x 32 grid of their 16 x 16 MAR)."""
@@ -144,15 +70,10 @@ class HarmonConfig:
     def side(self) -> int:
         return self.grid_side or self.mar.seq_side
 
-    def to_dict(self) -> dict:
-        return {**asdict(self), "mar": self.mar.to_dict()}
+    nested: ClassVar[dict[str, type]] = {"mar": MARConfig}
 
-    @classmethod
-    def from_dict(cls, data: dict) -> HarmonConfig:
-        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"unknown HarmonConfig fields: {unknown}")
-        return cls(**{**data, "mar": MARConfig.from_dict(data["mar"])})
+    def traits(self) -> FamilyTraits:
+        return FamilyTraits("Harmon", "prompts")
 
 
 def qwen2(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int, **extra) -> dict:
@@ -185,51 +106,6 @@ def harmon_config(name: str, **overrides) -> HarmonConfig:
     return replace(HARMON_CONFIGS[name], **overrides)
 
 
-# --- prompts -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Prompts:
-    """Tokenised prompts, right-padded: ids (B, L) and attention mask (B, L) True = a token; the same
-    for the null prompt (CFG's unconditional half)."""
-
-    text: list[str]
-    ids: Tensor
-    attn: Tensor
-    null_ids: Tensor
-    null_attn: Tensor
-
-    def __len__(self) -> int:
-        return len(self.text)
-
-    def both(self, pad: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """ids, attn, null ids, null attn, all padded to one width."""
-        width = max(self.ids.shape[1], self.null_ids.shape[1])
-        fit = lambda t, v: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=v)
-        return fit(self.ids, pad), fit(self.attn, False), fit(self.null_ids, pad), fit(self.null_attn, False)
-
-
-def pad_ids(rows: Sequence[Sequence[int]], pad: int, device) -> tuple[Tensor, Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    attn = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        attn[i, : len(r)] = True
-    return ids.to(device), attn.to(device)
-
-
-def check_prompt(prompt, index: int | None = None) -> str:
-    where = "prompt" if index is None else f"prompt {index}"
-    if not isinstance(prompt, str):
-        raise ValueError(f"{where} must be a string, got {type(prompt).__name__}")
-    if not prompt.strip():
-        raise ValueError(f"{where} must not be empty")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise ValueError(f"{where} must be at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}")
-    return prompt
-
-
 def mlp(dim_in: int, hidden: int, dim_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(dim_in, hidden), nn.SiLU(), nn.Linear(hidden, dim_out))
 
@@ -259,8 +135,8 @@ class Harmon(MaskedARFamily, nn.Module):
         return self.mar.diffloss
 
     @property
-    def num_classes(self) -> int:  # prompts, not classes
-        return 0
+    def traits(self) -> FamilyTraits:
+        return self.config.traits()
 
     # --- prompts ----------------------------------------------------------------------------------
 
@@ -286,6 +162,14 @@ class Harmon(MaskedARFamily, nn.Module):
         null = self.tokenizer.encode(self.null_text())
         null_ids, null_attn = pad_ids([null] * batch, self.tokenizer.pad_token_id, device)
         return Prompts(texts, ids, attn, null_ids, null_attn)
+
+    def check_draft(self, draft: Harmon) -> None:
+        """A draft must read prompts as this model does: the same tokenizer, template and null prompt."""
+        if self.tokenizer.to_dict() != draft.tokenizer.to_dict():
+            raise ValueError("the text target and draft use different tokenizers")
+        for key in ("template", "prefix", "null_prompt"):
+            if getattr(self.config, key) != getattr(draft.config, key):
+                raise ValueError(f"the text target and draft differ in their prompt {key}")
 
     # --- backbone -----------------------------------------------------------------------------------
 
@@ -323,18 +207,9 @@ class Harmon(MaskedARFamily, nn.Module):
     def forward(self, tokens: Tensor, prompts: Prompts, generator: torch.Generator | None = None) -> Tensor:
         """The training loss: MAR's random order and mask ratio, the null prompt for a
         ``label_drop_prob`` fraction of the rows (for CFG), the diffusion loss on the masked tokens."""
-        c = self.config.mar
         b, n, _ = tokens.shape
-        dev = tokens.device
-        orders = torch.argsort(torch.rand((b, n), generator=generator, device=dev), dim=1)
-        ratio = truncated_normal_ratio(c.mask_ratio_min, generator, dev, c.mask_ratio_std)
-        mask = torch.zeros(b, n, dtype=torch.bool, device=dev)
-        mask.scatter_(1, orders[:, : math.ceil(n * ratio)], True)
-        drop = torch.rand((b, 1), generator=generator, device=dev) < c.label_drop_prob
+        mask = training_mask(self.config.mar, b, n, generator, tokens.device)
+        drop = torch.rand((b, 1), generator=generator, device=tokens.device) < self.config.mar.label_drop_prob
         ids, attn, null_ids, null_attn = prompts.both(self.tokenizer.pad_token_id)
         z = self.backbone(tokens, mask, torch.where(drop, null_ids, ids), torch.where(drop, null_attn, attn))
-        mul = c.diffusion_batch_mul
-        x0 = tokens.reshape(b * n, -1).repeat(mul, 1)
-        weight = mask.reshape(b * n).repeat(mul).to(x0.dtype)
-        loss = self.mar.diffloss.loss(x0, z.reshape(b * n, -1).repeat(mul, 1), generator)
-        return (loss * weight).sum() / weight.sum()
+        return self.mar.head_loss(tokens, z, mask, generator)

@@ -20,11 +20,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from csd.models.checkpoint import CheckpointError, load_state_strict, safe_torch_load
-from csd.models.harmon import Harmon, HarmonConfig, HubTokenizer, harmon_config
+from csd.models.harmon.network import Harmon, HarmonConfig, harmon_config
+from csd.models.harmon.prompts import HubTokenizer
 
 LLM_DIRS = {"harmon_0.5b": "Qwen2.5-0.5B-Instruct", "harmon_1.5b": "Qwen2.5-1.5B-Instruct"}
 CHECKPOINTS = {"harmon_0.5b": "harmon_0.5b.pth", "harmon_1.5b": "harmon_1.5b.pth"}
 LLM_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+# Relative to a checkpoint directory: the checkpoint, then its LLM's files.
+OFFICIAL_FILES = {
+    name: (f"harmon/{CHECKPOINTS[name]}", *(f"harmon/{LLM_DIRS[name]}/{f}" for f in LLM_FILES)) for name in CHECKPOINTS
+}
 # config.json keys -> the Qwen2Config fields the model is built from.
 LLM_KEYS = (
     "hidden_size",
@@ -86,3 +91,10 @@ def load_official_harmon(
     model = Harmon(replace(base, llm={**base.llm, **llm}), HubTokenizer(str(llm_dir)))
     load_state_strict(model, state, str(checkpoint))
     return model.eval()
+
+
+def from_checkpoints(checkpoints: Path, name: str, target: Harmon | None = None) -> Harmon:
+    """The official ``name`` model (a key of :data:`OFFICIAL_FILES`) from a checkpoint directory; a draft
+    needs nothing of its ``target`` (:meth:`Harmon.check_draft` checks they read prompts alike)."""
+    h = Path(checkpoints) / "harmon"
+    return load_official_harmon(h / CHECKPOINTS[name], h / LLM_DIRS[name], name)

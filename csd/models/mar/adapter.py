@@ -1,8 +1,8 @@
-"""The masked-AR family (MAR, and Harmon after it): the :class:`csd.family.ModelFamily` of a model that
+"""The masked-AR adapter (MAR, and Harmon after it): the :class:`csd.family.ModelFamily` of a model that
 predicts a random-order set of tokens per AR step from one backbone pass, through a separate
 diffusion head.
 
-A model mixes in :class:`MaskedARFamily` and provides ``seq_len``, ``token_dim``, ``num_classes``,
+A model mixes in :class:`MaskedARFamily` and provides ``seq_len``, ``token_dim``, ``traits``,
 ``head`` (``head.chain(steps)`` -> a :class:`~csd.chain.GaussianChain`) and
 ``conditions(tokens, mask, labels, guided)``. Class labels are its conditions; a text-conditioned
 model overrides :meth:`MaskedARFamily.check_conditions` (prompts) and ``conditions``.
@@ -16,10 +16,10 @@ import torch
 from torch import Tensor
 
 from csd.chain import HeadChain, HeadCondition
+from csd.config import PRECISIONS
 from csd.family import Plan
-from csd.models.schedule import step_cfg_scales, step_sizes
 from csd.rng import ImageStreams
-from csd.sampling import PRECISIONS
+from csd.schedule import step_cfg_scales, step_sizes
 
 
 def check_labels(labels: Sequence[int] | Tensor, num_classes: int, batch: int, device: torch.device) -> Tensor:
@@ -48,13 +48,10 @@ class MaskedARFamily:
     """:class:`csd.family.ModelFamily` for masked AR models with a diffusion head (see the module doc)."""
 
     def check_conditions(self, conditions, batch: int, device: torch.device) -> Tensor:
-        return check_labels(conditions, self.num_classes, batch, device)
+        return check_labels(conditions, self.traits.num_classes, batch, device)
 
     def plan(self, seeds: Sequence[int], config, device: torch.device) -> Plan:
-        if config.num_steps > self.seq_len:
-            raise ValueError(
-                f"num_steps (AR steps) must be in [1, {self.seq_len}] (the number of tokens), got {config.num_steps}"
-            )
+        self.traits.check_sampling(config, self.seq_len)
         return masked_plan(seeds, self.seq_len, config.num_steps, config.cfg_scale, config.cfg_schedule, device)
 
     def head_steps(self, steps: int | None) -> int:
@@ -81,6 +78,13 @@ class MaskedARFamily:
         """One pass over the context before a block gives every position's condition: verifying a block
         is predicting all of its positions at once (the drafted tokens play no part)."""
         return self.predict(tokens, mask, conditions, pos, cfg, config, steps)
+
+    def check_draft(self, draft) -> None:
+        """Nothing beyond the shared layout (:func:`csd.speculative.check_pair`) for class labels."""
+
+    def token_layout(self, raster_tokenizer):
+        """The tokenizer of this model's tokens over a raster tokenizer of its grid: the same one."""
+        return raster_tokenizer
 
     def join(self, chains: Sequence[HeadChain], batch: int) -> HeadChain:
         first = chains[0]

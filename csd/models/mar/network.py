@@ -1,26 +1,29 @@
-"""MAR: masked autoregressive image model with a diffusion token head (Li et al., 2024).
+"""MAR: masked autoregressive image model with a diffusion token head (Li et al., 2024), the network.
 
 Same module tree and parameter names as the official implementation, so official
-``checkpoint-last.pth`` files load unchanged (see :mod:`csd.models.loading`). The model only
-computes; generation loops live in :mod:`csd.sampling` and :mod:`csd.speculative`.
+``checkpoint-last.pth`` files load unchanged (:mod:`csd.models.mar.official`). The model only
+computes; the samplers see it through :class:`csd.models.mar.adapter.MaskedARFamily`, and the
+generation loops live in :mod:`csd.sampling` and :mod:`csd.speculative`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from csd.family import FamilyTraits
 from csd.models.head import DiffusionHead
-from csd.models.masked import MaskedARFamily
+from csd.models.mar.adapter import MaskedARFamily
+from csd.models.spec import SerialConfig
 from csd.models.transformer import Block
 
 
 @dataclass(frozen=True)
-class MARConfig:
+class MARConfig(SerialConfig):
     """Architecture of a MAR model. ``token_channels`` is the tokenizer's channels per cell
     (16 for KL-16 latents, 3 for pixels); a token is ``token_channels * patch_size**2`` wide."""
 
@@ -107,16 +110,8 @@ class MARConfig:
     def token_dim(self) -> int:
         return self.token_channels * self.patch_size**2
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> MARConfig:
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown MARConfig fields: {unknown}")
-        return cls(**data)
+    def traits(self) -> FamilyTraits:
+        return FamilyTraits("MAR", "classes", num_classes=self.class_num)
 
 
 def _vit(dim: int, depth: int, heads: int) -> dict:
@@ -149,6 +144,14 @@ _PIXEL_SHAPES = dict(
     mask_ratio_std=1.0,
 )
 
+
+def tiny_pixel_config(width: int, depth: int) -> MARConfig:
+    """A tiny pixel MAR in the embedded layout (32x32 RGB, 4x4 patches: N = 64, d = 48, 10 classes): the
+    untrained pairs of tests and of a server with no weights."""
+    pixels = dict(img_size=32, vae_stride=1, patch_size=4, token_channels=3, class_num=10, buffer_size=4, clip_x0=1.0)
+    return MARConfig(**pixels, **_vit(width, depth, 2), diffloss_d=1, diffloss_w=width, num_sampling_steps=10)
+
+
 # Official sizes (ImageNet 256, KL-16 latents); head depth x width as in the MAR README.
 MAR_CONFIGS: dict[str, MARConfig] = {
     "mar_base": MARConfig(**_vit(768, 12, 12), diffloss_d=6, diffloss_w=1024),
@@ -171,6 +174,9 @@ MAR_CONFIGS: dict[str, MARConfig] = {
     # target's head is narrower than its backbone because in CSD it still runs on every token.
     "shapes_target": MARConfig(**_vit(192, 10, 6), **_PIXEL_SHAPES, diffloss_d=3, diffloss_w=160),
     "shapes_draft": MARConfig(**_vit(128, 2, 4), **_PIXEL_SHAPES, diffloss_d=2, diffloss_w=128),
+    # Untrained pixel pairs (random weights): target wider and deeper than the draft.
+    "random_target": tiny_pixel_config(64, 2),
+    "random_draft": tiny_pixel_config(32, 1),
 }
 
 
@@ -190,6 +196,16 @@ def truncated_normal_ratio(
     p = cdf(lo) + u * (cdf(0.0) - cdf(lo))
     x = math.sqrt(2.0) * torch.erfinv(torch.tensor(2.0 * p - 1.0, dtype=torch.float64)).item()
     return min(1.0, max(mask_ratio_min, 1.0 + std * x))
+
+
+def training_mask(config: MARConfig, batch: int, n: int, generator: torch.Generator | None, device) -> Tensor:
+    """MAR's training mask (B, N), True = masked: a random order per image, and one truncated-normal mask
+    ratio for the batch (:func:`truncated_normal_ratio`)."""
+    orders = torch.argsort(torch.rand((batch, n), generator=generator, device=device), dim=1)
+    ratio = truncated_normal_ratio(config.mask_ratio_min, generator, device, config.mask_ratio_std)
+    mask = torch.zeros(batch, n, dtype=torch.bool, device=device)
+    mask.scatter_(1, orders[:, : math.ceil(n * ratio)], True)
+    return mask
 
 
 def resize_grid(pos: Tensor, side: int, buffer: int) -> Tensor:
@@ -259,8 +275,8 @@ class MAR(MaskedARFamily, nn.Module):
         return self.diffloss
 
     @property
-    def num_classes(self) -> int:
-        return self.config.class_num
+    def traits(self) -> FamilyTraits:
+        return self.config.traits()
 
     # --- backbone ------------------------------------------------------------------------------
 
@@ -340,26 +356,35 @@ class MAR(MaskedARFamily, nn.Module):
         dropout, and the loss adds ``distill_weight`` times the gap to its head (csd.models.diffusion.distill_loss)."""
         b, n, _ = tokens.shape
         dev = tokens.device
-        orders = torch.argsort(torch.rand((b, n), generator=generator, device=dev), dim=1)
-        ratio = truncated_normal_ratio(self.config.mask_ratio_min, generator, dev, self.config.mask_ratio_std)
-        num_masked = math.ceil(n * ratio)
-        mask = torch.zeros(b, n, dtype=torch.bool, device=dev)
-        mask.scatter_(1, orders[:, :num_masked], True)
-
+        mask = training_mask(self.config, b, n, generator, dev)
         class_emb = self.class_embedding(labels)
         drop = torch.rand((b, 1), generator=generator, device=dev) < self.config.label_drop_prob
         class_emb = torch.where(drop, self.fake_latent.expand(b, -1), class_emb)
 
         z = self.backbone(tokens, mask, class_emb)
-        mul = self.config.diffusion_batch_mul
-        x0 = tokens.reshape(b * n, -1).repeat(mul, 1)
-        zz = z.reshape(b * n, -1).repeat(mul, 1)
-        weight = mask.reshape(b * n).repeat(mul).to(x0.dtype)
         reference = None
         if teacher is not None:
             with torch.no_grad():
                 t_emb = torch.where(drop, teacher.fake_latent.expand(b, -1), teacher.class_embedding(labels))
-                zt = teacher.backbone(tokens, mask, t_emb)
-            reference = (teacher.diffloss, zt.reshape(b * n, -1).repeat(mul, 1))
-        loss = self.diffloss.loss(x0, zz, generator, reference, distill_weight)
+                reference = (teacher.diffloss, teacher.backbone(tokens, mask, t_emb))
+        return self.head_loss(tokens, z, mask, generator, reference, distill_weight)
+
+    def head_loss(
+        self,
+        tokens: Tensor,
+        z: Tensor,
+        mask: Tensor,
+        generator: torch.Generator | None,
+        reference: tuple[DiffusionHead, Tensor] | None = None,
+        distill_weight: float = 1.0,
+    ) -> Tensor:
+        """The diffusion loss of the masked tokens (B, N, d) given their conditions z (B, N, D), each row
+        repeated ``diffusion_batch_mul`` times; ``reference``: a teacher's head and its z, to match too."""
+        b, n, _ = tokens.shape
+        mul = self.config.diffusion_batch_mul
+        rows = lambda a: a.reshape(b * n, -1).repeat(mul, 1)
+        weight = mask.reshape(b * n).repeat(mul).to(tokens.dtype)
+        if reference is not None:
+            reference = (reference[0], rows(reference[1]))
+        loss = self.diffloss.loss(rows(tokens), rows(z), generator, reference, distill_weight)
         return (loss * weight).sum() / weight.sum()

@@ -1,4 +1,5 @@
-"""MAR's AR schedule: random generation orders, cosine mask schedule, CFG schedule."""
+"""AR schedules: MAR's cosine mask schedule (tokens per AR step), the CFG schedules over the steps, and
+the head-step schedule (DiSA-style annealing of the chain's steps over the AR steps)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,10 @@ def step_cfg_scales(cfg: float, schedule: str, sizes: list[int]) -> list[float]:
         masked_len = masked if i < len(sizes) - 1 else 1
         scales.append(cfg_scale_at(cfg, schedule, n, masked_len))
     return scales
+
+
+def head_step_schedule(first: int, last: int | None, num_steps: int) -> list[int]:
+    """Head steps of each AR step: ``first`` throughout, or linear from ``first`` to ``last``, rounded."""
+    if last is None or num_steps == 1:
+        return [first] * num_steps
+    return [round(first + (last - first) * s / (num_steps - 1)) for s in range(num_steps)]

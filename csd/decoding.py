@@ -1,0 +1,93 @@
+"""The decoders' step toolbox, shared by target-only :func:`csd.sampling.generate` and
+:func:`csd.speculative.speculative_generate`: a run's result, phase timers, chain noise, one AR step of one
+model, and committing tokens to the canvas.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from csd.chain import ChainNoise, Trajectory
+from csd.config import SamplingConfig
+from csd.family import ModelFamily, TokenChain
+from csd.rng import ImageStreams
+from csd.trace import Trace
+
+StepCallback = Callable[[int, int, str], None]
+"""``on_step(done, total, phase)``: called by a sampler after each AR step (``done`` of ``total`` steps
+processed, ``phase`` what the step was: "target", "draft", "pre-fill", "verify"). It may raise to
+stop the run there (the app's Stop button does); a sampler without one pays nothing."""
+
+
+@dataclass
+class Generation:
+    tokens: Tensor  # (B, N, d), float32 on the CPU
+    trace: Trace
+
+
+class PhaseTimer:
+    """Wall time per named phase; synchronises CUDA so GPU work is charged to the right phase."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.times: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        sync = self.device.type == "cuda"
+        if sync:
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        yield
+        if sync:
+            torch.cuda.synchronize(self.device)
+        self.times[phase] += time.perf_counter() - t0
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def draw_chain_noise(streams: ImageStreams, k: int, steps: int, d: int) -> ChainNoise:
+    """Noise for k tokens per image, rows image-major: xi (B*k, d), eps (T-1, B*k, d)."""
+    raw = streams.randn(steps, k, d)  # (B, T, k, d)
+    b = raw.shape[0]
+    return ChainNoise(xi=raw[:, 0].reshape(b * k, d), eps=raw[:, 1:].permute(1, 0, 2, 3).reshape(steps - 1, b * k, d))
+
+
+def predict_step(
+    model: ModelFamily,
+    tokens: Tensor,
+    mask: Tensor,
+    conditions,
+    pos: Tensor,
+    cfg: float,
+    noise: ChainNoise,
+    config: SamplingConfig,
+    steps: int,
+    timer: PhaseTimer,
+    phase: str,
+) -> tuple[Trajectory, TokenChain]:
+    """One AR step of one model: its pass over the context (``{phase}_backbone``), then the chains of
+    the tokens at ``pos`` (``{phase}_head``). Returns the trajectory and the chains it came from."""
+    with timer(f"{phase}_backbone"):
+        chain = model.predict(
+            tokens, mask, conditions, pos, torch.full((pos.numel(),), cfg, device=pos.device), config, steps
+        )
+    with timer(f"{phase}_head"):
+        traj = chain.run(noise)
+    return traj, chain
+
+
+def commit(tokens: Tensor, mask: Tensor, pos: Tensor, x: Tensor) -> None:
+    """Write x (B*k, d) at positions (B, k) and unmask them, in place."""
+    b, k = pos.shape
+    tokens.scatter_(1, pos.unsqueeze(-1).expand(-1, -1, tokens.shape[-1]), x.reshape(b, k, -1).to(tokens.dtype))
+    mask.scatter_(1, pos, False)

@@ -1,0 +1,191 @@
+"""xAR's official Euler-Maruyama sampler as Gaussian chains over cells (:class:`csd.family.TokenChain`):
+one cell per image (an AR step), a drafted block's cells at once (block verification), the draft's
+per-step chains joined into one, and some rows of a block (the exact criterion's resampler)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from csd.chain import ChainNoise, Trajectory, run_chain
+
+
+def flow_times(num_steps: int) -> Tensor:
+    """The official Euler-Maruyama time grid: ``num_steps`` times from 1 to 0.04, then 0 (float64):
+    num_steps - 1 stochastic steps and one deterministic last step."""
+    if not isinstance(num_steps, int) or num_steps < 2:
+        raise ValueError(f"flow steps must be an int >= 2, got {num_steps!r}")
+    return torch.cat([torch.linspace(1.0, 0.04, num_steps, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
+
+
+@dataclass(frozen=True)
+class CellCondition:
+    """What the chains of ``cells`` consecutive cells per image, from cell ``first``, are conditioned on:
+    labels (B,), the cache of every clean cell before the last of them (the context, then the drafted
+    cells; of the doubled batch [labels; null] when guided) and the guidance scale per row (B * cells,)."""
+
+    labels: Tensor
+    first: int
+    cells: int
+    cache: list | None
+    cfg: Tensor | None = None  # None: unguided
+
+    def attention_mask(self, cell_len: int, device) -> Tensor | None:
+        """Drafted cell j attends to the clean cells before it and to itself: (1, 1, Q, K) additive."""
+        if self.cells == 1:
+            return None  # all of the cache is earlier
+        clean = self.first + self.cells - 1
+        query_cell = self.first + torch.arange(self.cells * cell_len, device=device) // cell_len  # absolute
+        clean_cell = torch.arange(clean * cell_len, device=device) // cell_len
+        own = torch.arange(self.cells * cell_len, device=device) // cell_len
+        allowed = torch.cat(
+            [clean_cell[None] < query_cell[:, None], own[None] == (query_cell[:, None] - self.first)], dim=1
+        )
+        return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, float("-inf"))[None, None]
+
+
+class CellFlow:
+    """xAR's Euler-Maruyama sampler as a :class:`csd.chain.GaussianChain` over flattened cells
+    (cell_len * d per row; rows image-major): at time t with step dt < 0,
+
+        mu = y + dt ((2 - t) v + y),   sigma = sqrt(2 t |dt|)   (N - 1 steps),   x = mu at the last,
+
+    (the last step's sigma is reported too, by the same formula, as the final token's width),
+
+    v the velocity, guided on the doubled batch as v_u + cfg (v_c - v_u). sigma does not depend on
+    the model. Several cells per image advance together, one backbone pass per step (block
+    verification). States are float64 (as the official sampler's); the network runs in its dtype."""
+
+    def __init__(self, model: nn.Module, num_steps: int):  # an xAR network (csd.models.xar.network.XAR)
+        self.model, self.times = model, flow_times(num_steps)
+        self.token_dim = model.token_dim
+
+    def num_steps(self) -> int:
+        return len(self.times) - 1
+
+    def transition(self, y: Tensor, step: int, cond: CellCondition) -> tuple[Tensor, Tensor]:
+        m, c = self.model, self.model.config
+        t, t_next = self.times[step].item(), self.times[step + 1].item()
+        dt, b, k = t_next - t, cond.labels.shape[0], cond.cells
+        x = y.reshape(b, k * c.cell_len, c.token_dim)
+        dtype, dev = m.z_proj.weight.dtype, y.device
+        positions = torch.arange(cond.first * c.cell_len, (cond.first + k) * c.cell_len, device=dev)
+        mask = cond.attention_mask(c.cell_len, dev)
+        net = lambda xx, labels: m._network(
+            xx.to(dtype), labels, xx.new_full((xx.shape[0], k), t, dtype=dtype), positions, mask, cond.cache
+        ).to(torch.float64)
+        if cond.cfg is None:
+            v = net(x, cond.labels)
+        else:
+            vv = net(torch.cat([x, x]), torch.cat([cond.labels, torch.full_like(cond.labels, m.null_class)]))
+            v_c, v_u = vv[:b], vv[b:]
+            scale = cond.cfg.to(torch.float64).reshape(b, k).repeat_interleave(c.cell_len, dim=1)[..., None]
+            v = v_u + scale * (v_c - v_u)
+        x64 = x.to(torch.float64)
+        mu = (x64 + dt * ((2.0 - t) * v + x64)).reshape(b * k, -1)
+        # The last step is deterministic (never sampled from); its std, by the same formula at t = 0.04, is
+        # the width the acceptance test's final-step term and the resampler give the final token.
+        return mu, torch.full_like(mu, math.sqrt(2.0 * t * abs(dt)))
+
+
+@dataclass(frozen=True)
+class CellChain:
+    """The :class:`csd.family.TokenChain` of ``cond.cells`` cells per image (rows image-major)."""
+
+    flow: CellFlow
+    cond: CellCondition
+    temperature: float = 1.0
+
+    @property
+    def rows(self) -> int:
+        return int(self.cond.labels.shape[0]) * self.cond.cells
+
+    def num_steps(self) -> int:
+        return self.flow.num_steps()
+
+    def run(self, noise: ChainNoise) -> Trajectory:
+        noise = ChainNoise(noise.xi.to(torch.float64), noise.eps.to(torch.float64))  # float64 states
+        traj = run_chain(self.flow, self.cond, noise, self.temperature)
+        # float64 inside the chain; float32 out, as every other family's tokens and statistics
+        return Trajectory(x=traj.x.float(), states=traj.states.float(), mean=traj.mean.float(), std=traj.std.float())
+
+    def evaluate(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        """Every transition at another path's states (T, rows, d): one pass per step."""
+        out = [self.flow.transition(states[k].to(torch.float64), k, self.cond) for k in range(states.shape[0])]
+        mean, std = torch.stack([mu for mu, _ in out]), torch.stack([sd for _, sd in out]) * self.temperature
+        return mean.float(), std.float()
+
+    def select(self, rows: Tensor) -> SelectedCells:
+        return SelectedCells(self, rows)
+
+
+@dataclass(frozen=True)
+class JoinedCells:
+    """The draft's chains of a block, one AR step (one cell per image) each, as one chain whose rows are
+    image-major over the block: row b * k + j is image b's cell j, a row of ``chains[j]``."""
+
+    chains: tuple
+
+    @property
+    def rows(self) -> int:
+        return sum(c.rows for c in self.chains)
+
+    def num_steps(self) -> int:
+        return self.chains[0].num_steps()
+
+    def _split(self, x: Tensor) -> list[Tensor]:  # (..., B * k, d) -> k of (..., B, d)
+        k = len(self.chains)
+        return list(x.reshape(*x.shape[:-2], -1, k, x.shape[-1]).unbind(-2))
+
+    @staticmethod
+    def _merge(parts: list[Tensor]) -> Tensor:  # k of (..., B, d) -> (..., B * k, d)
+        x = torch.stack(parts, dim=-2)
+        return x.reshape(*x.shape[:-3], -1, x.shape[-1])
+
+    def run(self, noise: ChainNoise) -> Trajectory:
+        xis, epss = self._split(noise.xi), self._split(noise.eps)
+        trajs = [c.run(ChainNoise(xi, eps)) for c, xi, eps in zip(self.chains, xis, epss, strict=True)]
+        return Trajectory(*(self._merge([getattr(t, f) for t in trajs]) for f in ("x", "states", "mean", "std")))
+
+    def evaluate(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        out = [c.evaluate(s) for c, s in zip(self.chains, self._split(states), strict=True)]
+        return self._merge([m for m, _ in out]), self._merge([s for _, s in out])
+
+    def select(self, rows: Tensor) -> SelectedCells:
+        return SelectedCells(self, rows)
+
+
+@dataclass(frozen=True)
+class SelectedCells:
+    """Some rows of a block's chains (the exact criterion resamples the rejected ones). The rows of a
+    block are independent given its clean cells (a noisy cell attends to the clean cells and to itself
+    only), so the whole chain runs with the other rows' noise (states) at zero and the selected rows
+    are kept: the same numbers as the rows alone, at the cost of the whole block."""
+
+    chain: CellChain | JoinedCells
+    index: Tensor  # (m,) rows of ``chain``
+
+    @property
+    def rows(self) -> int:
+        return int(self.index.numel())
+
+    def num_steps(self) -> int:
+        return self.chain.num_steps()
+
+    def _pad(self, x: Tensor) -> Tensor:  # (..., m, d) -> (..., chain.rows, d), zeros elsewhere
+        full = x.new_zeros(*x.shape[:-2], self.chain.rows, x.shape[-1])
+        full[..., self.index, :] = x
+        return full
+
+    def run(self, noise: ChainNoise) -> Trajectory:
+        return self.chain.run(ChainNoise(self._pad(noise.xi), self._pad(noise.eps))).select(self.index)
+
+    def evaluate(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        mean, std = self.chain.evaluate(self._pad(states))
+        return mean[:, self.index], std[:, self.index]
+
+    def select(self, rows: Tensor) -> SelectedCells:
+        return SelectedCells(self.chain, self.index[rows])

@@ -1,0 +1,172 @@
+"""Serving the demo: the command line (flags made from :class:`demo.limits.Limits`), the app on every
+installed pair, the page of tabs, warm-up and launch.
+
+    python app.py [--host 127.0.0.1] [--port 7860] [--checkpoints DIR] [--hub-repo REPO] [limits ...]
+
+Settings also come from the environment (``CSD_CHECKPOINTS``, ``CSD_HUB_REPO``, ``CSD_THREADS`` and each
+limit's variable, e.g. ``CSD_MAX_SECONDS``); flags win. Models are loaded once and shared read-only by
+every request; visitors choose among the pairs the operator installed and never name a file or a
+repository. Named API endpoints: ``/generate``, ``/inspect``, ``/analyze``, ``/frontier``, ``/toy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import gradio as gr
+import torch
+
+from csd.experiments.analysis import Panels
+from csd.experiments.pairs import RANDOM_SOURCE, PairStore, discover, fetch_official
+from demo import limits as limits_module
+from demo.core import DEVICE, App
+from demo.limits import Limits
+from demo.tabs import method
+from demo.tabs.analysis import AnalysisTab
+from demo.tabs.generate import GenerateTab
+from demo.tabs.inspect import InspectTab
+
+ROOT = Path(__file__).resolve().parents[1]
+PRECOMPUTED = ROOT / "assets" / "analysis_default.json"
+FRONTIER = ROOT / "bench" / "results" / "frontier.json"  # python -m csd.experiments.bench --frontier --quick
+DEFAULT_CHECKPOINTS = ROOT / "pretrained_models"  # where --hub-repo fetches to without --checkpoints
+# The models are small (64 tokens): a second intra-op thread gains little, while on a CPU shared with
+# other work (two cores, a training job) more threads than free cores made generation 20-50x slower.
+CPU_THREADS = 1
+
+CSS = """
+.csd-img img { image-rendering: pixelated; }
+.csd-legend { font-size: 0.9em; margin-top: -6px; }
+"""
+# System fonts: the default theme would fetch web fonts, and the app must work offline.
+THEME = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
+
+
+def build(app: App) -> gr.Blocks:
+    # Generation and analysis share one queue slot group: at most `concurrency` model runs at once.
+    queue = {"concurrency_id": "models", "concurrency_limit": app.limits.concurrency}
+    with gr.Blocks(title="Continuous speculative decoding") as demo:
+        gr.Markdown(
+            "# Continuous speculative decoding\nA small *draft* model proposes image tokens, a large *target* "
+            "model verifies them in one pass. Same seed, same noise: compare target-only and CSD side by side."
+        )
+        with gr.Tab("Generate"):
+            controls, inspected, generated = GenerateTab(app).build(queue)
+        with gr.Tab("Inspect"):
+            InspectTab(app).build(controls, inspected, generated, queue)
+        with gr.Tab("Analysis"):
+            AnalysisTab(app).build(controls, queue)
+        with gr.Tab("How it works"):
+            method.build()
+    return demo
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description="Serve the continuous speculative decoding demo.")
+    ap.add_argument(
+        "--host",
+        default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),  # Hugging Face Spaces set 0.0.0.0 here
+        help="interface to listen on (0.0.0.0 for all)",
+    )
+    ap.add_argument("--port", type=int, default=limits_module.env_setting("GRADIO_SERVER_PORT", 7860, int))
+    ap.add_argument(
+        "--checkpoints",
+        type=Path,
+        default=os.environ.get("CSD_CHECKPOINTS"),
+        help="directory with official checkpoints (mar/<config>/checkpoint-last.pth, xar/, harmon/, vae/kl16.ckpt); "
+        f"with --hub-repo, where they are fetched (default {DEFAULT_CHECKPOINTS.relative_to(ROOT)}/)",
+    )
+    ap.add_argument(
+        "--hub-repo",
+        default=os.environ.get("CSD_HUB_REPO") or None,
+        help="Hugging Face Hub repository with the official layout, fetched into --checkpoints before serving "
+        "(several GB; the only download the app ever makes, and only when named here)",
+    )
+    limits_module.add_flags(ap)
+    default_threads = CPU_THREADS if DEVICE.type == "cpu" else torch.get_num_threads()
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=limits_module.env_setting("CSD_THREADS", default_threads, int),
+        help=f"torch CPU threads (default {CPU_THREADS} on a CPU-only machine; CSD_THREADS)",
+    )
+    ap.add_argument("--share", action="store_true", help="create a public gradio.live link (off by default)")
+    args = ap.parse_args(argv)
+    try:
+        limits_module.from_args(args)
+    except ValueError as err:
+        ap.error(str(err))
+    if args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
+    if args.hub_repo is not None and args.checkpoints is None:
+        args.checkpoints = DEFAULT_CHECKPOINTS
+    return args
+
+
+def precomputed_frontier(path: Path, store: PairStore) -> dict | None:
+    """The benchmark's frontier, when it was measured on a pair this server serves (same weights)."""
+    if not path.is_file():
+        return None
+    result = json.loads(path.read_text())
+    for name in store.names:
+        if store.source(name).weights == result.get("weights"):
+            return result | {"pair": name}
+    return None
+
+
+def make_app(checkpoints: Path | None, limits: Limits, hub_repo: str | None = None) -> App:
+    """The app on every pair found (the untrained pair only when nothing is installed). With ``hub_repo``
+    the official checkpoints are fetched into ``checkpoints`` first; a failure ends the start."""
+    if hub_repo is not None:
+        try:
+            log = lambda line: print(line, flush=True)
+            fetch_official(hub_repo, checkpoints or DEFAULT_CHECKPOINTS, log, endpoint=os.environ.get("HF_ENDPOINT"))
+        except Exception as err:  # not found, no space, no network: the server does not start
+            raise SystemExit(f"--hub-repo {hub_repo}: {err}") from None
+    sources = discover(checkpoints)
+    if not sources:
+        print("No embedded models in assets/models and no official checkpoints: serving untrained models.")
+        sources = [RANDOM_SOURCE]
+    store = PairStore(sources, DEVICE)
+    panels = Panels.load(PRECOMPUTED) if PRECOMPUTED.is_file() else None
+    if panels is not None and panels.pair not in store.names:
+        panels = None  # computed for a pair this server does not have
+    return App(store, limits, panels, precomputed_frontier(FRONTIER, store))
+
+
+def warm_up(app: App) -> None:
+    """Run the default comparison once, so the first user's timings do not include one-time costs."""
+    from demo.tabs.generate import compare
+
+    for _ in compare(app, lambda *args, **kwargs: None, **app.default_controls()):
+        pass
+
+
+def serve(demo: gr.Blocks, limits: Limits, host: str, port: int | None, share: bool = False, block: bool = True) -> str:
+    """Queue (at most ``limits.concurrency`` requests run at once) and launch; returns the local URL.
+    ``port=None`` takes the first free port from 7860; ``block=False`` returns while serving."""
+    demo.queue(default_concurrency_limit=limits.concurrency, max_size=limits.queue_size)
+    _, url, _ = demo.launch(
+        server_name=host,
+        server_port=port,
+        share=share,
+        prevent_thread_lock=not block,
+        theme=THEME,
+        css=CSS,
+        footer_links=["api"],
+        ssr_mode=False,  # plain client-side rendering: no Node server needed
+    )
+    return url
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    limits = limits_module.from_args(args)
+    app = make_app(args.checkpoints, limits, args.hub_repo)
+    print(f"Pairs: {app.store.names}; device {DEVICE}; warming up ...", flush=True)
+    warm_up(app)
+    serve(build(app), limits, args.host, args.port, args.share)

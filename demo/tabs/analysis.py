@@ -1,0 +1,166 @@
+"""The Analysis tab: the paper's panels (draft-target distances with and without alignment, acceptance per
+AR step under pre-fill, resampler iterations, sweeps), precomputed for the default setting and
+recomputed for the Generate tab's controls; and quality against time among the cheap alternatives."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from csd.experiments import frontier
+from csd.experiments.analysis import Analysis, AnalysisSettings
+from demo.controls import slider
+from demo.core import App
+from demo.views import ANALYSIS_KEYS, analysis_figures, analysis_status, frontier_outputs, frontier_status, panels_json
+
+SECTIONS = (  # (title, panels in the row), in the order of ANALYSIS_KEYS
+    ("(a) Draft-target distance with and without alignment", 2),
+    ("(b) Acceptance per AR step under pre-fill", 1),
+    ("(c) Resampler", 2),
+    ("Acceptance vs draft length, CFG scale, temperature", 3),
+    ("The split of log r", 1),
+    ("Where the time goes", 1),
+)
+
+
+def analysis_panels(app: App, n_images: int, progress, **controls):
+    """Recompute every panel over ``n_images`` images (image i: seed + i) at the controls: yields status
+    lines, returns the panels."""
+    r = app.request(**controls, batch_size=1)
+    work = n_images * r.sampling.num_steps
+    if work > app.limits.max_analysis_steps:
+        raise gr.Error(
+            f"Images (n) x AR steps must be at most {app.limits.max_analysis_steps} on this server "
+            f"(--max-analysis-steps, CSD_MAX_ANALYSIS_STEPS), got {n_images} x {r.sampling.num_steps} = {work}: "
+            "ask for fewer images or AR steps"
+        )
+    settings = AnalysisSettings(n_images=n_images, seed=r.seeds[0], sampling=r.sampling, csd=r.csd, **r.condition())
+    analysis = Analysis(r.pair, settings)
+    return (yield from app.run_all(analysis, analysis.panels, progress))
+
+
+def frontier_result(app: App, n_images: int, progress, **controls):
+    """Every cheap alternative (target-only with fewer AR or head steps, a head schedule, CSD settings and
+    combinations) around the controls, over ``n_images`` images, one run per setting: yields status lines,
+    returns the frontier."""
+    r = app.request(**controls, batch_size=1)
+    work, most = n_images * r.sampling.num_steps, app.limits.max_analysis_steps // 2
+    if work > most:
+        raise gr.Error(
+            f"Images (n) x AR steps of the frontier must be at most {most} on this server (half of "
+            f"--max-analysis-steps, CSD_MAX_ANALYSIS_STEPS: it runs 14 settings), got "
+            f"{n_images} x {r.sampling.num_steps} = {work}: ask for fewer images or AR steps"
+        )
+    fixed = r.pair.traits.fixed_num_steps is not None  # xAR: one AR step per cell
+    head = r.pair.target.head_steps(r.sampling.head_steps)
+    points = frontier.grid(r.sampling, r.csd, head, quick=True, fixed_steps=fixed)
+    small = frontier.SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], **r.condition())
+    return (yield from app.run_all(small, small.result, progress))
+
+
+def analyze_stopped() -> str:
+    return "Stopped: the recompute was cancelled; the panels below are the ones shown before it."
+
+
+def frontier_stopped() -> str:
+    return "Stopped: the recompute was cancelled; the frontier below is the one shown before it."
+
+
+class AnalysisTab:
+    def __init__(self, app: App):
+        self.app = app
+
+    def analyze(self, n_images: int, progress=gr.Progress(), **controls):  # noqa: B008
+        """The panels on screen change only when every run has finished."""
+        panels = yield from self._statuses(analysis_panels(self.app, n_images, progress, **controls), self.status)
+        figures = dict(zip(self.plots, analysis_figures(panels), strict=True))
+        yield {self.status: analysis_status(panels, recomputed=True), **figures, self.data: panels_json(panels)}
+
+    def recompute_frontier(self, n_images: int, progress=gr.Progress(), **controls):  # noqa: B008
+        result = yield from self._statuses(frontier_result(self.app, n_images, progress, **controls), self.f_status)
+        chart, table, data = frontier_outputs(result)
+        yield {
+            self.f_status: frontier_status(result, recomputed=True),
+            self.f_plot: chart,
+            self.f_table: table,
+            self.f_data: data,
+        }
+
+    @staticmethod
+    def _statuses(work, status):
+        """Pass a recompute's status lines on as updates of ``status``; return its result."""
+        while True:
+            try:
+                yield {status: next(work)}
+            except StopIteration as done:
+                return done.value
+
+    def build(self, controls: dict, queue: dict) -> None:
+        app = self.app
+        served_weights = app.store.source(app.panels.pair).weights if app.panels is not None else None
+        self.status = gr.Markdown(analysis_status(app.panels, current_weights=served_weights))
+        gr.Markdown(
+            "Panels over *n* images (image *i*: seed + i, class + i) at the current Generate-tab controls; "
+            "each sweep varies one knob around them. Recomputing takes a few dozen runs."
+        )
+        with gr.Row():
+            lim = app.limits
+            n_images = slider("Images (n)", min(AnalysisSettings.n_images, lim.max_images), 1, lim.max_images)
+            n_images = n_images.component()
+            recompute = gr.Button("Recompute for current controls", variant="primary")
+            stop = gr.Button("Stop")
+        figures, self.plots = iter(analysis_figures(app.panels)), []
+        for title, count in SECTIONS:
+            gr.Markdown(f"#### {title}")
+            with gr.Row():
+                for _ in range(count):
+                    key = ANALYSIS_KEYS[len(self.plots)]
+                    self.plots.append(gr.Plot(next(figures), show_label=False, elem_id=f"panel-{key}"))
+        with gr.Accordion("Panel data (JSON)", open=False):
+            self.data = gr.JSON(panels_json(app.panels))
+        # One image per seed: the batch size plays no role in the analysis.
+        inputs = {name: c for name, c in controls.items() if name != "batch_size"}
+        outputs = [self.status, *self.plots, self.data]
+        event = recompute.click(
+            self.analyze, inputs_kwargs=inputs | {"n_images": n_images}, outputs=outputs, api_name="analyze", **queue
+        )
+        stop.click(None, None, None, cancels=[event], api_visibility="private").then(
+            analyze_stopped, None, self.status, api_visibility="private"
+        )
+        self._frontier_section(inputs, queue)
+
+    def _frontier_section(self, inputs: dict, queue: dict) -> None:
+        """Quality against time for every cheap alternative of the current family: the benchmark's run for
+        the default setting, or a recompute at a few images for the current controls."""
+        app = self.app
+        gr.Markdown("#### Quality vs time: CSD among the cheap alternatives")
+        gr.Markdown(
+            "Target-only with fewer AR steps, fewer head steps or a head-step schedule, CSD at several draft "
+            "lengths, tests and pre-fills, and their combinations, at the current controls. Time is a ratio to "
+            "target-only measured in the same run; the dashed line is the Pareto front (nothing is both faster "
+            "and better). Hover a point for its setting. A recompute runs each setting once over *n* images: "
+            "its error bars are wide, the benchmark's (hundreds of images) are not."
+        )
+        self.f_status = gr.Markdown(frontier_status(app.front), elem_id="frontier-status")
+        with gr.Row():
+            lim = app.limits
+            n_images = slider("Images (n) for the frontier", min(4, lim.max_images), 1, lim.max_images).component()
+            n_images.elem_id = "frontier-n"
+            recompute = gr.Button("Recompute frontier", variant="primary")
+            stop = gr.Button("Stop")
+        chart, table, data = frontier_outputs(app.front)
+        self.f_plot = gr.Plot(chart, show_label=False, elem_id="panel-frontier")
+        with gr.Accordion("Frontier table", open=False):
+            self.f_table = gr.Markdown(table, elem_id="frontier-table")
+        with gr.Accordion("Frontier data (JSON)", open=False):
+            self.f_data = gr.JSON(data)
+        outputs = [self.f_status, self.f_plot, self.f_table, self.f_data]
+        event = recompute.click(
+            self.recompute_frontier,
+            inputs_kwargs=inputs | {"n_images": n_images},
+            outputs=outputs,
+            api_name="frontier",
+            **queue,
+        )
+        stop.click(None, None, None, cancels=[event], api_visibility="private").then(
+            frontier_stopped, None, self.f_status, api_visibility="private"
+        )

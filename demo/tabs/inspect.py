@@ -1,0 +1,196 @@
+"""The Inspect tab: the session's latest Generate run replayed block by block beside target-only, a token
+inspector (both chains, the acceptance test's terms, the candidates in place) and the likely artifacts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from csd.experiments.analysis import Run, run_csd, run_single
+from csd.experiments.inspection import Frame, artifact_hints, inspect_token, replay_frames, token_index
+from csd.experiments.jobs import Job
+from demo.controls import named
+from demo.core import App
+from demo.views import token_markdown, token_patches
+from visualize.images import legend_html, locate
+from visualize.render import to_plotly
+from visualize.replay import REPLAY_STYLE, chains_chart, frame_images
+
+IMAGE = {"type": "numpy", "format": "png", "elem_classes": "csd-img", "interactive": False}
+
+
+@dataclass
+class Inspected:
+    """The latest Generate run of one visitor, kept in that session's gr.State for the Inspect tab:
+    the CSD run with its details and the target-only run with the same seeds."""
+
+    pair_name: str
+    csd: Run
+    target: Run
+    frames: list[Frame]
+    hints: list[dict]
+
+    @classmethod
+    def of(cls, pair_name: str, spec: Run, target: Run) -> Inspected:
+        tokens, target_tokens = spec.generation.tokens, target.generation.tokens
+        frames = replay_frames(tokens, spec.trace, target_tokens, target.trace)
+        return cls(pair_name, spec, target, frames, artifact_hints(tokens, spec.trace, target_tokens))
+
+    def token(self, image: int, row: int, column: int) -> dict:
+        index = token_index(self.csd.trace.num_tokens, row, column)
+        return inspect_token(self.csd.generation.tokens, self.csd.trace, self.target.generation.tokens, image, index)
+
+
+def inspect_run(app: App, image: int, row: int, column: int, progress, **controls) -> dict:
+    """For API clients: run target-only and CSD with the given controls and seeds, then return the replay
+    (each frame's label, AR steps and per-token status), the token's inspection and the hints."""
+    r = app.request(**controls)
+
+    def work(job: Job) -> Inspected:
+        target = run_single(r.pair, r.labels, r.seeds, r.sampling, on_step=job.on_step("target-only"))
+        spec = run_csd(r.pair, r.labels, r.seeds, r.sampling, r.csd, job.on_step("CSD"), keep_details=True)
+        return Inspected.of(r.pair.name, spec, target)
+
+    job = app.job(work)
+    for _ in app.follow(job, ["target-only", "CSD"], progress):
+        pass
+    run = job.result
+    try:
+        token = run.token(image, row, column)
+    except ValueError as err:
+        raise gr.Error(f"Invalid token: {err}") from None
+    frames = [{"label": f.label, "ar_steps": f.ar_steps, "status": f.status.tolist()} for f in run.frames]
+    return {"frames": frames, "token": token, "hints": run.hints}
+
+
+class InspectTab:
+    def __init__(self, app: App):
+        self.app = app
+
+    def replay(self, run: Inspected | None, frame: int):
+        """Frame ``frame`` of the session's latest run: its label, the CSD canvas, its status map and the
+        target-only canvas after as many AR steps."""
+        if run is None:
+            return {
+                self.label: "Press **Generate** first: the latest run of this page is replayed here."
+            } | dict.fromkeys((self.canvas, self.status, self.target))
+        if not isinstance(frame, int) or not 0 <= frame < len(run.frames):
+            raise gr.Error(f"Frame must be an integer in [0, {len(run.frames) - 1}], got {frame!r}")
+        f = run.frames[frame]
+        csd, status, target = frame_images(f, lambda tokens: self.app.store.get(run.pair_name).images(tokens).numpy())
+        label = f"**Frame {frame + 1} of {len(run.frames)}:** {f.label} ({f.ar_steps} AR steps made)"
+        return {self.label: label, self.canvas: csd, self.status: status, self.target: target}
+
+    def show_token(self, run: Inspected | None, image: int, row: int, column: int):
+        """The token at (row, column) of image ``image``: a summary, the candidate values as patches in
+        the image, both chains' transitions, and every number as JSON."""
+        if run is None:
+            return {self.token: "Press **Generate** first."} | dict.fromkeys((self.patches, self.chains, self.data))
+        try:
+            info = run.token(image, row, column)
+        except ValueError as err:
+            raise gr.Error(f"Invalid token: {err}") from None
+        pair = self.app.store.get(run.pair_name)
+        return {
+            self.token: token_markdown(info),
+            self.patches: token_patches(pair, run.csd.generation.tokens, info),
+            self.chains: to_plotly(chains_chart(info)),
+            self.data: info,
+        }
+
+    def select_on_map(self, run: Inspected | None, evt: gr.SelectData):
+        """A click on the status map -> (image, row, column) of the token under it."""
+        if run is None:
+            raise gr.Error("Press **Generate** first.")
+        x, y = evt.index
+        trace = run.csd.trace
+        size = self.app.store.get(run.pair_name).images(run.csd.generation.tokens[:1]).shape[1]
+        return locate(int(x), int(y), trace.batch, trace.num_tokens, size)
+
+    def after_run(self, run: Inspected | None):
+        """Once a Generate run is in: the frame slider over its frames at the last one, the hints table, the
+        last frame and the top hint opened in the inspector."""
+        if run is None:
+            return (
+                {self.frame: gr.update(maximum=1, value=0), self.hints: None}
+                | self.replay(None, 0)
+                | (self.show_token(None, 0, 0, 0))
+            )
+        last, top = len(run.frames) - 1, run.hints[0]
+        table = [
+            [h["image"], h["row"], h["column"], round(h["distance"], 3), h["maker"], h["ar_step"] + 1]
+            for h in run.hints
+        ]
+        return (
+            {self.frame: gr.update(maximum=last, value=last), self.hints: table}
+            | self.replay(run, last)
+            | self.show_token(run, top["image"], top["row"], top["column"])
+        )
+
+    @staticmethod
+    def select_hint(run: Inspected | None, evt: gr.SelectData):
+        if run is None:
+            raise gr.Error("Press **Generate** first.")
+        hint = run.hints[evt.index[0]]
+        return hint["image"], hint["row"], hint["column"]
+
+    def inspect_api(self, image: int, row: int, column: int, progress=gr.Progress(), **controls):  # noqa: B008
+        return inspect_run(self.app, image, row, column, progress, **controls)
+
+    def build(self, controls: dict, inspected: gr.State, generated, queue: dict) -> None:
+        gr.Markdown(
+            "The latest **Generate** run of this page, replayed: the CSD canvas after each pre-fill step, each "
+            "drafted block (the draft's proposal, orange) and each verification, beside the target-only canvas "
+            "after as many AR steps. Click a token on the status map, pick a row of the table, or type its position."
+        )
+        self.label = gr.Markdown(
+            "Press **Generate** first: the latest run of this page is replayed here.", elem_id="replay-label"
+        )
+        self.frame = named(gr.Slider(0, 1, value=0, step=1, precision=0, label="Frame"))
+        with gr.Row():
+            self.canvas = gr.Image(elem_id="replay-csd", label="CSD canvas", **IMAGE)
+            self.status = gr.Image(elem_id="replay-map", label="Status (click a token)", **IMAGE)
+            self.target = gr.Image(elem_id="replay-target", label="Target only, same AR steps", **IMAGE)
+        gr.HTML(legend_html(REPLAY_STYLE))
+        with gr.Row():
+            with gr.Column(scale=1, min_width=300):
+                position = {
+                    "image": named(gr.Number(value=0, minimum=0, precision=0, label="Image")),
+                    "row": named(gr.Number(value=0, minimum=0, precision=0, label="Token row")),
+                    "column": named(gr.Number(value=0, minimum=0, precision=0, label="Token column")),
+                }
+                open_token = gr.Button("Open token")
+                self.hints = gr.Dataframe(
+                    headers=["image", "row", "column", "distance", "maker", "AR step"],
+                    label="Likely artifacts: tokens farthest from the target-only image",
+                    interactive=False,
+                    elem_id="hints",
+                )
+            with gr.Column(scale=2):
+                self.token = gr.Markdown(elem_id="token-summary")
+                self.patches = gr.Image(
+                    label="Draft / target / final / target-only, in place", elem_id="token-patches", **IMAGE
+                )
+                self.chains = gr.Plot(show_label=False, elem_id="token-chains")
+                with gr.Accordion("Token data (JSON)", open=False):
+                    self.data = gr.JSON()
+        shown = [self.label, self.canvas, self.status, self.target]
+        opened = [self.token, self.patches, self.chains, self.data]
+        where = list(position.values())
+        private = {"api_visibility": "private"}
+        generated.then(self.after_run, inspected, [self.frame, self.hints, *shown, *opened], **private)
+        self.frame.release(self.replay, [inspected, self.frame], shown, **private)
+        open_token.click(self.show_token, [inspected, *where], opened, **private)
+        self.status.select(self.select_on_map, inspected, where, **private).then(
+            self.show_token, [inspected, *where], opened, **private
+        )
+        self.hints.select(self.select_hint, inspected, where, **private).then(
+            self.show_token, [inspected, *where], opened, **private
+        )
+        # For API clients: the same, from the run's settings (the run is made again with the same seeds).
+        api = gr.Button(visible=False)
+        api_out = gr.JSON(visible=False)
+        api.click(
+            self.inspect_api, inputs_kwargs={**controls, **position}, outputs=api_out, api_name="inspect", **queue
+        )

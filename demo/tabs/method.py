@@ -1,0 +1,63 @@
+"""The "How it works" tab: the method in words and formulas, and the acceptance-rejection step on one
+1-D Gaussian token, with the measured acceptance and resampler tries beside their theory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+
+from csd.toy import speculative_sample, total_variation
+from demo.controls import MAX_SEED, named
+from demo.requests import library_errors
+from demo.views import json_float
+from visualize.render import to_plotly
+from visualize.toy import toy_chart
+
+HOW_IT_WORKS = Path(__file__).resolve().parents[2] / "docs" / "how_it_works.md"
+LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
+
+
+def toy(target_mean: float, target_std: float, draft_mean: float, draft_std: float, samples: int, seed: int):
+    """Draft from q, accept with min(1, p/q), resample from max(0, p - q): the chart, a table, the numbers."""
+    p, q = (target_mean, target_std), (draft_mean, draft_std)
+    with library_errors():
+        result = speculative_sample(p, q, samples, seed)
+    z = total_variation(p, q)
+    summary = {
+        "acceptance": result.acceptance,
+        "one_minus_tv": 1.0 - z,
+        "mean_tries": json_float(result.mean_tries),
+        "inverse_z": json_float(1.0 / z if z > 0 else float("inf")),
+        "capped": int(result.capped.sum()),
+    }
+    tries = "none needed" if summary["mean_tries"] is None else f"{result.mean_tries:.2f}"
+    inv_z = "inf" if summary["inverse_z"] is None else f"{1 / z:.2f}"
+    stats = (
+        f"| | measured | theory |\n|---|---|---|\n"
+        f"| acceptance | {result.acceptance:.3f} | 1 - TV(p, q) = {1 - z:.3f} |\n"
+        f"| resampler tries per rejection | {tries} | 1 / Z = {inv_z} |\n"
+    )
+    note = f"{samples} samples: acceptance {result.acceptance:.3f} vs 1 - TV = {1 - z:.3f}"
+    return to_plotly(toy_chart(p, q, result.samples, note=note)), stats, summary
+
+
+def build() -> None:
+    gr.Markdown(HOW_IT_WORKS.read_text(), latex_delimiters=LATEX)
+    gr.Markdown("### Try it on one Gaussian token", latex_delimiters=LATEX)
+    slider = lambda label, value, lo, hi, step: named(gr.Slider(lo, hi, value=value, step=step, label=label))
+    with gr.Row():
+        with gr.Column(scale=1, min_width=280):
+            inputs = [
+                slider("Target p mean", 0.0, -5.0, 5.0, 0.1),
+                slider("Target p std", 1.0, 0.1, 5.0, 0.05),
+                slider("Draft q mean", 1.0, -5.0, 5.0, 0.1),
+                slider("Draft q std", 1.5, 0.1, 5.0, 0.05),
+                named(gr.Slider(100, 200_000, value=20_000, step=100, precision=0, label="Samples N")),
+                named(gr.Number(value=0, minimum=0, maximum=MAX_SEED, precision=0, label="Seed")),
+            ]
+            sample = gr.Button("Sample", variant="primary")
+        with gr.Column(scale=2):
+            plot, stats, summary = toy(0.0, 1.0, 1.0, 1.5, 20_000, 0)
+            outputs = [gr.Plot(plot, show_label=False), gr.Markdown(stats), gr.JSON(summary, label="Toy summary")]
+    gr.on([sample.click] + [x.release for x in inputs[:4]], toy, inputs, outputs, api_name="toy")

@@ -1,0 +1,64 @@
+"""Benchmark results into the repository: each frontier's chart beside its JSON, each benchmark's tables
+into docs/results.md and its headline into the README (the class pair's blocks, or the text and xAR
+pairs' own: ``text-bench`` / ``xar-bench``, ``text-headline`` / ``xar-headline``).
+
+    python -m visualize.report bench/results/bench.json bench/results/frontier.json [...]
+
+The measurements themselves (``python -m csd.experiments.bench``) only write JSON and Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from csd.experiments.bench import docs_prefix, headline_markdown, markdown
+from visualize.frontier import frontier_chart
+from visualize.render import save_png
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def paste_block(path: Path, marker: str, text: str) -> None:
+    """Replace what stands between ``<!-- marker:start -->`` and ``<!-- marker:end -->`` in a Markdown file."""
+    new, n = re.subn(
+        rf"(<!-- {marker}:start -->\n).*?(<!-- {marker}:end -->)",
+        lambda m: m.group(1) + text.strip() + "\n" + m.group(2),
+        path.read_text(),
+        flags=re.S,
+    )
+    if n != 1:
+        raise ValueError(f"{path}: expected one <!-- {marker}:start --> ... <!-- {marker}:end --> block, found {n}")
+    path.write_text(new)
+
+
+def update_docs(result: dict, root: Path = ROOT) -> None:
+    """A benchmark's Markdown into docs/results.md and its headline table into the README."""
+    prefix = docs_prefix(result)
+    paste_block(root / "docs" / "results.md", f"{prefix}bench", markdown(result).split("\n", 2)[2])
+    paste_block(root / "README.md", f"{prefix}headline", headline_markdown(result))
+
+
+def report(path: Path, root: Path = ROOT) -> str:
+    """One result file: a frontier gets its chart (``frontier.png`` beside it), a benchmark its docs blocks."""
+    result = json.loads(Path(path).read_text())
+    if "metrics" in result:  # a frontier (csd.experiments.frontier.run_frontier)
+        out = Path(path).with_suffix(".png")
+        save_png(frontier_chart(result), out)
+        return f"wrote {out}"
+    update_docs(result, root)
+    return f"pasted {path} into docs/results.md and README.md"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m visualize.report", description=__doc__.split("\n")[0])
+    p.add_argument("results", nargs="+", type=Path, help="bench.json / frontier.json files")
+    for path in p.parse_args(argv).results:
+        print(report(path))
+
+
+if __name__ == "__main__":
+    main()
