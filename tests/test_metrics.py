@@ -94,8 +94,13 @@ def test_frechet_distance_of_diagonal_gaussians_has_closed_form():
 def test_frechet_distance_is_stable_for_rank_deficient_covariances():
     # Fewer samples than dimensions (as with 100 images and 64 features): no NaN, no complex parts.
     rng = np.random.default_rng(3)
-    value = frechet_distance(rng.normal(size=(10, 64)), rng.normal(size=(10, 64)))
-    assert math.isfinite(value) and value > 0
+    a, b = rng.normal(size=(10, 64)), rng.normal(size=(10, 64))
+    value = frechet_distance(a, b)
+    assert isinstance(value, float) and math.isfinite(value)
+    assert frechet_distance(a, a) == pytest.approx(0.0, abs=1e-6)  # a set against itself
+    assert frechet_distance(a + 3.0, b + 3.0) == pytest.approx(value, rel=1e-6)  # a common shift changes nothing
+    assert frechet_distance(a, a + 3.0) == pytest.approx(64 * 9.0, rel=1e-6)  # a shift of one set adds |shift|^2
+    assert frechet_distance(b, a) == pytest.approx(value, rel=1e-6)
 
 
 def test_frechet_distance_rejects_mismatched_features():

@@ -148,19 +148,20 @@ def test_trace_counts_add_up_and_passes_follow_block_structure(mar_pair):
 
 @pytest.mark.parametrize("criterion", ["aligned", "exact"])
 @pytest.mark.parametrize("align", [True, False])
-def test_every_criterion_and_alignment_runs_and_commits_finite_tokens(mar_pair, criterion, align):
+def test_every_criterion_and_alignment_makes_every_token_and_keeps_the_target_only_prefill(mar_pair, criterion, align):
     target, draft = mar_pair
-    out = speculative_generate(
-        target,
-        draft,
-        [0, 1],
-        [0, 1],
-        SAMPLING,
-        CSDConfig(gamma=3, criterion=criterion, align=align, counterfactual=True),
-    )
-    assert torch.isfinite(out.tokens).all()
-    assert np.isfinite(out.trace.distance_aligned[out.trace.verified]).all()
-    assert np.isfinite(out.trace.distance_independent[out.trace.verified]).all()
+    csd = CSDConfig(gamma=3, prefill=0.2, criterion=criterion, align=align, counterfactual=True)
+    out = speculative_generate(target, draft, [0, 1], [0, 1], SAMPLING, csd)
+    tr, base = out.trace, generate(target, [0, 1], [0, 1], SAMPLING)
+    assert (tr.maker >= 0).all() and torch.isfinite(out.tokens).all()  # every token made, once
+    made = sum(tr.count(m) for m in (Maker.PREFILL, Maker.ACCEPTED, Maker.RESAMPLED, Maker.CAPPED))
+    assert made == 2 * target.seq_len and tr.count(Maker.PREFILL) > 0
+    prefill = torch.from_numpy(tr.maker == Maker.PREFILL)
+    assert torch.equal(out.tokens[prefill], base.tokens[prefill])  # the same orders and noise as target-only
+    drafted = torch.from_numpy(tr.maker != Maker.PREFILL)
+    assert not torch.equal(out.tokens[drafted], base.tokens[drafted])  # the draft's tokens are not the target's
+    for distance in (tr.distance_aligned, tr.distance_independent):  # both noise choices recorded (counterfactual)
+        assert np.isfinite(distance[tr.verified]).all() and (distance[tr.verified] > 0).all()
 
 
 def test_cap_hit_takes_target_sample_and_is_recorded(mar_pair):

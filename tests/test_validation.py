@@ -139,8 +139,18 @@ def test_latent_tokenizer_round_trips_through_a_tiny_vae():
     from csd.models.vae import KLAutoencoder
 
     torch.manual_seed(0)
-    tok = LatentTokenizer(KLAutoencoder("tiny").eval())
+    vae = KLAutoencoder("tiny").eval()
+    images = torch.rand(2, 3, 32, 32) * 2 - 1
     with torch.no_grad():
-        tokens = tok.encode(torch.rand(2, 3, 32, 32) * 2 - 1)
-        img = tok.decode(tokens)
-    assert tokens.shape == (2, 16 * 16, tok.token_dim) and img.shape == (2, 3, 32, 32)
+        latents = vae.image_to_tokens(images)  # (2, C, 16, 16), scaled
+        c = latents.shape[1]
+        for patch in (1, 2):
+            tok = LatentTokenizer(vae, patch_size=patch)
+            tokens = tok.encode(images)
+            assert tokens.shape == (2, (16 // patch) ** 2, c * patch * patch) and tok.token_dim == c * patch * patch
+            # Token (row, column) is that cell's (C, p, p) block of the scaled posterior mean, row-major cells.
+            side = 16 // patch
+            cell = latents[1, :, 3 * patch : 4 * patch, 5 * patch : 6 * patch].reshape(-1)
+            torch.testing.assert_close(tokens[1, 3 * side + 5], cell)
+            # Decoding undoes the layout and the scale exactly: the VAE's own reconstruction, clamped.
+            torch.testing.assert_close(tok.decode(tokens), vae.decode(latents / vae.latent_scale).clamp(-1, 1))

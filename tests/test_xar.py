@@ -363,3 +363,22 @@ def test_the_exact_criterion_runs_on_xar_and_is_batch_invariant(xar_pair):
     assert (alone.trace.maker[0] == t.maker[1]).all()
     same = speculative_generate(target, target, [1], [5], s, c)
     assert same.trace.acceptance_rate == 1.0
+
+
+def test_a_lower_backbone_precision_runs_the_network_under_autocast():
+    """SamplingConfig.precision applies to xAR's network too (its chain states stay float64): bfloat16
+    tokens differ from float32 ones, a little."""
+    from dataclasses import replace
+
+    from csd.config import SamplingConfig
+    from csd.sampling import generate
+
+    m = XAR(xar_config("xar_test")).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    base = SamplingConfig(num_steps=4, cfg_scale=2.0, cfg_schedule="linear")
+    a = generate(m, [1], [0], base).tokens
+    b = generate(m, [1], [0], replace(base, precision="bfloat16")).tokens
+    assert b.dtype == torch.float32 and not torch.equal(a, b)
+    assert (a - b).abs().mean() < 0.05 * a.abs().mean()

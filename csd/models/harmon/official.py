@@ -51,7 +51,7 @@ def check_llm_dir(directory: Path) -> dict:
     if missing:
         raise CheckpointError(
             f"LLM directory {directory} lacks {', '.join(missing)} (it needs {', '.join(LLM_FILES)}: the "
-            "Hub files of the Qwen2.5 Instruct model, see csd/models/harmon_official.py)"
+            "Hub files of the Qwen2.5 Instruct model, see csd/models/harmon/official.py)"
         )
     try:
         config = json.loads((directory / "config.json").read_text())

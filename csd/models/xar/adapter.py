@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from csd.config import PRECISIONS
 from csd.family import Plan
 from csd.models.mar.adapter import check_labels
 from csd.models.tokenizer import CellTokenizer
@@ -64,9 +65,11 @@ class XARFamily:
         clean = clean_cells.reshape(b, -1, c.token_dim)
         guided = config.guided
         both = torch.cat([labels, torch.full_like(labels, self.null_class)]) if guided else labels
-        cache = self.context_cache(torch.cat([clean, clean]) if guided else clean, both)
+        precision = PRECISIONS[config.precision]
+        with torch.autocast(clean.device.type, dtype=precision or torch.float32, enabled=precision is not None):
+            cache = self.context_cache(torch.cat([clean, clean]) if guided else clean, both)
         cond = CellCondition(labels, first, k, cache, cfg if guided else None)
-        return CellChain(CellFlow(self, self.head_steps(steps)), cond, config.temperature)
+        return CellChain(CellFlow(self, self.head_steps(steps), precision), cond, config.temperature)
 
     def join(self, chains, batch: int) -> JoinedCells:
         return JoinedCells(tuple(chains))

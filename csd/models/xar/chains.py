@@ -57,11 +57,12 @@ class CellFlow:
 
     v the velocity, guided on the doubled batch as v_u + cfg (v_c - v_u). sigma does not depend on
     the model. Several cells per image advance together, one backbone pass per step (block
-    verification). States are float64 (as the official sampler's); the network runs in its dtype."""
+    verification). States are float64 (as the official sampler's); the network runs in its dtype, under
+    autocast when ``precision`` (a lower backbone precision, :data:`csd.config.PRECISIONS`) is given."""
 
-    def __init__(self, model: nn.Module, num_steps: int):  # an xAR network (csd.models.xar.network.XAR)
-        self.model, self.times = model, flow_times(num_steps)
-        self.token_dim = model.token_dim
+    def __init__(self, model: nn.Module, num_steps: int, precision: torch.dtype | None = None):
+        self.model, self.times = model, flow_times(num_steps)  # an xAR network (csd.models.xar.network.XAR)
+        self.token_dim, self.precision = model.token_dim, precision
 
     def num_steps(self) -> int:
         return len(self.times) - 1
@@ -74,9 +75,12 @@ class CellFlow:
         dtype, dev = m.z_proj.weight.dtype, y.device
         positions = torch.arange(cond.first * c.cell_len, (cond.first + k) * c.cell_len, device=dev)
         mask = cond.attention_mask(c.cell_len, dev)
-        net = lambda xx, labels: m._network(
-            xx.to(dtype), labels, xx.new_full((xx.shape[0], k), t, dtype=dtype), positions, mask, cond.cache
-        ).to(torch.float64)
+
+        def net(xx: Tensor, labels: Tensor) -> Tensor:
+            with torch.autocast(dev.type, dtype=self.precision or torch.float32, enabled=self.precision is not None):
+                times = xx.new_full((xx.shape[0], k), t, dtype=dtype)
+                return m._network(xx.to(dtype), labels, times, positions, mask, cond.cache).to(torch.float64)
+
         if cond.cfg is None:
             v = net(x, cond.labels)
         else:
