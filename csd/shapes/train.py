@@ -317,8 +317,7 @@ class Trainer:
 
     def pixel_layout(self) -> tuple[int, int]:
         """(patch size, image size) of the pixel tokens the model is trained on."""
-        pixels = getattr(self.model_config, "mar", self.model_config)  # a text model's generator
-        return pixels.patch_size, pixels.img_size
+        return self.model_config.patch_size, self.model_config.img_size
 
     # --- one step ------------------------------------------------------------------------------
 

@@ -77,6 +77,10 @@ class TextTrainer(Trainer):
                 model.mar.load_state_dict(start.state_dict())
         return model
 
+    def pixel_layout(self) -> tuple[int, int]:
+        generator = self.model_config.mar
+        return generator.patch_size, generator.img_size
+
     def lr_mults(self) -> dict[str, float]:
         m = float(self.cfg.cond_lr_mult)
         return {} if m == 1.0 else {"llm": m, "proj_in": m, "proj_out": m}
