@@ -3,6 +3,7 @@ field each sets, and errors that name the control and its valid values."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import gradio as gr
@@ -12,36 +13,87 @@ from csd.experiments import defaults
 from csd.experiments.pairs import EXAMPLE_PROMPTS, PairStore
 from csd.models.harmon import MAX_PROMPT_CHARS
 from csd.schedule import CFG_SCHEDULES
+from demo.errors import refuse, short
 from demo.limits import Limits
 
 MAX_SEED = 2**31 - 1
 
 
-def _valid_values(component: gr.components.Component) -> str:
+def valid_values(component: gr.components.Component) -> str:
+    """What a control accepts, in words."""
     if isinstance(component, gr.Checkbox):
         return "true or false"
     if isinstance(component, gr.Slider | gr.Number):
-        if component.precision == 0:
-            return f"an integer in [{int(component.minimum)}, {int(component.maximum)}]"
-        return f"a number in [{component.minimum:g}, {component.maximum:g}]"
+        word, fmt = (
+            ("an integer", lambda v: f"{int(v)}") if component.precision == 0 else ("a number", lambda v: f"{v:g}")
+        )
+        lo, hi = component.minimum, component.maximum
+        if lo is not None and hi is not None:
+            return f"{word} in [{fmt(lo)}, {fmt(hi)}]"
+        return word + (f" >= {fmt(lo)}" if lo is not None else "") + (f" <= {fmt(hi)}" if hi is not None else "")
+    if isinstance(component, gr.Textbox):
+        return f"text of at most {component.max_length} characters" if component.max_length else "text"
     return "one of " + ", ".join(repr(v) for _, v in component.choices)
 
 
+def check_value(component: gr.components.Component, payload):
+    """``payload`` if the control accepts it as it is: no bool for a number, no silent rounding of a
+    fraction, no NaN or infinity, the control's own range, choices and length. Else a refusal naming the
+    control and its valid values, with a short quote of the value."""
+    bad = lambda: refuse(f"{component.label} must be {valid_values(component)}, got {short(payload)}", component.label)
+    if isinstance(component, gr.Checkbox):
+        if not isinstance(payload, bool):
+            raise bad()
+    elif isinstance(component, gr.Slider | gr.Number):
+        if isinstance(payload, bool) or not isinstance(payload, int | float) or not math.isfinite(payload):
+            raise bad()
+        if component.precision == 0 and payload != int(payload):
+            raise bad()
+        lo, hi = component.minimum, component.maximum
+        if (lo is not None and payload < lo) or (hi is not None and payload > hi):
+            raise bad()
+    elif isinstance(component, gr.Textbox):
+        if not isinstance(payload, str) or (component.max_length and len(payload) > component.max_length):
+            raise bad()
+    elif isinstance(component, gr.Dropdown | gr.Radio):
+        custom = getattr(component, "allow_custom_value", False)  # a free choice the request checks itself
+        if not isinstance(payload, str) or (not custom and payload not in [v for _, v in component.choices]):
+            raise bad()
+    return payload
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """What a control hands a handler for a value it does not accept: the refusal's words. Validators
+    show it beside the control (:func:`demo.requests.validator`); a handler refuses it by name."""
+
+    message: str
+
+
+def refuse_invalid(values: dict) -> None:
+    """Refuse, naming the control, the first value a control marked :class:`Invalid`."""
+    for name, value in values.items():
+        if isinstance(value, Invalid):
+            raise refuse(value.message, control=name)
+
+
 def named(component: gr.components.Component) -> gr.components.Component:
-    """Gradio's own input checks (ranges, choices) raise errors that do not say which control failed, and
-    API callers skip the browser's bounds: make this control's errors name it and its valid values.
+    """Make this control mark every value it does not accept (:func:`check_value`) as :class:`Invalid`,
+    before Gradio's own conversion (which rounds, and names nothing), for the page and API callers alike;
+    the validator or the handler then refuses it by name, before any model runs.
 
     (Wrapping the instance, not subclassing: Gradio writes a .pyi file beside any module that defines a
     component class.)"""
-    check = component.preprocess
+    convert = component.preprocess
 
     def preprocess(payload):
-        if isinstance(component, gr.Checkbox) and not isinstance(payload, bool):
-            raise gr.Error(f"{component.label} must be true or false, got {payload!r}")
         try:
-            return check(payload)
-        except (gr.Error, TypeError, ValueError):
-            raise gr.Error(f"{component.label} must be {_valid_values(component)}, got {payload!r}") from None
+            check_value(component, payload)
+            return convert(payload)
+        except gr.Error as err:
+            return Invalid(str(err.message))
+        except (TypeError, ValueError):
+            return Invalid(f"{component.label} must be {valid_values(component)}, got {short(payload)}")
 
     component.preprocess = preprocess
     return component

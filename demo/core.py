@@ -4,17 +4,19 @@ Stop and the time limit honoured at the next AR step)."""
 
 from __future__ import annotations
 
+import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 
-import gradio as gr
 import torch
 
 from csd.experiments.analysis import Panels
 from csd.experiments.jobs import Job, Step, Stopped
-from csd.experiments.pairs import PairStore
+from csd.experiments.pairs import ModelPair, PairStore
 from demo.controls import declare_controls
+from demo.errors import refuse
+from demo.estimate import HEADROOM, Rates, calibrate, words
 from demo.limits import Limits
 from demo.requests import Request, build_request
 
@@ -32,10 +34,52 @@ class App:
         self.controls = declare_controls(store, limits)
         # The latest model runs: status ("done", "stopped", "over time", "error"), AR steps run, seconds.
         self.history: deque[dict] = deque(maxlen=64)
+        self._rates: dict[str, Rates] = {}  # per pair, measured the first time it is served
+        self._rates_lock = threading.Lock()
+        self.streams: Counter = Counter()  # open result streams per session (demo.guard.Guard counts them)
+        self.gone = 0  # requests not run because their client had gone
 
-    def request(self, **values) -> Request:
-        """A checked request from one value per control (:func:`demo.requests.build_request`)."""
-        return build_request(self.store, self.controls, PRECISION, **values)
+    def check_client(self, request, wait: float = 2.0) -> None:
+        """Refuse to start a run whose client is not listening for its result (it joined the queue and left,
+        or never opened the stream): it would hold the queue for nobody. ``request``: the handler's
+        gr.Request (None when called in-process)."""
+        session = getattr(request, "session_hash", None)
+        if session is None:
+            return
+        deadline = time.monotonic() + wait  # the stream opens just after joining the queue
+        while self.streams.get(session, 0) <= 0:
+            if time.monotonic() > deadline:
+                self.gone += 1
+                raise refuse("the client that asked for this run is not listening for its result: not run")
+            time.sleep(0.05)
+
+    def request(self, components: dict | None = None, load: bool = True, **values) -> Request | None:
+        """A checked request from one value per control (:func:`demo.requests.build_request`); ``load=False``:
+        what a validator may check at once (None when the pair is not loaded yet)."""
+        return build_request(self.store, self.controls, PRECISION, components, load, **values)
+
+    def rates(self, pair: ModelPair) -> Rates:
+        with self._rates_lock:
+            if pair.name not in self._rates:
+                self._rates[pair.name] = calibrate(pair)
+            return self._rates[pair.name]
+
+    def estimate(self, r: Request, runs: dict[str, int], images: int | None = None, measure: bool = True) -> float:
+        """Seconds the request's runs should take on this server (:mod:`demo.estimate`); ``measure=False``:
+        0 unless the pair's rates are known already (a validator does not wait for a calibration)."""
+        if not measure and r.pair.name not in self._rates:
+            return 0.0
+        return self.rates(r.pair).seconds(r.sampling.num_steps, images or len(r.seeds), runs)
+
+    def check_fits(self, seconds: float, advice: str, control: str | None = None) -> None:
+        """Refuse, by name and before it runs, a request estimated to run past the per-request limit."""
+        most = HEADROOM * self.limits.max_seconds
+        if seconds > most:
+            raise refuse(
+                f"This request would take {words(seconds)} on this server, more than the {most:.0f} s one request "
+                f"may take here: {advice}",
+                control=control,
+            )
 
     def default_controls(self) -> dict:
         """Keyword arguments of :meth:`request` for the default setting, within the limits."""
@@ -60,14 +104,14 @@ class App:
         except Stopped as err:
             status = "over time" if err.over_time else "stopped"
             if err.over_time:
-                raise gr.Error(
+                raise refuse(
                     f"This request {err} per request (--max-seconds, CSD_MAX_SECONDS): "
                     "ask for fewer images, AR steps or a smaller resampler cap"
                 ) from None
-            raise gr.Error("Stopped.") from None
+            raise refuse("Stopped.") from None
         except ValueError as err:
             status = "error"
-            raise gr.Error(f"Invalid setting: {err}") from None
+            raise refuse(f"Invalid setting: {err}") from None
         finally:
             job.stop()
             self.history.append({"status": status, "steps": job.steps, "seconds": time.perf_counter() - t0})

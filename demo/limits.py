@@ -26,6 +26,10 @@ class Limits:
     max_seconds: float = _limit(
         75.0, "CSD_MAX_SECONDS", "a run still going after this many seconds stops at its next AR step, with an error"
     )
+    per_session: int = _limit(2, None, "requests one visitor may have waiting or running")
+    sessions: int = _limit(64, "CSD_SESSIONS", "visitor sessions whose state is kept (the oldest go first)")
+    session_ttl: float = _limit(900.0, None, "seconds a visitor's latest run is kept for the Inspect tab")
+    max_body_kb: int = _limit(64, None, "kilobytes a request body may have")
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -1,10 +1,14 @@
 """A request: the controls' values checked (each error names its control and range) into the pair, the
 conditions, the seeds and the two configs a run takes. The family's own rules (fixed AR steps, its CFG
-ramp, AR steps within the tokens) are the family's to check (:meth:`csd.family.FamilyTraits.check_sampling`)."""
+ramp, AR steps within the tokens) are the family's to check (:meth:`csd.family.FamilyTraits.check_sampling`).
+
+The same checks run twice: in a validator, before a request joins the queue (Gradio shows each message
+beside the control it names), and at the start of the handler (for any caller that skips the page).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -13,16 +17,25 @@ import gradio as gr
 from csd.config import CSDConfig, SamplingConfig
 from csd.experiments.pairs import ModelPair, PairStore
 from csd.models.harmon import check_prompt
-from demo.controls import Control
+from demo.controls import Control, check_value, refuse_invalid
+from demo.errors import refuse, short
+
+# Library knobs whose errors a control answers for (its field's name starts the library's message).
+FAMILY_RULES = {"num_steps": "ar_steps", "cfg_schedule": "cfg_schedule", "head_steps": "ar_steps"}
 
 
 @contextmanager
-def library_errors(prefix: str = "Invalid setting") -> Iterator[None]:
-    """The library names the knob and its range in every ValueError; show it as the app's error."""
+def library_errors(prefix: str = "Invalid setting", controls: dict[str, Control] | None = None) -> Iterator[None]:
+    """The library names the knob and its range in every ValueError; show it as the app's error, on the
+    control whose config field it names."""
     try:
         yield
     except ValueError as err:
-        raise gr.Error(f"{prefix}: {err}") from None
+        message = str(err)
+        fields = {c.field.split(".")[1]: name for name, c in (controls or {}).items() if c.field}
+        fields |= {k: v for k, v in FAMILY_RULES.items() if controls and v in controls}
+        control = next((name for field, name in fields.items() if message.startswith(field)), None)
+        raise refuse(f"{prefix}: {message}", control=control) from None
 
 
 @dataclass(frozen=True)
@@ -38,50 +51,92 @@ class Request:
         return {"prompt": self.labels[0]} if self.pair.is_text else {"label": self.labels[0]}
 
 
-def build_request(store: PairStore, controls: dict[str, Control], precision: str, **values) -> Request:
-    """Validate the controls and load the pair. ``values``: one per control, by name."""
+def build_request(
+    store: PairStore,
+    controls: dict[str, Control],
+    precision: str,
+    components: dict | None = None,
+    load: bool = True,
+    **values,
+) -> Request | None:
+    """Validate the controls and load the pair. ``values``: one per control, by name; ``components``: the
+    page's components of those controls, when their own checks (range, type) should run here too.
+    ``load=False`` (a validator, which must answer at once): check only what needs no model load, and
+    return None when the pair is not loaded yet (the handler checks the rest)."""
     if set(values) != set(controls):
         missing, unknown = sorted(set(controls) - set(values)), sorted(set(values) - set(controls))
-        raise gr.Error(f"Controls missing: {missing}; unknown: {unknown}")
+        raise refuse(f"Controls missing: {missing}; unknown: {unknown}")
+    refuse_invalid(values)
+    for name, component in (components or {}).items():
+        try:
+            check_value(component, values[name])
+        except gr.Error as err:
+            err.control = name
+            raise
     pair_name, class_name = values["pair_name"], values["class_name"]
     if pair_name not in store.names:
-        raise gr.Error(f"Model pair must be one of {store.names}, got {pair_name!r}")
+        raise refuse(f"Model pair must be one of {store.names}, got {short(pair_name)}", control="pair_name")
     source = store.source(pair_name)
     names = source.class_names
     if not source.is_text and class_name not in names:
-        raise gr.Error(
-            f"Class must be one of the {len(names)} classes of {pair_name} ({names[0]}, ...), got {class_name!r}"
+        raise refuse(
+            f"Class must be one of the {len(names)} classes of {pair_name} ({names[0]}, ...), got {short(class_name)}",
+            control="class_name",
         )
     if source.is_text:
         try:
             check_prompt(values["prompt"])
         except ValueError as err:
-            raise gr.Error(str(err).capitalize()) from None
+            raise refuse(str(err).capitalize(), control="prompt") from None
     if not isinstance(values["align"], bool):
-        raise gr.Error(f"{controls['align'].label} must be true or false, got {values['align']!r}")
+        label = controls["align"].label
+        raise refuse(f"{label} must be true or false, got {short(values['align'])}", control="align")
     fields = {"sampling": {"precision": precision}, "csd": {}}
     for name, control in controls.items():
         if control.field is not None:
             config, field = control.field.split(".")
             fields[config][field] = values[name]
-    with library_errors():
+    with library_errors(controls=controls):
         sampling, csd = SamplingConfig(**fields["sampling"]), CSDConfig(**fields["csd"])
+    if not load and store.loaded(pair_name) is None:
+        return None
     try:
         pair = store.get(pair_name)
     except (OSError, ValueError) as err:  # missing or mismatched checkpoint files
-        raise gr.Error(f"Model pair {pair_name!r} could not be loaded: {err}") from None
-    with library_errors(f"Invalid setting for {pair_name}"):
+        raise refuse(f"Model pair {pair_name!r} could not be loaded: {err}", control="pair_name") from None
+    with library_errors(f"Invalid setting for {pair_name}", controls):
         pair.traits.check_sampling(sampling, pair.num_tokens)
     seed, batch = values["seed"], values["batch_size"]
     if pair.is_text:
         unknown = pair.target.tokenizer.unknown(values["prompt"])
         if unknown:
             words = ", ".join(pair.target.tokenizer.words)
-            raise gr.Error(
-                f"Prompt words {unknown} are not in the vocabulary of {pair_name}; it knows only these "
-                f"{len(pair.target.tokenizer.words)} words (its captions): {words}"
+            raise refuse(
+                f"Prompt words {short(unknown)} are not in the vocabulary of {pair_name}; it knows only these "
+                f"{len(pair.target.tokenizer.words)} words (its captions): {words}",
+                control="prompt",
             )
         conditions = [values["prompt"]] * batch
     else:
         conditions = [names.index(class_name)] * batch
     return Request(pair, conditions, [seed + i for i in range(batch)], sampling, csd)
+
+
+def validator(check: Callable[..., object], inputs: dict[str, gr.components.Component]) -> Callable[..., list]:
+    """A Gradio validator for an event with these keyword ``inputs``: ``check(**values)`` raises a refusal
+    (:func:`demo.errors.refuse`) for a request that would be refused; its message is shown on the control
+    it names (or the first input), and the request never joins the queue."""
+    names = list(inputs)
+
+    def validate(**values) -> list:
+        try:
+            refuse_invalid(values)
+            check(**values)
+        except gr.Error as err:
+            control = getattr(err, "control", None)
+            where = control if control in names else names[0]
+            return [gr.validate(name != where, str(err.message) if name == where else "") for name in names]
+        return [gr.validate(True, "") for _ in names]
+
+    validate.__name__ = f"validate_{getattr(check, '__name__', 'request')}"
+    return validate

@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+from collections import Counter
 from pathlib import Path
 
 import gradio as gr
 import torch
+from starlette.middleware import Middleware
 
 from csd.experiments.analysis import Panels
 from csd.experiments.pairs import RANDOM_SOURCE, PairStore, discover, fetch_official
 from demo import limits as limits_module
 from demo.core import DEVICE, App
+from demo.guard import Guard
 from demo.limits import Limits
 from demo.tabs import method
 from demo.tabs.analysis import AnalysisTab
@@ -48,7 +52,8 @@ THEME = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"], font_m
 def build(app: App) -> gr.Blocks:
     # Generation and analysis share one queue slot group: at most `concurrency` model runs at once.
     queue = {"concurrency_id": "models", "concurrency_limit": app.limits.concurrency}
-    with gr.Blocks(title="Continuous speculative decoding") as demo:
+    # Generated images are temporary files: those older than 15 min are deleted every 5 min.
+    with gr.Blocks(title="Continuous speculative decoding", delete_cache=(300, 900)) as demo:
         gr.Markdown(
             "# Continuous speculative decoding\nA small *draft* model proposes image tokens, a large *target* "
             "model verifies them in one pass. Same seed, same noise: compare target-only and CSD side by side."
@@ -61,6 +66,7 @@ def build(app: App) -> gr.Blocks:
             AnalysisTab(app).build(controls, queue)
         with gr.Tab("How it works"):
             method.build()
+    demo.csd_app = app  # serve() links the guard's stream count to the app
     return demo
 
 
@@ -94,6 +100,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"torch CPU threads (default {CPU_THREADS} on a CPU-only machine; CSD_THREADS)",
     )
     ap.add_argument("--share", action="store_true", help="create a public gradio.live link (off by default)")
+    ap.add_argument(
+        "--gradio-env",
+        action="store_true",
+        help=f"honour Gradio's widening environment variables ({', '.join(WIDENING_ENV)}); off by default",
+    )
     args = ap.parse_args(argv)
     try:
         limits_module.from_args(args)
@@ -145,11 +156,41 @@ def warm_up(app: App) -> None:
         pass
 
 
-def serve(demo: gr.Blocks, limits: Limits, host: str, port: int | None, share: bool = False, block: bool = True) -> str:
+# Gradio settings from the environment that widen what a visitor can reach: off unless an operator flag asks.
+WIDENING_ENV = ("GRADIO_ALLOWED_PATHS", "GRADIO_MCP_SERVER", "GRADIO_SHARE", "GRADIO_VIBE_MODE", "GRADIO_DEBUG")
+
+
+def pin_gradio_env() -> list[str]:
+    """Remove the widening Gradio settings from the environment; returns the names that were set."""
+    return [name for name in WIDENING_ENV if os.environ.pop(name, None) is not None]
+
+
+def serve(
+    demo: gr.Blocks,
+    limits: Limits,
+    host: str,
+    port: int | None,
+    share: bool = False,
+    block: bool = True,
+    gradio_env: bool = False,
+) -> str:
     """Queue (at most ``limits.concurrency`` requests run at once) and launch; returns the local URL.
-    ``port=None`` takes the first free port from 7860; ``block=False`` returns while serving."""
+    ``port=None`` takes the first free port from 7860; ``block=False`` returns while serving. The guard
+    (:class:`demo.guard.Guard`) caps bodies, refuses uploads and limits each session's queued requests;
+    ``gradio_env``: keep the widening Gradio environment variables (:data:`WIDENING_ENV`)."""
+    if not gradio_env:
+        for name in pin_gradio_env():
+            print(f"{name} ignored (pass --gradio-env to honour it)", flush=True)
     demo.queue(default_concurrency_limit=limits.concurrency, max_size=limits.queue_size)
+    streams = demo.csd_app.streams if hasattr(demo, "csd_app") else Counter()
+    guard = Middleware(
+        Guard, blocks=demo, max_body=limits.max_body_kb * 1024, per_session=limits.per_session, streams=streams
+    )
     _, url, _ = demo.launch(
+        app_kwargs={"middleware": [guard]},
+        state_session_capacity=limits.sessions,
+        max_file_size=limits.max_body_kb * 1024,
+        mcp_server=False,
         server_name=host,
         server_port=port,
         share=share,
@@ -164,9 +205,11 @@ def serve(demo: gr.Blocks, limits: Limits, host: str, port: int | None, share: b
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # Expected refusals are one line each (demo.errors); real faults keep their tracebacks.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
     limits = limits_module.from_args(args)
     app = make_app(args.checkpoints, limits, args.hub_repo)
     print(f"Pairs: {app.store.names}; device {DEVICE}; warming up ...", flush=True)
     warm_up(app)
-    serve(build(app), limits, args.host, args.port, args.share)
+    serve(build(app), limits, args.host, args.port, args.share, gradio_env=args.gradio_env)

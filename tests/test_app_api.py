@@ -14,7 +14,7 @@ from PIL import Image
 
 pytest.importorskip("gradio_client")
 from gradio_client import Client
-from gradio_client.exceptions import AppError
+from gradio_client.exceptions import AppError, ValidationError
 
 from csd.config import CSDConfig
 from csd.experiments.analysis import Panels
@@ -27,6 +27,7 @@ from demo.tabs.analysis import frontier_result
 from demo.tabs.generate import GenerateTab, compare
 from demo.views import ANALYSIS_KEYS, analysis_status, frontier_status, stats_markdown
 
+REFUSED = (AppError, ValidationError)  # a named refusal: in the handler, or by the validator before queueing
 LIMITS = Limits(max_batch=2, max_steps=8, max_images=2)
 SMALL = {"batch_size": 2, "ar_steps": 8, "gamma": 4}  # within LIMITS
 
@@ -158,18 +159,18 @@ def test_toy_acceptance_matches_one_minus_total_variation(client):
 )
 def test_generate_rejects_bad_input_naming_the_control(served, overrides, named):
     application, client = served
-    with pytest.raises(AppError, match=named):
+    with pytest.raises(REFUSED, match=named):
         client.predict(**controls(application, **overrides), api_name="/generate")
 
 
 def test_analyze_rejects_too_many_images(served):
     application, client = served
-    with pytest.raises(AppError, match=r"Images \(n\) must be an integer in \[1, 2\]"):
+    with pytest.raises(REFUSED, match=r"Images \(n\) must be an integer in \[1, 2\]"):
         client.predict(n_images=3, **analysis_controls(application), api_name="/analyze")
 
 
 def test_toy_rejects_a_zero_std_naming_it(client):
-    with pytest.raises(AppError, match=r"Target p std must be a number in \[0.1, 5\]"):
+    with pytest.raises(REFUSED, match=r"Target p std must be a number in \[0.1, 5\]"):
         client.predict(0.0, 0.0, 1.0, 1.5, 1000, 0, api_name="/toy")
 
 
@@ -211,7 +212,7 @@ def test_inspect_returns_the_replay_the_token_and_the_hints(served):
 
 def test_inspect_rejects_a_token_off_the_grid_naming_it(served):
     application, client = served
-    with pytest.raises(AppError, match=r"token row must be an int in \[0, 7\]"):
+    with pytest.raises(REFUSED, match=r"row: Token row must be an integer in \[0, 7\] \(the 8 x 8 grid"):
         client.predict(image=0, row=8, column=0, **controls(application), api_name="/inspect")
 
 
@@ -247,13 +248,13 @@ def test_generate_takes_the_prompt_by_keyword(served_text):
     "prompt,named",
     [
         ("", "Prompt must not be empty"),
-        ("x" * 10_000, r"Prompt must be at most 1000 characters, got 10000"),
+        ("x" * 10_000, r"Prompt must be text of at most 1000 characters, got 'xxxxx"),
         ("a purple dragon", r"Prompt words \['dragon'\] are not in the vocabulary.*circle, square"),
     ],
 )
 def test_bad_prompts_are_named_errors(served_text, prompt, named):
     application, client = served_text
-    with pytest.raises(AppError, match=named):
+    with pytest.raises(REFUSED, match=named):
         client.predict(**controls(application, prompt=prompt), api_name="/generate")
 
 

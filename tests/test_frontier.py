@@ -219,3 +219,17 @@ def test_the_frontier_runs_on_an_xar_pair_with_fewer_flow_steps_in_place_of_ar_s
         and "target, flow 2 steps" in names
         and not any("AR steps" in n for n in names if not n.startswith("target-only"))
     )
+
+
+@pytest.mark.parametrize("criterion", ["aligned", "exact"])
+@pytest.mark.parametrize("fixed", [False, True])
+def test_the_grid_never_holds_a_setting_the_decoder_refuses(criterion, fixed):
+    """Around any controls (here the exact criterion too), a draft head of other length is always unaligned,
+    with the aligned criterion and the final-step term only: the decoder's rule for chains of unequal length."""
+    from csd.experiments.frontier import grid
+
+    s = SamplingConfig(num_steps=16 if fixed else 32, cfg_scale=3.0, head_steps=25)
+    for point in grid(s, CSDConfig(criterion=criterion, align=True), 25, quick=True, fixed_steps=fixed):
+        c = point.csd
+        if c is not None and c.draft_head_steps not in (None, 25):
+            assert not c.needs_equal_chains(), point.name

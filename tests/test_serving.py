@@ -3,6 +3,7 @@ from the operator at start, runs report progress and stop when asked, and the li
 
 Hub traffic goes to a stand-in on 127.0.0.1 (tests/fake_hub.py); nothing leaves the machine."""
 
+import os
 import threading
 import time
 
@@ -193,9 +194,21 @@ def test_the_stop_button_shows_nothing_of_the_stopped_run():
 # --- limits -------------------------------------------------------------------------------------------
 
 
-def test_a_run_past_the_time_limit_ends_with_an_error_naming_the_limit():
+def test_a_request_estimated_past_the_limit_is_refused_by_name_before_it_runs():
     limits = Limits(max_batch=1, max_steps=64, max_seconds=0.2)
     application = App(PairStore([SLOW_SOURCE], torch.device("cpu")), limits)
+    with pytest.raises(gr.Error, match=r"would take about \d+ s on this server, more than the 0 s .*fewer images"):
+        next(compare(application, lambda *a, **k: None, **_controls(application)))
+    assert not application.history  # nothing ran
+
+
+def test_a_run_past_the_time_limit_still_ends_with_an_error_naming_the_limit():
+    """The estimate can be wrong (a busy machine): the per-request limit still stops a run at its next step."""
+    from demo.estimate import Rates
+
+    limits = Limits(max_batch=1, max_steps=64, max_seconds=0.2)
+    application = App(PairStore([SLOW_SOURCE], torch.device("cpu")), limits)
+    application._rates[RANDOM_NAME] = Rates(target=0.0, draft=0.0, csd=0.0)  # a (wrong) estimate that fits
     controls = _controls(application)
     with pytest.raises(gr.Error, match=r"ran past the time limit of 0.2 s per request \(--max-seconds"):
         for _ in compare(application, lambda *a, **k: None, **controls):
@@ -222,3 +235,91 @@ def test_an_analysis_past_the_work_limit_is_refused_naming_it():
     with pytest.raises(gr.Error, match=r"Images \(n\) x AR steps must be at most 16 .*got 2 x 16 = 32"):
         next(analysis_panels(application, 2, lambda *a, **k: None, **controls))
     assert server.parse_args(["--max-analysis-steps", "99"]).max_analysis_steps == 99
+
+
+def test_nothing_a_visitor_can_read_holds_a_path_of_the_machine(served):
+    """The page's config (every component's value, the precomputed results) names no absolute path."""
+    import re
+
+    import httpx
+
+    _, _, client = served
+    config = httpx.get(client.src.rstrip("/") + "/config", timeout=30).text
+    found = re.findall(r'"(/(?:root|home|work|usr|opt)/[^"]{0,60})', config)
+    assert not found, found
+
+
+def test_results_record_model_paths_relative_to_the_repository(tmp_path):
+    from csd.experiments.bench import ROOT, recorded_path
+
+    assert (
+        recorded_path(ROOT / "assets" / "models" / "shapes_target.safetensors")
+        == "assets/models/shapes_target.safetensors"
+    )
+    assert recorded_path(tmp_path / "elsewhere" / "x.safetensors") == "x.safetensors"
+
+
+# --- fair sharing -------------------------------------------------------------------------------------
+
+
+def _join(url: str, fn_index: int, data: list, session: str):
+    import httpx
+
+    body = {"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None}
+    return httpx.post(f"{url}/gradio_api/queue/join", json=body, timeout=30)
+
+
+def test_one_visitor_cannot_fill_the_queue_or_hold_it_for_nobody(served):
+    """A session that joins more than its share is refused by name (429); requests whose client never reads
+    the result are not run; another visitor is served meanwhile, without waiting for them."""
+    from demo.soak import call, default_requests, endpoints
+
+    application, _, client = served
+    url = client.src.rstrip("/")
+    eps = endpoints(url)
+    good = default_requests(url)["/generate"] | {"ar_steps": 4, "gamma": 2}
+    ep = eps["/generate"]
+    data = [good[p] for p in ep.parameters]
+    gone = application.gone
+    answers = [_join(url, ep.fn_index, data, "flooder0001") for _ in range(3)]
+    assert [a.status_code for a in answers[:2]] == [200, 200]  # the session's share: 2 at a time
+    assert answers[2].status_code == 429 and "per visitor" in answers[2].json()["detail"]
+    t0 = time.monotonic()
+    outcome = call(url, ep, good)  # another visitor, who reads its result
+    assert outcome.kind == "served"
+    while application.gone < gone + 2:  # the flooder's two requests are dropped, not run
+        assert time.monotonic() - t0 < 30, "the requests of a client that never listened were not dropped"
+        time.sleep(0.1)
+    assert time.monotonic() - t0 < 2 * 2.0 + 20  # at most the grace before dropping each, plus its own run
+
+
+def test_bodies_past_the_cap_and_uploads_are_refused(served):
+    import httpx
+
+    _, _, client = served
+    url = client.src.rstrip("/")
+    big = httpx.post(f"{url}/gradio_api/queue/join", content=b"{" + b" " * (70 * 1024) + b"}", timeout=30)
+    assert big.status_code == 413 and "at most" in big.json()["detail"]
+    upload = httpx.post(f"{url}/gradio_api/upload", files={"files": ("a.txt", b"hello")}, timeout=30)
+    assert upload.status_code == 403 and "uploads are disabled" in upload.json()["detail"]
+
+
+def test_gradio_settings_that_widen_exposure_are_pinned_off(monkeypatch):
+    monkeypatch.setenv("GRADIO_ALLOWED_PATHS", "/")
+    monkeypatch.setenv("GRADIO_MCP_SERVER", "True")
+    monkeypatch.delenv("GRADIO_SHARE", raising=False)
+    assert sorted(server.pin_gradio_env()) == ["GRADIO_ALLOWED_PATHS", "GRADIO_MCP_SERVER"]
+    assert "GRADIO_ALLOWED_PATHS" not in os.environ and "GRADIO_MCP_SERVER" not in os.environ
+    assert server.parse_args(["--gradio-env"]).gradio_env and not server.parse_args([]).gradio_env
+
+
+def test_expected_refusals_are_one_log_line_without_a_traceback(caplog):
+    import logging
+
+    from demo.errors import refuse
+
+    with caplog.at_level(logging.INFO, logger="csd.demo"):
+        error = refuse("Seed must be an integer in [0, 10], got 0.5\nsecond line", control="seed")
+    (record,) = caplog.records
+    assert record.getMessage() == "refused seed: Seed must be an integer in [0, 10], got 0.5 second line"
+    assert error.print_exception is False and error.duration is None  # stays on screen until closed

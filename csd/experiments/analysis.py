@@ -333,6 +333,11 @@ class Analysis:
     def __len__(self) -> int:
         return len(self._plan) + len(self._timed)
 
+    def run_counts(self) -> dict[str, int]:
+        """How many of the runs are target-only and how many CSD (what an estimate of the cost needs)."""
+        kinds = [csd is None for _, _, csd in [*self._plan.values(), *self._timed]]
+        return {"target": sum(kinds), "csd": len(kinds) - sum(kinds)}
+
     def steps(
         self, on_step: Callable[[str], StepCallback | None] = lambda label: None
     ) -> Iterator[tuple[int, int, str]]:

@@ -457,6 +457,20 @@ def compare_settings(
     return rows
 
 
+def recorded_path(path) -> str:
+    """A model path as a result records it: relative to the repository where it lies inside it, so no
+    machine's directory layout is written into a committed result (or shown by the app)."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return path.name  # outside the repository: the file name alone
+
+
+def recorded_models(target, draft) -> dict:
+    return {"target": recorded_path(target), "draft": recorded_path(draft)}
+
+
 def docs_prefix(result: dict) -> str:
     """The docs blocks of a result: the class pair's, the text pair's ("text-") or xAR's ("xar-")."""
     if str(result["settings"].get("family")).lower() == "xar":
@@ -479,7 +493,7 @@ def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out:
     batch = single_batch(config, args.batches)
     result = frontier.run_frontier(target, draft, points, classifier, ref, config.n, batch, config.repeats)
     result["settings"] = {"sampling": asdict(sampling), "csd": asdict(csd), "n_ref": config.n_ref}
-    result["models"] = {"target": args.target, "draft": args.draft}
+    result["models"] = recorded_models(args.target, args.draft)
     result["weights"] = file_digest(Path(args.target), Path(args.draft))  # as ModelPair.weights: the app checks it
     out.mkdir(parents=True, exist_ok=True)
     (out / "frontier.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -539,7 +553,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  {r['setting']}: {r['target_passes']} target passes, {r['speedup']:.2f}x {spread}")
         return {"compare": rows, "batch": batch}
     result = run_bench(target, draft, sampling, csd, config, load_classifier(args.classifier))
-    result["settings"]["models"] = {"target": args.target, "draft": args.draft}
+    result["settings"]["models"] = recorded_models(args.target, args.draft)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -94,7 +94,7 @@ def grid(
         Point(
             f"CSD, gamma {c.gamma}, draft {head} {few['head_steps']} (independent noise)",
             s,
-            replace(c, draft_head_steps=few["head_steps"], align=False, trajectory_term="none"),
+            replace(c, draft_head_steps=few["head_steps"], align=False, criterion="aligned", trajectory_term="none"),
         ),
     ]
     if not quick:

@@ -328,6 +328,11 @@ class PairStore:
             raise ValueError(f"model pair must be one of {self.names}, got {name!r}")
         return self._sources[name]
 
+    def loaded(self, name: str) -> ModelPair | None:
+        """The pair if it has been loaded already (nothing is loaded here)."""
+        with self._lock:
+            return self._loaded.get(name)
+
     def get(self, name: str) -> ModelPair:
         source = self.source(name)
         with self._lock:

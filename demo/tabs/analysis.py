@@ -10,6 +10,8 @@ from csd.experiments import frontier
 from csd.experiments.analysis import Analysis, AnalysisSettings
 from demo.controls import slider
 from demo.core import App
+from demo.errors import refuse
+from demo.requests import validator
 from demo.views import ANALYSIS_KEYS, analysis_figures, analysis_status, frontier_outputs, frontier_status, panels_json
 
 SECTIONS = (  # (title, panels in the row), in the order of ANALYSIS_KEYS
@@ -22,38 +24,65 @@ SECTIONS = (  # (title, panels in the row), in the order of ANALYSIS_KEYS
 )
 
 
-def analysis_panels(app: App, n_images: int, progress, **controls):
-    """Recompute every panel over ``n_images`` images (image i: seed + i) at the controls: yields status
-    lines, returns the panels."""
-    r = app.request(**controls, batch_size=1)
+def check_analysis(
+    app: App, n_images: int, components: dict | None = None, load: bool = True, **controls
+) -> Analysis | None:
+    """The planned runs of an analysis recompute, refused by name when over the server's limits
+    (``load=False``: a validator's check, :meth:`demo.core.App.request`)."""
+    r = app.request(components, load, **controls, batch_size=1)
+    if r is None:
+        return None
     work = n_images * r.sampling.num_steps
     if work > app.limits.max_analysis_steps:
-        raise gr.Error(
+        raise refuse(
             f"Images (n) x AR steps must be at most {app.limits.max_analysis_steps} on this server "
             f"(--max-analysis-steps, CSD_MAX_ANALYSIS_STEPS), got {n_images} x {r.sampling.num_steps} = {work}: "
-            "ask for fewer images or AR steps"
+            "ask for fewer images or AR steps",
+            control="n_images",
         )
     settings = AnalysisSettings(n_images=n_images, seed=r.seeds[0], sampling=r.sampling, csd=r.csd, **r.condition())
     analysis = Analysis(r.pair, settings)
+    seconds = app.estimate(r, analysis.run_counts(), n_images, measure=load)
+    app.check_fits(seconds, "ask for fewer images (n) or AR steps", control="n_images")
+    return analysis
+
+
+def analysis_panels(app: App, n_images: int, progress, **controls):
+    """Recompute every panel over ``n_images`` images (image i: seed + i) at the controls: yields status
+    lines, returns the panels."""
+    analysis = check_analysis(app, n_images, **controls)
     return (yield from app.run_all(analysis, analysis.panels, progress))
+
+
+def check_frontier(
+    app: App, n_images: int, components: dict | None = None, load: bool = True, **controls
+) -> frontier.SmallFrontier | None:
+    """The settings of a frontier recompute, refused by name when over the server's limits."""
+    r = app.request(components, load, **controls, batch_size=1)
+    if r is None:
+        return None
+    work, most = n_images * r.sampling.num_steps, app.limits.max_analysis_steps // 2
+    if work > most:
+        raise refuse(
+            f"Images (n) x AR steps of the frontier must be at most {most} on this server (half of "
+            f"--max-analysis-steps, CSD_MAX_ANALYSIS_STEPS: it runs 14 settings), got "
+            f"{n_images} x {r.sampling.num_steps} = {work}: ask for fewer images or AR steps",
+            control="n_images",
+        )
+    fixed = r.pair.traits.fixed_num_steps is not None  # xAR: one AR step per cell
+    head = r.pair.target.head_steps(r.sampling.head_steps)
+    points = frontier.grid(r.sampling, r.csd, head, quick=True, fixed_steps=fixed)
+    small = frontier.SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], **r.condition())
+    seconds = app.estimate(r, {"csd": len(small)}, n_images, measure=load)
+    app.check_fits(seconds, "ask for fewer images (n) or AR steps", control="n_images")
+    return small
 
 
 def frontier_result(app: App, n_images: int, progress, **controls):
     """Every cheap alternative (target-only with fewer AR or head steps, a head schedule, CSD settings and
     combinations) around the controls, over ``n_images`` images, one run per setting: yields status lines,
     returns the frontier."""
-    r = app.request(**controls, batch_size=1)
-    work, most = n_images * r.sampling.num_steps, app.limits.max_analysis_steps // 2
-    if work > most:
-        raise gr.Error(
-            f"Images (n) x AR steps of the frontier must be at most {most} on this server (half of "
-            f"--max-analysis-steps, CSD_MAX_ANALYSIS_STEPS: it runs 14 settings), got "
-            f"{n_images} x {r.sampling.num_steps} = {work}: ask for fewer images or AR steps"
-        )
-    fixed = r.pair.traits.fixed_num_steps is not None  # xAR: one AR step per cell
-    head = r.pair.target.head_steps(r.sampling.head_steps)
-    points = frontier.grid(r.sampling, r.csd, head, quick=True, fixed_steps=fixed)
-    small = frontier.SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], **r.condition())
+    small = check_frontier(app, n_images, **controls)
     return (yield from app.run_all(small, small.result, progress))
 
 
@@ -69,13 +98,15 @@ class AnalysisTab:
     def __init__(self, app: App):
         self.app = app
 
-    def analyze(self, n_images: int, progress=gr.Progress(), **controls):  # noqa: B008
+    def analyze(self, n_images: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
         """The panels on screen change only when every run has finished."""
+        self.app.check_client(request)
         panels = yield from self._statuses(analysis_panels(self.app, n_images, progress, **controls), self.status)
         figures = dict(zip(self.plots, analysis_figures(panels), strict=True))
         yield {self.status: analysis_status(panels, recomputed=True), **figures, self.data: panels_json(panels)}
 
-    def recompute_frontier(self, n_images: int, progress=gr.Progress(), **controls):  # noqa: B008
+    def recompute_frontier(self, n_images: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
+        self.app.check_client(request)
         result = yield from self._statuses(frontier_result(self.app, n_images, progress, **controls), self.f_status)
         chart, table, data = frontier_outputs(result)
         yield {
@@ -120,15 +151,17 @@ class AnalysisTab:
         # One image per seed: the batch size plays no role in the analysis.
         inputs = {name: c for name, c in controls.items() if name != "batch_size"}
         outputs = [self.status, *self.plots, self.data]
+        inputs = inputs | {"n_images": n_images}
+        check = validator(lambda n_images, **values: check_analysis(app, n_images, controls, False, **values), inputs)
         event = recompute.click(
-            self.analyze, inputs_kwargs=inputs | {"n_images": n_images}, outputs=outputs, api_name="analyze", **queue
+            self.analyze, inputs_kwargs=inputs, outputs=outputs, api_name="analyze", validator=check, **queue
         )
         stop.click(None, None, None, cancels=[event], api_visibility="private").then(
             analyze_stopped, None, self.status, api_visibility="private"
         )
-        self._frontier_section(inputs, queue)
+        self._frontier_section({k: v for k, v in inputs.items() if k != "n_images"}, controls, queue)
 
-    def _frontier_section(self, inputs: dict, queue: dict) -> None:
+    def _frontier_section(self, inputs: dict, controls: dict, queue: dict) -> None:
         """Quality against time for every cheap alternative of the current family: the benchmark's run for
         the default setting, or a recompute at a few images for the current controls."""
         app = self.app
@@ -154,11 +187,14 @@ class AnalysisTab:
         with gr.Accordion("Frontier data (JSON)", open=False):
             self.f_data = gr.JSON(data)
         outputs = [self.f_status, self.f_plot, self.f_table, self.f_data]
+        inputs = inputs | {"n_images": n_images}
+        check = validator(lambda n_images, **values: check_frontier(app, n_images, controls, False, **values), inputs)
         event = recompute.click(
             self.recompute_frontier,
-            inputs_kwargs=inputs | {"n_images": n_images},
+            inputs_kwargs=inputs,
             outputs=outputs,
             api_name="frontier",
+            validator=check,
             **queue,
         )
         stop.click(None, None, None, cancels=[event], api_visibility="private").then(

@@ -13,6 +13,7 @@ from csd.experiments.jobs import Job, Step
 from csd.experiments.pairs import EXAMPLE_PROMPTS, ModelPair
 from csd.trace import Maker
 from demo.core import App
+from demo.requests import Request, validator
 from demo.tabs.inspect import Inspected
 from demo.views import image_grid, run_summary, speed_figure, stats_markdown
 from visualize.images import display_grid, legend_html, token_map
@@ -33,10 +34,20 @@ class Comparison:
     inspected: Inspected
 
 
+def check_generate(app: App, components: dict | None = None, load: bool = True, **controls) -> Request | None:
+    """The request of a Generate run, refused by name when it would not fit the per-request limit
+    (``load=False``: a validator's check, :meth:`demo.core.App.request`)."""
+    r = app.request(components, load, **controls)
+    if r is not None:
+        seconds = app.estimate(r, {"target": 1, "csd": 1, "draft": 1}, measure=load)
+        app.check_fits(seconds, "ask for fewer images (batch size) or AR steps", control="batch_size")
+    return r
+
+
 def compare(app: App, progress, **controls) -> Iterator[tuple]:
     """Target-only, then CSD, then draft-only with the same seeds. Yields ("step", text) per AR step,
     ("target", grid) and ("csd", grid, map) as each is ready, and last ("done", Comparison)."""
-    r = app.request(**controls)
+    r = check_generate(app, **controls)
 
     def work(job: Job) -> tuple[Run, Run, Run]:
         target = run_single(r.pair, r.labels, r.seeds, r.sampling, on_step=job.on_step(RUNS[0]))
@@ -66,8 +77,9 @@ class GenerateTab:
     def __init__(self, app: App):
         self.app = app
 
-    def generate(self, progress=gr.Progress(), **controls):  # noqa: B008 (Gradio's documented pattern)
+    def generate(self, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008 (Gradio's pattern)
         """Each image as it is ready, a status line per AR step; the last message carries every output."""
+        self.app.check_client(request)
         # Clear the outputs of any earlier run first: what is on screen is always from this run.
         yield {**dict.fromkeys(self.outputs), self.stats: "Starting ..."}
         images = {}  # shown as they come, and again with the last message (what an API client receives)
@@ -142,12 +154,14 @@ class GenerateTab:
                 self.speed = gr.Plot(label="Speedup", elem_id="speed-plot")
                 with gr.Accordion("Run summary (JSON)", open=False):
                     self.summary = gr.JSON()
-        self.inspected = gr.State(None)  # this visitor's latest run, for the Inspect tab
+        # This visitor's latest run, for the Inspect tab: kept a limited time, and only for the latest sessions
+        # (the server's state capacity), so memory stays bounded however many visitors come.
+        self.inspected = gr.State(None, time_to_live=app.limits.session_ttl)
         self.outputs = [self.target, self.csd, self.map, self.draft, self.stats, self.speed, self.summary]
         self.outputs.append(self.inspected)
-        event = run.click(
-            self.generate, inputs_kwargs=self.controls, outputs=self.outputs, api_name="generate", **queue
-        )
+        check = validator(lambda **values: check_generate(app, self.controls, False, **values), self.controls)
+        gen = {"inputs_kwargs": self.controls, "outputs": self.outputs, "api_name": "generate", "validator": check}
+        event = run.click(self.generate, **gen, **queue)
         # Cancel first, then say so: a message the run had already sent cannot overwrite "Stopped".
         stopped = stop.click(None, None, None, cancels=[event], api_visibility="private")
         stopped.then(self.generate_stopped, None, self.outputs, api_visibility="private")

@@ -3,6 +3,7 @@ inspector (both chains, the acceptance test's terms, the candidates in place) an
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import gradio as gr
@@ -10,8 +11,10 @@ import gradio as gr
 from csd.experiments.analysis import Run, run_csd, run_single
 from csd.experiments.inspection import Frame, artifact_hints, inspect_token, replay_frames, token_index
 from csd.experiments.jobs import Job
-from demo.controls import named
+from demo.controls import named, refuse_invalid
 from demo.core import App
+from demo.errors import refuse, short
+from demo.requests import Request, validator
 from demo.views import token_markdown, token_patches
 from visualize.images import legend_html, locate
 from visualize.render import to_plotly
@@ -42,10 +45,28 @@ class Inspected:
         return inspect_token(self.csd.generation.tokens, self.csd.trace, self.target.generation.tokens, image, index)
 
 
+def check_inspect(
+    app: App, image: int, row: int, column: int, components: dict | None = None, load: bool = True, **controls
+) -> Request | None:
+    """The request of an inspection, with the token's position checked against it before any model runs."""
+    r = app.request(components, load, **controls)
+    if r is None:
+        return None
+    side = math.isqrt(r.pair.num_tokens)
+    for name, value, hi in (("image", image, len(r.seeds) - 1), ("row", row, side - 1), ("column", column, side - 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
+            what = "Image" if name == "image" else f"Token {name}"
+            of = "the batch" if name == "image" else f"the {side} x {side} grid of {r.pair.name}"
+            raise refuse(f"{what} must be an integer in [0, {hi}] ({of}), got {short(value)}", control=name)
+    seconds = app.estimate(r, {"target": 1, "csd": 1}, measure=load)
+    app.check_fits(seconds, "ask for fewer images or AR steps", "batch_size")
+    return r
+
+
 def inspect_run(app: App, image: int, row: int, column: int, progress, **controls) -> dict:
     """For API clients: run target-only and CSD with the given controls and seeds, then return the replay
     (each frame's label, AR steps and per-token status), the token's inspection and the hints."""
-    r = app.request(**controls)
+    r = check_inspect(app, image, row, column, **controls)
 
     def work(job: Job) -> Inspected:
         target = run_single(r.pair, r.labels, r.seeds, r.sampling, on_step=job.on_step("target-only"))
@@ -59,7 +80,7 @@ def inspect_run(app: App, image: int, row: int, column: int, progress, **control
     try:
         token = run.token(image, row, column)
     except ValueError as err:
-        raise gr.Error(f"Invalid token: {err}") from None
+        raise refuse(f"Invalid token: {err}") from None
     frames = [{"label": f.label, "ar_steps": f.ar_steps, "status": f.status.tolist()} for f in run.frames]
     return {"frames": frames, "token": token, "hints": run.hints}
 
@@ -75,8 +96,8 @@ class InspectTab:
             return {
                 self.label: "Press **Generate** first: the latest run of this page is replayed here."
             } | dict.fromkeys((self.canvas, self.status, self.target))
-        if not isinstance(frame, int) or not 0 <= frame < len(run.frames):
-            raise gr.Error(f"Frame must be an integer in [0, {len(run.frames) - 1}], got {frame!r}")
+        if isinstance(frame, bool) or not isinstance(frame, int) or not 0 <= frame < len(run.frames):
+            raise refuse(f"Frame must be an integer in [0, {len(run.frames) - 1}], got {short(frame)}")
         f = run.frames[frame]
         csd, status, target = frame_images(f, lambda tokens: self.app.store.get(run.pair_name).images(tokens).numpy())
         label = f"**Frame {frame + 1} of {len(run.frames)}:** {f.label} ({f.ar_steps} AR steps made)"
@@ -87,10 +108,11 @@ class InspectTab:
         the image, both chains' transitions, and every number as JSON."""
         if run is None:
             return {self.token: "Press **Generate** first."} | dict.fromkeys((self.patches, self.chains, self.data))
+        refuse_invalid({"image": image, "row": row, "column": column})
         try:
             info = run.token(image, row, column)
         except ValueError as err:
-            raise gr.Error(f"Invalid token: {err}") from None
+            raise refuse(f"Invalid token: {err}") from None
         pair = self.app.store.get(run.pair_name)
         return {
             self.token: token_markdown(info),
@@ -102,7 +124,7 @@ class InspectTab:
     def select_on_map(self, run: Inspected | None, evt: gr.SelectData):
         """A click on the status map -> (image, row, column) of the token under it."""
         if run is None:
-            raise gr.Error("Press **Generate** first.")
+            raise refuse("Press **Generate** first.")
         x, y = evt.index
         trace = run.csd.trace
         size = self.app.store.get(run.pair_name).images(run.csd.generation.tokens[:1]).shape[1]
@@ -131,11 +153,12 @@ class InspectTab:
     @staticmethod
     def select_hint(run: Inspected | None, evt: gr.SelectData):
         if run is None:
-            raise gr.Error("Press **Generate** first.")
+            raise refuse("Press **Generate** first.")
         hint = run.hints[evt.index[0]]
         return hint["image"], hint["row"], hint["column"]
 
-    def inspect_api(self, image: int, row: int, column: int, progress=gr.Progress(), **controls):  # noqa: B008
+    def inspect_api(self, image: int, row: int, column: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
+        self.app.check_client(request)
         return inspect_run(self.app, image, row, column, progress, **controls)
 
     def build(self, controls: dict, inspected: gr.State, generated, queue: dict) -> None:
@@ -191,6 +214,9 @@ class InspectTab:
         # For API clients: the same, from the run's settings (the run is made again with the same seeds).
         api = gr.Button(visible=False)
         api_out = gr.JSON(visible=False)
-        api.click(
-            self.inspect_api, inputs_kwargs={**controls, **position}, outputs=api_out, api_name="inspect", **queue
+        inputs = {**controls, **position}
+        check = validator(
+            lambda image, row, column, **values: check_inspect(self.app, image, row, column, controls, False, **values),
+            inputs,
         )
+        api.click(self.inspect_api, inputs_kwargs=inputs, outputs=api_out, api_name="inspect", validator=check, **queue)

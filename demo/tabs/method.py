@@ -8,7 +8,7 @@ from pathlib import Path
 import gradio as gr
 
 from csd.toy import speculative_sample, total_variation
-from demo.controls import MAX_SEED, named
+from demo.controls import MAX_SEED, named, refuse_invalid
 from demo.requests import library_errors
 from demo.views import json_float
 from visualize.render import to_plotly
@@ -20,6 +20,8 @@ LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": 
 
 def toy(target_mean: float, target_std: float, draft_mean: float, draft_std: float, samples: int, seed: int):
     """Draft from q, accept with min(1, p/q), resample from max(0, p - q): the chart, a table, the numbers."""
+    values = dict(target_mean=target_mean, target_std=target_std, draft_mean=draft_mean, draft_std=draft_std)
+    refuse_invalid(values | {"samples": samples, "seed": seed})
     p, q = (target_mean, target_std), (draft_mean, draft_std)
     with library_errors():
         result = speculative_sample(p, q, samples, seed)

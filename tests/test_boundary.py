@@ -1,0 +1,81 @@
+"""The app's boundary: every value a control does not accept is refused by name, before any model runs, with
+at most a short quote of it; no bool passes as a number, no fraction is rounded, no NaN passes a range."""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+import torch
+
+from csd.experiments.pairs import RANDOM_SOURCE, PairStore
+from demo.controls import Invalid, check_value, named
+from demo.core import App
+from demo.errors import QUOTE, short
+from demo.limits import Limits
+from demo.requests import validator
+from demo.tabs.generate import check_generate
+
+SEED = gr.Number(value=0, minimum=0, maximum=100, precision=0, label="Seed")
+SCALE = gr.Slider(1.0, 10.0, value=3.0, step=0.1, label="CFG scale")
+ROW = gr.Number(value=0, minimum=0, precision=0, label="Token row")
+PROMPT = gr.Textbox(value="a", max_length=10, label="Prompt")
+ALIGN = gr.Checkbox(value=True, label="Alignment")
+SCHEDULE = gr.Radio(choices=["linear", "constant"], value="linear", label="CFG schedule")
+
+
+@pytest.mark.parametrize(
+    "component,value,message",
+    [
+        (SEED, True, r"Seed must be an integer in \[0, 100\], got True"),
+        (SEED, 0.5, r"Seed must be an integer in \[0, 100\], got 0.5"),
+        (SEED, 7.001, r"got 7.001"),
+        (SEED, float("nan"), r"got nan"),
+        (SEED, 101, r"got 101"),
+        (SEED, "3", r"got '3'"),
+        (SEED, None, r"got None"),
+        (SCALE, float("inf"), r"CFG scale must be a number in \[1, 10\], got inf"),
+        (SCALE, [1.0], r"got \[1.0\]"),
+        (ROW, -1, r"Token row must be an integer >= 0, got -1"),
+        (PROMPT, "x" * 11, r"Prompt must be text of at most 10 characters"),
+        (PROMPT, 5, r"got 5"),
+        (ALIGN, 1, r"Alignment must be true or false, got 1"),
+        (SCHEDULE, "cosine", r"CFG schedule must be one of 'linear', 'constant', got 'cosine'"),
+    ],
+)
+def test_a_value_the_control_does_not_take_is_refused_naming_the_control(component, value, message):
+    with pytest.raises(gr.Error, match=message):
+        check_value(component, value)
+
+
+@pytest.mark.parametrize("component,value", [(SEED, 7), (SEED, 7.0), (SCALE, 2.5), (SCALE, 3), (ROW, 10**6)])
+def test_a_value_the_control_takes_passes_unchanged(component, value):
+    assert check_value(component, value) == value
+
+
+def test_a_named_control_hands_the_handler_its_refusal_not_a_rounded_value():
+    seed = named(gr.Number(value=0, minimum=0, maximum=100, precision=0, label="Seed"))
+    assert seed.preprocess(5) == 5
+    bad = seed.preprocess(0.5)  # Gradio alone would round it to 0
+    assert isinstance(bad, Invalid) and "Seed must be an integer" in bad.message
+
+
+def test_a_refused_value_is_quoted_by_a_short_prefix():
+    assert len(short("A" * 1_000_000)) == QUOTE and short("A" * 1_000_000).endswith("...")
+    with pytest.raises(gr.Error) as err:
+        check_value(SEED, "9" * 1_000_000)
+    assert len(err.value.message) < 200
+
+
+def test_the_validator_names_the_control_and_runs_no_model():
+    application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), Limits(max_batch=2, max_steps=8))
+    with gr.Blocks():
+        components = {name: c.component() for name, c in application.controls.items()}
+    check = validator(lambda **v: check_generate(application, components, False, **v), components)
+    good = application.default_controls() | {"batch_size": 1, "ar_steps": 8}
+    assert all(v["is_valid"] for v in check(**good))
+    out = check(**good | {"seed": True})
+    bad = {name: v["message"] for name, v in zip(components, out, strict=True) if not v["is_valid"]}
+    assert list(bad) == ["seed"] and "Seed must be an integer" in bad["seed"]
+    out = check(**good | {"gamma": 0.5})
+    assert [name for name, v in zip(components, out, strict=True) if not v["is_valid"]] == ["gamma"]
+    assert not application.history and application.store.loaded(RANDOM_SOURCE.name) is None  # nothing ran or loaded
