@@ -24,9 +24,8 @@ def valid_values(component: gr.components.Component) -> str:
     if isinstance(component, gr.Checkbox):
         return "true or false"
     if isinstance(component, gr.Slider | gr.Number):
-        word, fmt = (
-            ("an integer", lambda v: f"{int(v)}") if component.precision == 0 else ("a number", lambda v: f"{v:g}")
-        )
+        integer = is_integer(component)
+        word, fmt = ("an integer", lambda v: f"{int(v)}") if integer else ("a number", lambda v: f"{v:g}")
         lo, hi = component.minimum, component.maximum
         if lo is not None and hi is not None:
             return f"{word} in [{fmt(lo)}, {fmt(hi)}]"
@@ -47,7 +46,7 @@ def check_value(component: gr.components.Component, payload):
     elif isinstance(component, gr.Slider | gr.Number):
         if isinstance(payload, bool) or not isinstance(payload, int | float) or not math.isfinite(payload):
             raise bad()
-        if component.precision == 0 and payload != int(payload):
+        if is_integer(component) and payload != int(payload):
             raise bad()
         lo, hi = component.minimum, component.maximum
         if (lo is not None and payload < lo) or (hi is not None and payload > hi):
@@ -77,6 +76,19 @@ def refuse_invalid(values: dict) -> None:
             raise refuse(value.message, control=name)
 
 
+def take(component: gr.components.Component, payload):
+    """A raw value the control accepts (:func:`check_value`), as the handler takes it: an integer control's
+    value as an int. For events that skip Gradio's own conversion (``preprocess=False``): Gradio rebuilds a
+    component whose properties change during a session, so only the page's original components carry
+    these checks."""
+    check_value(component, payload)
+    return int(payload) if is_integer(component) and isinstance(payload, int | float) else payload
+
+
+def is_integer(component: gr.components.Component) -> bool:
+    return getattr(component, "csd_integer", getattr(component, "precision", None) == 0)
+
+
 def named(component: gr.components.Component) -> gr.components.Component:
     """Make this control mark every value it does not accept (:func:`check_value`) as :class:`Invalid`,
     before Gradio's own conversion (which rounds, and names nothing), for the page and API callers alike;
@@ -84,12 +96,16 @@ def named(component: gr.components.Component) -> gr.components.Component:
 
     (Wrapping the instance, not subclassing: Gradio writes a .pyi file beside any module that defines a
     component class.)"""
+    if isinstance(component, gr.Number) and component.precision == 0:
+        # The browser would round a typed 1.5 before sending it: let it through, and refuse it here.
+        component.csd_integer, component.precision = True, None
     convert = component.preprocess
 
     def preprocess(payload):
         try:
             check_value(component, payload)
-            return convert(payload)
+            value = convert(payload)
+            return int(value) if is_integer(component) and value is not None else value
         except gr.Error as err:
             return Invalid(str(err.message))
         except (TypeError, ValueError):
@@ -192,3 +208,20 @@ def declare_controls(store: PairStore, limits: Limits) -> dict[str, Control]:
         ),
         "max_tries": slider("Resampler cap", c.max_tries, 1, 1000, 1, "csd.max_tries", advanced=True),
     }
+
+
+# Presets: changes to the current controls, named for what a visitor wants. A family with fixed AR steps
+# (xAR) keeps its own.
+PRESETS: dict[str, dict] = {
+    "default": {},
+    "fast": {"gamma": 16, "prefill": 0.05},
+    "faithful": {"gamma": 2, "prefill": 0.1},
+    "show rejections": {"tau_v": 1.0, "align": False},
+}
+
+
+def preset_values(name: str, values: dict, defaults: dict) -> dict:
+    """The controls after choosing preset ``name``: the default setting's knobs, then the preset's changes;
+    the visitor's pair, class, prompt, seed and batch stay."""
+    keep = {k: values[k] for k in ("pair_name", "class_name", "prompt", "seed", "batch_size") if k in values}
+    return defaults | PRESETS[name] | keep

@@ -38,6 +38,9 @@ class App:
         self._rates_lock = threading.Lock()
         self.streams: Counter = Counter()  # open result streams per session (demo.guard.Guard counts them)
         self.gone = 0  # requests not run because their client had gone
+        # The page's control components (the Generate tab sets them): every request's values are checked
+        # against them, for events that take raw values (preprocess=False) as for any other caller.
+        self.components: dict = {}
 
     def check_client(self, request, wait: float = 2.0) -> None:
         """Refuse to start a run whose client is not listening for its result (it joined the queue and left,
@@ -56,6 +59,7 @@ class App:
     def request(self, components: dict | None = None, load: bool = True, **values) -> Request | None:
         """A checked request from one value per control (:func:`demo.requests.build_request`); ``load=False``:
         what a validator may check at once (None when the pair is not loaded yet)."""
+        components = self.components if components is None else components
         return build_request(self.store, self.controls, PRECISION, components, load, **values)
 
     def rates(self, pair: ModelPair) -> Rates:
@@ -105,8 +109,8 @@ class App:
             status = "over time" if err.over_time else "stopped"
             if err.over_time:
                 raise refuse(
-                    f"This request {err} per request (--max-seconds, CSD_MAX_SECONDS): "
-                    "ask for fewer images, AR steps or a smaller resampler cap"
+                    f"This request {err} per request on this server and was stopped: ask for fewer images "
+                    "or AR steps (or a smaller resampler cap)"
                 ) from None
             raise refuse("Stopped.") from None
         except ValueError as err:

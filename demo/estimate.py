@@ -59,4 +59,6 @@ def calibrate(pair: ModelPair) -> Rates:
 
 def words(seconds: float) -> str:
     """An estimate in words: "about 12 s", "about 2 min"."""
+    if seconds < 1:
+        return "under 1 s"
     return f"about {seconds:.0f} s" if seconds < 90 else f"about {seconds / 60:.1f} min"

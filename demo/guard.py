@@ -18,6 +18,7 @@ from urllib.parse import parse_qs
 from demo.errors import log
 
 UPLOAD_PATHS = ("/upload", "/gradio_api/upload")
+MODELS = "models"  # the concurrency group of every event that runs a model (demo.server.build)
 
 
 class Guard:
@@ -56,12 +57,17 @@ class Guard:
         return await self.app(scope, receive, send)
 
     def _over_session_limit(self, body: bytes) -> str | None:
+        """A refusal when this join asks for a model run and its session has its share waiting or running."""
         try:
-            session = json.loads(body).get("session_hash")
-        except (ValueError, AttributeError):
+            data = json.loads(body)
+            session, fn = data.get("session_hash"), self.blocks.fns.get(data.get("fn_index"))
+        except (ValueError, AttributeError, TypeError):
             return None  # Gradio answers a malformed body itself
         queue = getattr(self.blocks, "_queue", None)
-        pending = len(queue.pending_event_ids_session.get(session, ())) if queue is not None else 0
+        if queue is None or fn is None or fn.concurrency_id != MODELS:
+            return None  # the page's own quick events are not model runs
+        events = [queue.event_ids_to_events.get(i) for i in queue.pending_event_ids_session.get(session, ())]
+        pending = sum(1 for e in events if e is not None and e.fn.concurrency_id == MODELS)
         if session and pending >= self.per_session:
             log.info("refused queue/join: session %s has %d requests waiting or running", session[:12], pending)
             return (

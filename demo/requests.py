@@ -17,7 +17,7 @@ import gradio as gr
 from csd.config import CSDConfig, SamplingConfig
 from csd.experiments.pairs import ModelPair, PairStore
 from csd.models.harmon import check_prompt
-from demo.controls import Control, check_value, refuse_invalid
+from demo.controls import Control, refuse_invalid, take
 from demo.errors import refuse, short
 
 # Library knobs whose errors a control answers for (its field's name starts the library's message).
@@ -68,8 +68,10 @@ def build_request(
         raise refuse(f"Controls missing: {missing}; unknown: {unknown}")
     refuse_invalid(values)
     for name, component in (components or {}).items():
+        if name not in values:
+            continue
         try:
-            check_value(component, values[name])
+            values[name] = take(component, values[name])
         except gr.Error as err:
             err.control = name
             raise

@@ -25,6 +25,7 @@ from starlette.middleware import Middleware
 from csd.experiments.analysis import Panels
 from csd.experiments.pairs import RANDOM_SOURCE, PairStore, discover, fetch_official
 from demo import limits as limits_module
+from demo.cards import card_markdown
 from demo.core import DEVICE, App
 from demo.guard import Guard
 from demo.limits import Limits
@@ -44,6 +45,15 @@ CPU_THREADS = 1
 CSS = """
 .csd-img img { image-rendering: pixelated; }
 .csd-legend { font-size: 0.9em; margin-top: -6px; }
+#gen-status table { font-size: 0.9em; }
+#gen-status th, #gen-status td { white-space: nowrap; padding: 2px 6px; }
+#gen-status { overflow-x: auto; }
+#model-card { font-size: 0.85em; margin-top: -8px; }
+/* On a phone, target and CSD stay side by side (two columns), not stacked. */
+@media (max-width: 640px) {
+  .csd-pair { flex-wrap: nowrap !important; }
+  .csd-pair > div { min-width: 0 !important; flex: 1 1 50% !important; }
+}
 """
 # System fonts: the default theme would fetch web fonts, and the app must work offline.
 THEME = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
@@ -58,14 +68,19 @@ def build(app: App) -> gr.Blocks:
             "# Continuous speculative decoding\nA small *draft* model proposes image tokens, a large *target* "
             "model verifies them in one pass. Same seed, same noise: compare target-only and CSD side by side."
         )
+        generate = GenerateTab(app)
         with gr.Tab("Generate"):
-            controls, inspected, generated = GenerateTab(app).build(queue)
+            controls, inspected, generated = generate.build(queue)
         with gr.Tab("Inspect"):
             InspectTab(app).build(controls, inspected, generated, queue)
         with gr.Tab("Analysis"):
             AnalysisTab(app).build(controls, queue)
-        with gr.Tab("How it works"):
-            method.build()
+        with gr.Tab("Method"):
+            method.build(card_markdown([app.store.source(n) for n in app.store.names]))
+        quick = {"api_visibility": "private", "queue": False}
+        demo.load(generate.from_link, None, list(controls.values()), **quick).then(
+            generate.estimate, inputs_kwargs=controls, outputs=generate.estimate_md, **quick
+        )
     demo.csd_app = app  # serve() links the guard's stream count to the app
     return demo
 

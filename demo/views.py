@@ -92,8 +92,20 @@ def _fmt(v, spec: str = ".3f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
-def token_markdown(t: dict) -> str:
-    """The inspector's summary of one token (:func:`csd.experiments.inspection.inspect_token`)."""
+def decision_sentence(t: dict) -> str:
+    """Why a drafted token was kept or redrawn, in one sentence with its numbers."""
+    u, p = t.get("accept_draw"), t.get("accept_prob")
+    if t["maker"] == "prefill" or u is None or p is None:
+        return ""
+    kept = t["maker"] == "accepted"
+    relation = "<" if kept else ">="
+    outcome = "kept (the draft's token stays)" if kept else "redrawn from max(0, p - q)"
+    return f"u = {u:.3f} {relation} min(1, r) = {p:.3f}: {outcome}."
+
+
+def token_markdown(t: dict, row_name: str = "tokens") -> str:
+    """The inspector's summary of one token (:func:`csd.experiments.inspection.inspect_token`); ``row_name``
+    "cells" (xAR) adds why the trajectory term is zero there."""
     verdict = {
         "prefill": "made by the target before drafting began (pre-fill)",
         "accepted": "proposed by the draft and **accepted**",
@@ -117,7 +129,15 @@ def token_markdown(t: dict) -> str:
             f"| log r: trajectory term | {_fmt(t['log_ratio_trajectory'], '.2f')} |",
             f"| log r: final-step term | {_fmt(t['log_ratio_final'], '.2f')} |",
             f"| the draw u it was compared with (accept if u < min(1, r)) | {_fmt(t.get('accept_draw'))} |",
+            "",
+            decision_sentence(t),
         ]
+        if row_name == "cells":
+            lines.append(
+                "On xAR the trajectory term is exactly 0: each flow step's std, sqrt(2 t |dt|), is the same for "
+                "draft and target (it depends on the time grid, not on the model), so the sum of log std gaps "
+                "vanishes and the final-step term decides alone."
+            )
     return "\n".join(lines)
 
 
@@ -205,8 +225,21 @@ def frontier_status(result: dict | None, recomputed: bool = False, pair: str | N
     )
 
 
-def frontier_outputs(result: dict | None) -> list:
-    """The frontier's plot, table and JSON."""
+def frontier_outputs(result: dict | None, committed: dict | None = None) -> list:
+    """The frontier's plot, table and JSON; with ``committed`` (the benchmark's), ``result`` is drawn over it."""
     if result is None:
         return [None, "", None]
-    return [to_plotly(frontier_chart(result)), frontier.frontier_markdown(result), result]
+    if committed is not None and committed is not result:
+        chart = frontier_chart(committed, overlay=result)
+    else:
+        chart = frontier_chart(result)
+    return [to_plotly(chart), frontier.frontier_markdown(result), result]
+
+
+def side_by_side(images: list[np.ndarray], gap: int = 8) -> np.ndarray:
+    """Images (H, W, 3) of one height, left to right with white gaps (shorter ones padded at the bottom)."""
+    h = max(im.shape[0] for im in images)
+    pad = lambda im: np.pad(im, ((0, h - im.shape[0]), (0, 0), (0, 0)), constant_values=255)
+    spacer = np.full((h, gap, 3), 255, dtype=np.uint8)
+    parts = [x for im in images for x in (pad(im), spacer)][:-1]
+    return np.concatenate(parts, axis=1)

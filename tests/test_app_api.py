@@ -63,8 +63,9 @@ def test_named_endpoints_are_public(client):
 
 def test_generate_returns_both_images_the_token_map_and_consistent_numbers(served):
     application, client = served
-    target, csd, token_map, draft, stats, plot, summary = client.predict(**controls(application), api_name="/generate")
-    for path in (target, csd, token_map, draft):
+    out = client.predict(**controls(application), api_name="/generate")
+    target, csd, token_map, draft, stats, plot, summary, slider, composite, link = out
+    for path in (target, csd, token_map, draft, composite):
         with Image.open(path) as img:
             assert min(img.size) >= 256  # 32 px images are upscaled so tokens are visible
     assert "Speedup" in stats and plot is not None
@@ -75,6 +76,10 @@ def test_generate_returns_both_images_the_token_map_and_consistent_numbers(serve
     assert sum(summary["tokens"].values()) == 2 * 64
     assert math.isclose(summary["speedup"], summary["seconds"]["target-only"] / summary["seconds"]["CSD"])
     assert 0.0 <= summary["acceptance_rate"] <= 1.0
+    assert len(slider) == 2  # target-only | CSD, the before/after slider
+    with Image.open(composite) as img, Image.open(target) as one:
+        assert img.size[0] > 3 * one.size[0] and img.format == "PNG"  # target | CSD | map, to download
+    assert link.startswith("[Link to these settings](?") and "seed=0" in link
 
 
 def test_analyze_recomputes_every_panel_for_a_tiny_n(served):
@@ -233,7 +238,7 @@ def served_text():
 def test_generate_takes_the_prompt_by_keyword(served_text):
     application, client = served_text
     prompt = "a small blue circle on a black to white gradient"
-    *_, stats, _, summary = client.predict(**controls(application, prompt=prompt), api_name="/generate")
+    *_, stats, _, summary, _, _, _ = client.predict(**controls(application, prompt=prompt), api_name="/generate")
     assert "Speedup" in stats and summary["batch_size"] == 2
     _, _, _, data = client.predict(n_images=1, **analysis_controls(application, prompt=prompt), api_name="/frontier")
     assert data["metrics"] == ["accuracy"]  # the class the prompt names, by the shapes classifier
@@ -276,6 +281,22 @@ def test_an_xar_pair_generates_and_names_its_fixed_ar_steps():
     tab = GenerateTab(application)
     with gr.Blocks():
         tab.build({})
-    update = tab.pair_changed(RANDOM_XAR_SOURCE.name)
+    update = tab.pair_changed(RANDOM_XAR_SOURCE.name, 32, "constant", None)
     steps, schedule = update[tab.controls["ar_steps"]], update[tab.controls["cfg_schedule"]]
-    assert steps["value"] == 16 and schedule["value"] == "linear"  # choosing the pair sets them
+    assert steps["value"] == 16 and schedule["value"] == "linear"  # choosing the pair sets them,
+    assert steps["interactive"] is False and schedule["interactive"] is False  # and locks them
+    assert update[tab.saved] == {"ar_steps": 32, "cfg_schedule": "constant"}  # the visitor's own, kept
+
+
+def test_leaving_a_pair_with_fixed_steps_restores_the_visitors_own():
+    from csd.experiments.pairs import RANDOM_XAR_SOURCE
+
+    application = App(PairStore([RANDOM_SOURCE, RANDOM_XAR_SOURCE], torch.device("cpu")), Limits(max_batch=2))
+    tab = GenerateTab(application)
+    with gr.Blocks():
+        tab.build({})
+    there = tab.pair_changed(RANDOM_XAR_SOURCE.name, 24, "constant", None)
+    back = tab.pair_changed(RANDOM_SOURCE.name, 16, "linear", there[tab.saved])
+    steps, schedule = back[tab.controls["ar_steps"]], back[tab.controls["cfg_schedule"]]
+    assert (steps["value"], schedule["value"]) == (24, "constant") and steps["interactive"] is True
+    assert back[tab.saved] is None

@@ -72,8 +72,10 @@ def test_every_handler_is_a_known_one_and_none_can_download(served, monkeypatch)
     application, demo, client = served
     handlers = {fn.fn.__name__ for fn in demo.fns.values() if fn.fn is not None}  # None: a front-end-only event
     known = {"generate", "analyze", "toy", "pair_changed", "generate_stopped", "analyze_stopped"}
+    known |= {"generate_ui", "analyze_page", "frontier_page"}  # the page's events beside the API's
     known |= {"recompute_frontier", "frontier_stopped", "pick_example"}  # the frontier section, example prompts
-    known |= {"after_run", "replay", "show_token", "select_on_map", "select_hint", "inspect_api"}  # the Inspect tab
+    known |= {"after_run", "replay", "show_token", "select_on_map", "select_hint", "inspect_api", "play"}  # Inspect
+    known |= {"apply_preset", "estimate", "from_link", "show_example"}  # presets, the estimate, a link, the gallery
     assert handlers <= known, handlers
 
     def refuse(*args, **kwargs):
@@ -210,7 +212,9 @@ def test_a_run_past_the_time_limit_still_ends_with_an_error_naming_the_limit():
     application = App(PairStore([SLOW_SOURCE], torch.device("cpu")), limits)
     application._rates[RANDOM_NAME] = Rates(target=0.0, draft=0.0, csd=0.0)  # a (wrong) estimate that fits
     controls = _controls(application)
-    with pytest.raises(gr.Error, match=r"ran past the time limit of 0.2 s per request \(--max-seconds"):
+    with pytest.raises(
+        gr.Error, match=r"ran past the time limit of 0.2 s per request on this server and was stopped: ask for fewer"
+    ):
         for _ in compare(application, lambda *a, **k: None, **controls):
             pass
     assert application.history[-1]["status"] == "over time"

@@ -110,7 +110,11 @@ def test_time_breakdown_stacks_phases_per_method():
     chart = time_breakdown({"a": {"target_backbone": 1.0}, "b": {"draft_head": 2.0, "target_backbone": 0.5}}, "t")
     assert chart.barmode == "stack"
     by_name = {s.name: s.y for s in chart.series}
-    assert by_name == {"draft head": [0.0, 2.0], "target backbone": [1.0, 0.5]}
+    assert by_name == {"draft (backbone and head)": [0.0, 2.0], "target backbone": [1.0, 0.5]}
+    grouped = time_breakdown(
+        {"a": {"prefill_backbone": 1.0, "target_backbone": 2.0, "verify": 0.5, "resample": 1}}, "t"
+    )
+    assert {s.name: s.y for s in grouped.series} == {"target backbone": [3.0], "accept or resample": [1.5]}
     to_matplotlib(chart)  # stacked categorical bars
     with_wall = time_breakdown({"a": {"target_backbone": 1.0}}, "t", wall={"a": 1.25})
     assert with_wall.series[-1].name == "other" and with_wall.series[-1].y == [0.25]
@@ -134,15 +138,24 @@ def test_tile_lays_out_a_square_ish_grid():
     assert display_grid(np.zeros((1, 32, 32, 3), dtype=np.uint8)).shape == (256, 256, 3)
 
 
-def test_token_map_tints_each_cell_with_its_maker_colour():
-    images = np.zeros((1, 32, 32, 3), dtype=np.uint8)
-    maker = np.full((1, 64), int(Maker.ACCEPTED), dtype=np.int8)
-    maker[0, 0] = Maker.PREFILL
-    out = token_map(images, maker, alpha=1.0)
+def test_token_map_paints_each_cell_in_exactly_its_legend_colour_and_numbers_the_images():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)  # the image does not tint the map
+    maker = np.full((2, 64), int(Maker.ACCEPTED), dtype=np.int8)
+    maker[0, 9] = Maker.PREFILL
+    maker[1, 63] = Maker.RESAMPLED
+    out = token_map(images, maker)
     cell = 32  # 4 px tokens upscaled 8x
-    inside = lambda r, c: out[r * cell + cell // 2, c * cell + cell // 2]
-    assert tuple(inside(0, 0)) == MAKER_STYLE[Maker.PREFILL][1]
-    assert tuple(inside(0, 1)) == MAKER_STYLE[Maker.ACCEPTED][1]
+    inside = lambda r, c, image=0: out[r * cell + cell // 2, image * (256 + 4) + c * cell + cell // 2]
+    assert tuple(inside(1, 1)) == MAKER_STYLE[Maker.PREFILL][1]
+    assert tuple(inside(0, 5)) == MAKER_STYLE[Maker.ACCEPTED][1]
+    assert tuple(inside(7, 7, image=1)) == MAKER_STYLE[Maker.RESAMPLED][1]
+    legend = {rgb for _, rgb in MAKER_STYLE.values()} | {(40, 40, 40), (255, 255, 255), (235, 235, 235)}
+    body = out.copy()
+    body[:16, :24] = body[:16, 260 : 260 + 24] = 255  # the number boxes (anti-aliased text)
+    assert {tuple(p) for p in body.reshape(-1, 3)} <= legend  # no blended colours outside the legend
+    corner = out[2:12, 3:9]  # image 0's number
+    assert (corner == 0).any() and (corner == 255).any()
 
 
 def test_legend_names_every_maker():

@@ -29,9 +29,10 @@ def point_hover(row: dict, metrics: list[str]) -> str:
     return "<br>".join(lines)
 
 
-def frontier_chart(result: dict, metric: str | None = None) -> Chart:
+def frontier_chart(result: dict, metric: str | None = None, overlay: dict | None = None) -> Chart:
     """``metric`` (default: the result's first) against time, one series per method with standard
-    errors, the front as a line; hovering a point shows its setting."""
+    errors, the front as a line; hovering a point shows its setting. ``overlay``: a small recompute drawn
+    over it (grey crosses labelled with its n), never in place of it."""
     metrics = result_metrics(result)
     key = metric or metrics[0]
     if key not in metrics:
@@ -63,6 +64,20 @@ def frontier_chart(result: dict, metric: str | None = None) -> Chart:
     )
     on = [r["name"] for r in front if r["method"] == "CSD"]
     note = f"CSD on the front: {', '.join(on)}" if on else "no CSD setting is on the front"
+    if overlay is not None and key in result_metrics(overlay):
+        extra = overlay["rows"]
+        series.append(
+            Series(
+                f"recomputed here, n = {overlay['n']} (wide errors)",
+                [r["time"] for r in extra],
+                [r[key] for r in extra],
+                kind="markers",
+                color="#777777",
+                hover=[point_hover(r, metrics) for r in extra],
+                errors=[r[f"{key}_se"] for r in extra],
+            )
+        )
+        note += f"; grey: a recompute over {overlay['n']} images, drawn over the committed one"
     direction = "higher is better" if higher else "lower is better"
     return Chart(
         f"Quality against time ({result['n']} images per point)",

@@ -58,26 +58,34 @@ def display_grid(images: np.ndarray) -> np.ndarray:
     return tile(upscale(images, upscale_factor(images.shape[1])))
 
 
-def token_map(images: np.ndarray, maker: np.ndarray, alpha: float = 0.55, styles: dict | None = None) -> np.ndarray:
-    """Tint each token cell of the (upscaled) images with its maker's colour and outline the cells.
+def token_map(images: np.ndarray, maker: np.ndarray, styles: dict | None = None) -> np.ndarray:
+    """Each token cell in its maker's colour, exactly the legend's (no blending with the image), the cells
+    outlined and each image numbered in its corner, laid out as :func:`display_grid` lays out the images.
 
-    images (B, H, W, 3) uint8; maker (B, N) Maker values over a square grid of N cells; ``styles``
-    maps values to (label, colour), :data:`MAKER_STYLE` by default (other values stay untinted)."""
-    big = upscale(images, upscale_factor(images.shape[1])).astype(np.float32)
-    b, h, w, _ = big.shape
+    images (B, H, W, 3) uint8 (their size sets the map's); maker (B, N) Maker values over a square grid of
+    N cells; ``styles`` maps values to (label, colour), :data:`MAKER_STYLE` by default (other values: grey)."""
+    b, h = images.shape[0], images.shape[1] * upscale_factor(images.shape[1])
     side = math.isqrt(maker.shape[1])
-    cell_h, cell_w = h // side, w // side
-    colours = np.zeros((b, side, side, 3), dtype=np.float32)
-    tinted = np.zeros((b, side, side), dtype=bool)
+    cell = h // side
+    colours = np.full((b, side, side, 3), 235, dtype=np.uint8)
     for m, (_, rgb) in (styles or MAKER_STYLE).items():
-        hit = (maker == m).reshape(b, side, side)
-        colours[hit] = rgb
-        tinted |= hit
-    colours = colours.repeat(cell_h, axis=1).repeat(cell_w, axis=2)
-    tinted = tinted.repeat(cell_h, axis=1).repeat(cell_w, axis=2)[..., None]
-    out = np.where(tinted, (1 - alpha) * big + alpha * colours, big)
-    out[:, ::cell_h] = out[:, :, ::cell_w] = 40  # cell outlines
-    return tile(out.round().astype(np.uint8))
+        colours[(maker == m).reshape(b, side, side)] = rgb
+    out = colours.repeat(cell, axis=1).repeat(cell, axis=2)
+    out[:, ::cell] = out[:, :, ::cell] = 40  # cell outlines
+    return tile(np.stack([numbered(im, i) for i, im in enumerate(out)]))
+
+
+def numbered(image: np.ndarray, index: int) -> np.ndarray:
+    """The image with its index in a small white box at the top left (PIL's built-in font: no files)."""
+    from PIL import Image, ImageDraw
+
+    im = Image.fromarray(image)
+    draw = ImageDraw.Draw(im)
+    text = str(index)
+    box = draw.textbbox((3, 2), text)
+    draw.rectangle((box[0] - 2, box[1] - 1, box[2] + 2, box[3] + 1), fill=(255, 255, 255))
+    draw.text((3, 2), text, fill=(0, 0, 0))
+    return np.asarray(im)
 
 
 def legend_html(styles: dict | None = None) -> str:

@@ -6,16 +6,14 @@ from csd.experiments.analysis import Histogram, Panels, Spread, Sweep
 from visualize.chart import PALETTE, Chart, Series
 
 # Fixed colours per phase, so the same phase looks the same in every time chart.
-PHASES = {
-    "prefill_backbone": ("pre-fill backbone", "#56B4E9"),
-    "prefill_head": ("pre-fill head", "#A6D8F5"),
-    "draft_backbone": ("draft backbone", "#E69F00"),
-    "draft_head": ("draft head", "#F5CE80"),
-    "target_backbone": ("target backbone", "#0072B2"),
-    "target_head": ("target head", "#80B9D8"),
-    "verify": ("acceptance test", "#009E73"),
-    "resample": ("resampler", "#D55E00"),
+# The trace's phases in four groups, each a colour of its own (Okabe-Ito): what a reader compares.
+PHASE_GROUPS = {
+    "target backbone": (("prefill_backbone", "target_backbone"), "#0072B2"),
+    "target head": (("prefill_head", "target_head"), "#56B4E9"),
+    "draft (backbone and head)": (("draft_backbone", "draft_head"), "#E69F00"),
+    "accept or resample": (("verify", "resample"), "#D55E00"),
 }
+PHASES = {phase for phases, _ in PHASE_GROUPS.values() for phase in phases}
 
 
 def _fmt(v: float | None, spec: str = ".2f") -> str:
@@ -143,10 +141,11 @@ def time_breakdown(
     """Stacked seconds per phase for each method (e.g. target-only, CSD); with ``wall`` times, the rest of
     each run (noise drawing, bookkeeping) is one more segment."""
     methods = list(phases)
-    present = [k for k in PHASES if any(k in t for t in phases.values())]
+    total = lambda m, keys: sum(phases[m].get(k, 0.0) for k in keys)
     series = [
-        Series(PHASES[k][0], methods, [phases[m].get(k, 0.0) for m in methods], kind="bar", color=PHASES[k][1])
-        for k in present
+        Series(name, methods, [total(m, keys) for m in methods], kind="bar", color=color)
+        for name, (keys, color) in PHASE_GROUPS.items()
+        if any(k in t for t in phases.values() for k in keys)
     ]
     if wall is not None:
         rest = [max(0.0, wall[m] - sum(phases[m].get(k, 0.0) for k in PHASES)) for m in methods]

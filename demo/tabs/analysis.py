@@ -8,7 +8,7 @@ import gradio as gr
 
 from csd.experiments import frontier
 from csd.experiments.analysis import Analysis, AnalysisSettings
-from demo.controls import slider
+from demo.controls import slider, take
 from demo.core import App
 from demo.errors import refuse
 from demo.requests import validator
@@ -24,6 +24,18 @@ SECTIONS = (  # (title, panels in the row), in the order of ANALYSIS_KEYS
 )
 
 
+def _images(components: dict | None, n_images):
+    """The images (n) value, checked against its slider where the page gave it."""
+    component = (components or {}).get("n_images")
+    if component is None:
+        return n_images
+    try:
+        return take(component, n_images)
+    except gr.Error as err:
+        err.control = "n_images"
+        raise
+
+
 def check_analysis(
     app: App, n_images: int, components: dict | None = None, load: bool = True, **controls
 ) -> Analysis | None:
@@ -32,6 +44,7 @@ def check_analysis(
     r = app.request(components, load, **controls, batch_size=1)
     if r is None:
         return None
+    n_images = _images(components, n_images)
     work = n_images * r.sampling.num_steps
     if work > app.limits.max_analysis_steps:
         raise refuse(
@@ -47,10 +60,10 @@ def check_analysis(
     return analysis
 
 
-def analysis_panels(app: App, n_images: int, progress, **controls):
+def analysis_panels(app: App, n_images: int, progress, components: dict | None = None, **controls):
     """Recompute every panel over ``n_images`` images (image i: seed + i) at the controls: yields status
     lines, returns the panels."""
-    analysis = check_analysis(app, n_images, **controls)
+    analysis = check_analysis(app, n_images, components, **controls)
     return (yield from app.run_all(analysis, analysis.panels, progress))
 
 
@@ -61,6 +74,7 @@ def check_frontier(
     r = app.request(components, load, **controls, batch_size=1)
     if r is None:
         return None
+    n_images = _images(components, n_images)
     work, most = n_images * r.sampling.num_steps, app.limits.max_analysis_steps // 2
     if work > most:
         raise refuse(
@@ -78,11 +92,11 @@ def check_frontier(
     return small
 
 
-def frontier_result(app: App, n_images: int, progress, **controls):
+def frontier_result(app: App, n_images: int, progress, components: dict | None = None, **controls):
     """Every cheap alternative (target-only with fewer AR or head steps, a head schedule, CSD settings and
     combinations) around the controls, over ``n_images`` images, one run per setting: yields status lines,
     returns the frontier."""
-    small = check_frontier(app, n_images, **controls)
+    small = check_frontier(app, n_images, components, **controls)
     return (yield from app.run_all(small, small.result, progress))
 
 
@@ -98,23 +112,58 @@ class AnalysisTab:
     def __init__(self, app: App):
         self.app = app
 
+    def analyze_page(self, n_images: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
+        """For the page: the panels on screen change only when every run has finished; a refused or stopped
+        recompute leaves them as they were and says why, in the status line, until the next action."""
+        try:
+            yield from self.analyze(n_images, request, progress, **controls)
+        except gr.Error as err:
+            yield {self.status: f"**Not recomputed:** {err.message} The panels below are the ones shown before."}
+
     def analyze(self, n_images: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
-        """The panels on screen change only when every run has finished."""
+        """For API clients (after the validator): a refusal is an error."""
         self.app.check_client(request)
-        panels = yield from self._statuses(analysis_panels(self.app, n_images, progress, **controls), self.status)
+        work = analysis_panels(self.app, n_images, progress, self.a_components, **controls)
+        panels = yield from self._statuses(work, self.status)
         figures = dict(zip(self.plots, analysis_figures(panels), strict=True))
         yield {self.status: analysis_status(panels, recomputed=True), **figures, self.data: panels_json(panels)}
 
+    def frontier_page(self, n_images: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
+        """For the page: a refused or stopped recompute leaves the frontier shown as it was and says why."""
+        try:
+            yield from self.recompute_frontier(n_images, request, progress, **controls)
+        except gr.Error as err:
+            yield {self.f_status: f"**Not recomputed:** {err.message} The frontier below is the one shown before."}
+
     def recompute_frontier(self, n_images: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
+        """For API clients (after the validator): a refusal is an error; the recompute is drawn over the
+        benchmark's frontier of the same pair, never in its place."""
         self.app.check_client(request)
-        result = yield from self._statuses(frontier_result(self.app, n_images, progress, **controls), self.f_status)
-        chart, table, data = frontier_outputs(result)
+        work = frontier_result(self.app, n_images, progress, self.f_components, **controls)
+        result = yield from self._statuses(work, self.f_status)
+        committed = self.app.front if self.app.front and self.app.front.get("pair") == result.get("pair") else None
+        chart, table, data = frontier_outputs(result, committed)
         yield {
             self.f_status: frontier_status(result, recomputed=True),
             self.f_plot: chart,
             self.f_table: table,
             self.f_data: data,
         }
+
+    def fitting_images(self, check) -> int:
+        """The most images (at most 4) whose recompute at the default controls fits this server's limits, as
+        measured for the default pair; 2 before any measurement."""
+        app, most = self.app, min(4, self.app.limits.max_images)
+        controls = {k: v for k, v in app.default_controls().items() if k != "batch_size"}
+        if app.store.loaded(controls["pair_name"]) is None or controls["pair_name"] not in app._rates:
+            return min(2, most)
+        for n in range(most, 0, -1):
+            try:
+                check(app, n, None, False, **controls)
+                return n
+            except gr.Error:
+                continue
+        return 1
 
     @staticmethod
     def _statuses(work, status):
@@ -128,14 +177,16 @@ class AnalysisTab:
     def build(self, controls: dict, queue: dict) -> None:
         app = self.app
         served_weights = app.store.source(app.panels.pair).weights if app.panels is not None else None
-        self.status = gr.Markdown(analysis_status(app.panels, current_weights=served_weights))
+        self.status = gr.Markdown(
+            analysis_status(app.panels, current_weights=served_weights), elem_id="analysis-status"
+        )
         gr.Markdown(
             "Panels over *n* images (image *i*: seed + i, class + i) at the current Generate-tab controls; "
             "each sweep varies one knob around them. Recomputing takes a few dozen runs."
         )
         with gr.Row():
             lim = app.limits
-            n_images = slider("Images (n)", min(AnalysisSettings.n_images, lim.max_images), 1, lim.max_images)
+            n_images = slider("Images (n)", self.fitting_images(check_analysis), 1, lim.max_images)
             n_images = n_images.component()
             recompute = gr.Button("Recompute for current controls", variant="primary")
             stop = gr.Button("Stop")
@@ -152,9 +203,27 @@ class AnalysisTab:
         inputs = {name: c for name, c in controls.items() if name != "batch_size"}
         outputs = [self.status, *self.plots, self.data]
         inputs = inputs | {"n_images": n_images}
-        check = validator(lambda n_images, **values: check_analysis(app, n_images, controls, False, **values), inputs)
+        self.a_components = app.components | {"n_images": n_images}
+
+        def check(n_images, **values):
+            return check_analysis(app, n_images, self.a_components, False, **values)
+
         event = recompute.click(
-            self.analyze, inputs_kwargs=inputs, outputs=outputs, api_name="analyze", validator=check, **queue
+            self.analyze_page,
+            inputs_kwargs=inputs,
+            outputs=outputs,
+            preprocess=False,
+            api_visibility="private",
+            **queue,
+        )
+        gr.Button(visible=False).click(  # the API's endpoint: refused before the queue, by name
+            self.analyze,
+            inputs_kwargs=inputs,
+            outputs=outputs,
+            api_name="analyze",
+            validator=validator(check, inputs),
+            preprocess=False,
+            **queue,
         )
         stop.click(None, None, None, cancels=[event], api_visibility="private").then(
             analyze_stopped, None, self.status, api_visibility="private"
@@ -176,7 +245,8 @@ class AnalysisTab:
         self.f_status = gr.Markdown(frontier_status(app.front), elem_id="frontier-status")
         with gr.Row():
             lim = app.limits
-            n_images = slider("Images (n) for the frontier", min(4, lim.max_images), 1, lim.max_images).component()
+            n_default = self.fitting_images(check_frontier)
+            n_images = slider("Images (n) for the frontier", n_default, 1, lim.max_images).component()
             n_images.elem_id = "frontier-n"
             recompute = gr.Button("Recompute frontier", variant="primary")
             stop = gr.Button("Stop")
@@ -188,13 +258,26 @@ class AnalysisTab:
             self.f_data = gr.JSON(data)
         outputs = [self.f_status, self.f_plot, self.f_table, self.f_data]
         inputs = inputs | {"n_images": n_images}
-        check = validator(lambda n_images, **values: check_frontier(app, n_images, controls, False, **values), inputs)
+        self.f_components = app.components | {"n_images": n_images}
+
+        def check(n_images, **values):
+            return check_frontier(app, n_images, self.f_components, False, **values)
+
         event = recompute.click(
+            self.frontier_page,
+            inputs_kwargs=inputs,
+            outputs=outputs,
+            preprocess=False,
+            api_visibility="private",
+            **queue,
+        )
+        gr.Button(visible=False).click(  # the API's endpoint: refused before the queue, by name
             self.recompute_frontier,
             inputs_kwargs=inputs,
             outputs=outputs,
             api_name="frontier",
-            validator=check,
+            validator=validator(check, inputs),
+            preprocess=False,
             **queue,
         )
         stop.click(None, None, None, cancels=[event], api_visibility="private").then(

@@ -1,10 +1,13 @@
-"""The Generate tab: the controls, then target-only, CSD and draft-only with the same seeds side by side,
-the accepted-token map, the numbers of the comparison and where the time went."""
+"""The Generate tab: Generate and the presets first, each with its expected time on this server; then
+target-only, CSD and draft-only with the same seeds side by side, the accepted-token map, the numbers of
+the comparison and where the time went. The page opens on a precomputed comparison (:mod:`demo.showcase`),
+and a gallery of more is one click away."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
 import gradio as gr
 
@@ -12,14 +15,19 @@ from csd.experiments.analysis import Run, run_csd, run_single
 from csd.experiments.jobs import Job, Step
 from csd.experiments.pairs import EXAMPLE_PROMPTS, ModelPair
 from csd.trace import Maker
+from demo import showcase
+from demo.cards import model_line
+from demo.controls import PRESETS, preset_values
 from demo.core import App
+from demo.estimate import words
 from demo.requests import Request, validator
 from demo.tabs.inspect import Inspected
-from demo.views import image_grid, run_summary, speed_figure, stats_markdown
+from demo.views import image_grid, run_summary, side_by_side, speed_figure, stats_markdown
 from visualize.images import display_grid, legend_html, token_map
 
 RUNS = ["target-only", "CSD", "draft-only"]
-IMAGE = {"type": "numpy", "format": "png", "elem_classes": "csd-img", "interactive": False}
+IMAGE = {"type": "numpy", "format": "png", "elem_classes": "csd-img", "interactive": False, "min_width": 120}
+LINKED = ("pair_name", "class_name", "prompt", "seed", "batch_size", "ar_steps", "gamma", "prefill", "cfg_scale")
 
 
 @dataclass
@@ -66,8 +74,35 @@ def compare(app: App, progress, **controls) -> Iterator[tuple]:
     yield "done", Comparison(r.pair, target, spec, draft, summary, Inspected.of(r.pair.name, spec, target))
 
 
-def pick_example(sample: list) -> str:
-    return sample[0]
+def estimate_line(app: App, **controls) -> str:
+    """The expected time of this setting and of every preset, for the current pair and batch."""
+    try:
+        r = app.request(None, False, **controls)
+    except gr.Error as err:
+        return f"Not runnable as set: {err.message}"
+    if r is None or r.pair.name not in app._rates:
+        return "Expected time: measured when this pair is first used."
+    runs = {"target": 1, "csd": 1, "draft": 1}
+    this = app.estimate(r, runs, measure=False)
+    parts = [f"**Expected on this server: {words(this)}**"]
+    defaults = app.default_controls()
+    for name in PRESETS:
+        values = preset_values(name, controls, defaults)
+        fixed = r.pair.traits.fixed_num_steps
+        values |= {"ar_steps": fixed, "cfg_schedule": r.pair.traits.cfg_schedule} if fixed else {}
+        try:
+            preset = app.request(None, False, **values)
+            parts.append(f"{name} {words(app.estimate(preset, runs, measure=False)).removeprefix('about ')}")
+        except gr.Error:
+            continue
+    most = app.limits.max_seconds
+    return f"{parts[0]} (presets: {', '.join(parts[1:])}; a request may take up to {most:.0f} s)."
+
+
+def settings_link(controls: dict) -> str:
+    """A link that opens the page on these settings (read back by :meth:`GenerateTab.from_link`)."""
+    query = urlencode({k: controls[k] for k in LINKED if k in controls})
+    return f"[Link to these settings](?{query})"
 
 
 class GenerateTab:
@@ -76,6 +111,21 @@ class GenerateTab:
 
     def __init__(self, app: App):
         self.app = app
+        served = {n: app.store.source(n).weights for n in app.store.names}
+        self.shown = showcase.load(weights=served)
+
+    # --- handlers ---------------------------------------------------------------------------------
+
+    def generate_ui(self, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008 (Gradio's pattern)
+        """For the page: as :meth:`generate`, and a refused request leaves what is shown and says why (in the
+        status line, and in a message that stays until it is closed)."""
+        try:
+            check_generate(self.app, None, True, **controls)
+        except gr.Error as err:
+            gr.Warning(err.message, duration=None)
+            yield {self.stats: f"**Not run:** {err.message}"}
+            return
+        yield from self.generate(request, progress, **controls)
 
     def generate(self, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008 (Gradio's pattern)
         """Each image as it is ready, a status line per AR step; the last message carries every output."""
@@ -95,88 +145,198 @@ class GenerateTab:
                 yield {self.csd: event[1], self.map: event[2]}
             else:
                 c: Comparison = event[1]
-                yield images | {
-                    self.draft: image_grid(c.pair, c.draft),
-                    self.stats: stats_markdown(c.summary),
-                    self.speed: speed_figure(c.target, c.csd, c.draft, c.summary),
-                    self.summary: c.summary,
-                    self.inspected: c.inspected,
-                }
+                yield (
+                    images
+                    | self._extras(images[self.target], images[self.csd], images[self.map], controls)
+                    | {
+                        self.draft: image_grid(c.pair, c.draft),
+                        self.stats: stats_markdown(c.summary),
+                        self.speed: speed_figure(c.target, c.csd, c.draft, c.summary),
+                        self.summary: c.summary,
+                        self.inspected: c.inspected,
+                    }
+                )
+
+    def _extras(self, target, csd, token_map, controls: dict) -> dict:
+        return {
+            self.slider: (target, csd),
+            self.composite: side_by_side([target, csd, token_map]),
+            self.link: settings_link(controls),
+        }
 
     def generate_stopped(self):
         """What Stop shows: nothing of the stopped run (and nothing to inspect)."""
         message = "Stopped: the run was cancelled, and nothing from it is shown."
         return {**dict.fromkeys(self.outputs), self.stats: message}
 
-    def pair_changed(self, pair_name: str):
+    def pair_changed(self, pair_name: str, ar_steps, cfg_schedule, saved: dict | None):
         """The class choice for a class-conditional pair, the prompt (and its examples) for a text pair;
-        a pair's fixed AR steps (xAR: one per cell) and CFG schedule (its ramp over the cells)."""
+        a pair's fixed AR steps (xAR: one per cell) and CFG schedule (its ramp over the cells) set and locked,
+        and the visitor's own values put back when a pair without them is chosen again."""
         source, c = self.app.store.source(pair_name), self.controls
         fixed, schedule = source.traits.fixed_num_steps, source.traits.cfg_schedule
+        if fixed:
+            saved = saved or {"ar_steps": ar_steps, "cfg_schedule": cfg_schedule}
+            row = source.traits.row_name[:-1]
+            steps = gr.update(value=fixed, interactive=False, info=f"fixed: one AR step per {row}")
+            ramp = gr.update(value=schedule, interactive=False, info=f"fixed: {source.traits.family}'s ramp")
+        else:
+            back = saved or {}
+            steps = gr.update(value=back.get("ar_steps", ar_steps), interactive=True, info=None)
+            ramp = gr.update(value=back.get("cfg_schedule", cfg_schedule), interactive=True, info=None)
+            saved = None
         out = {
-            c["ar_steps"]: gr.update(value=fixed) if fixed else gr.update(),
-            c["cfg_schedule"]: gr.update(value=schedule) if schedule else gr.update(),
+            c["ar_steps"]: steps,
+            c["cfg_schedule"]: ramp,
             c["prompt"]: gr.update(visible=source.is_text),
             self.examples: gr.update(visible=source.is_text),
+            self.saved: saved,
+            self.card: model_line(source),
         }
         if source.is_text:
             return out | {c["class_name"]: gr.update(visible=False)}
         names = list(source.class_names)
         return out | {c["class_name"]: gr.update(choices=names, value=names[0], visible=True)}
 
+    def apply_preset(self, name: str, **controls):
+        """The controls after a preset (the pair's fixed knobs stay as they are)."""
+        if name not in PRESETS:
+            return {component: gr.skip() for component in self.controls.values()}
+        values = preset_values(name, controls, self.app.default_controls())
+        if self.app.store.source(controls["pair_name"]).traits.fixed_num_steps:
+            values = {k: v for k, v in values.items() if k not in ("ar_steps", "cfg_schedule")}
+        out = {component: gr.skip() for component in self.controls.values()}
+        return out | {self.controls[k]: v for k, v in values.items() if k in self.controls}
+
+    def show_example(self, evt: gr.SelectData):
+        """A gallery example: its settings into the controls and its precomputed images and numbers."""
+        shown = self.shown[evt.index]
+        out = {self.controls[k]: v for k, v in shown.controls.items() if k in self.controls}
+        return out | self._shown(shown)
+
+    def _shown(self, shown: showcase.Shown) -> dict:
+        im = shown.images
+        note = f"\n\n*Precomputed: {shown.title}. Press **Generate** to run it on this server.*"
+        return {
+            self.target: im["target"],
+            self.csd: im["csd"],
+            self.map: im["map"],
+            self.draft: im["draft"],
+            self.stats: shown.stats + note,
+            self.summary: shown.summary,
+        } | self._extras(im["target"], im["csd"], im["map"], shown.controls)
+
+    def from_link(self, request: gr.Request):
+        """Controls from the page's address (a settings link), each as its control would take it."""
+        params = dict(getattr(request, "query_params", {}) or {})
+        out = {component: gr.skip() for component in self.controls.values()}  # what the link does not set
+        for name, text in params.items():
+            if name in LINKED and name in self.controls:
+                default = self.app.controls[name].default
+                try:
+                    out[self.controls[name]] = type(default)(text) if not isinstance(default, str) else text
+                except (TypeError, ValueError):
+                    continue
+        return out
+
+    def estimate(self, **controls) -> str:
+        return estimate_line(self.app, **controls)
+
+    # --- layout -----------------------------------------------------------------------------------
+
     def build(self, queue: dict):
         app = self.app
+        first = self.shown[0] if self.shown else None
         with gr.Row():
-            with gr.Column(scale=1, min_width=300):
+            with gr.Column(scale=1, min_width=280):
+                with gr.Row():
+                    run = gr.Button("Generate", variant="primary", elem_id="generate", scale=2, min_width=100)
+                    stop = gr.Button("Stop", scale=1, min_width=60)
+                self.estimate_md = gr.Markdown("", elem_id="estimate")
+                preset = gr.Radio(list(PRESETS), value="default", label="Preset", elem_id="preset")
                 self.controls = {}
                 for name, c in app.controls.items():
                     if c.advanced:
                         continue
                     self.controls[name] = c.component()
+                    if name == "pair_name":
+                        self.card = gr.Markdown(model_line(app.store.source(c.default)), elem_id="model-card")
                     if name == "prompt":
                         self.examples = self._prompt_examples(self.controls[name])
                 with gr.Accordion("Advanced", open=False):
                     self.controls |= {name: c.component() for name, c in app.controls.items() if c.advanced}
-                with gr.Row():
-                    run = gr.Button("Generate", variant="primary")
-                    stop = gr.Button("Stop")
-            with gr.Column(scale=3):
-                with gr.Row():
-                    self.target = gr.Image(elem_id="img-target", label="Target only", **IMAGE)
-                    self.csd = gr.Image(elem_id="img-csd", label="Speculative (CSD)", **IMAGE)
-                with gr.Row():
-                    self.map = gr.Image(elem_id="img-map", label="Accepted-token map (CSD)", **IMAGE)
-                    self.draft = gr.Image(elem_id="img-draft", label="Draft only (same seeds)", **IMAGE)
+            with gr.Column(scale=3, min_width=280):
+                im = first.images if first else {}
+                with gr.Row(equal_height=True, elem_classes="csd-pair"):
+                    self.target = gr.Image(im.get("target"), elem_id="img-target", label="Target only", **IMAGE)
+                    self.csd = gr.Image(im.get("csd"), elem_id="img-csd", label="Speculative (CSD)", **IMAGE)
+                with gr.Row(equal_height=True, elem_classes="csd-pair"):
+                    self.map = gr.Image(im.get("map"), elem_id="img-map", label="Who made each token (CSD)", **IMAGE)
+                    self.draft = gr.Image(
+                        im.get("draft"), elem_id="img-draft", label="Draft only (same seeds)", **IMAGE
+                    )
                 gr.HTML(legend_html())
+                intro = "Press **Generate**: target-only, CSD and draft-only run with the same seeds."
                 self.stats = gr.Markdown(
-                    "Press **Generate**: target-only, CSD and draft-only run with the same seeds.", elem_id="gen-status"
+                    first.stats + f"\n\n*Precomputed: {first.title}.*" if first else intro, elem_id="gen-status"
                 )
+                with gr.Accordion("Slide between target-only and CSD", open=False):
+                    self.slider = gr.ImageSlider(
+                        (first.images["target"], first.images["csd"]) if first else None,
+                        label="target-only | CSD",
+                        elem_id="img-slider",
+                        interactive=False,
+                    )
+                with gr.Accordion("One image to share: target | CSD | token map", open=False):
+                    self.composite = gr.Image(
+                        first.composite() if first else None,
+                        elem_id="img-composite",
+                        buttons=["download"],
+                        **{k: v for k, v in IMAGE.items() if k != "min_width"},
+                    )
+                    self.link = gr.Markdown(settings_link(first.controls) if first else "", elem_id="settings-link")
                 self.speed = gr.Plot(label="Speedup", elem_id="speed-plot")
                 with gr.Accordion("Run summary (JSON)", open=False):
-                    self.summary = gr.JSON()
+                    self.summary = gr.JSON(first.summary if first else None)
+                if self.shown:
+                    gallery = gr.Gallery(
+                        [(s.composite(), s.title) for s in self.shown],
+                        label="Precomputed examples (click one to load its settings and images)",
+                        columns=3,
+                        height="auto",
+                        allow_preview=False,
+                        elem_id="showcase",
+                    )
         # This visitor's latest run, for the Inspect tab: kept a limited time, and only for the latest sessions
         # (the server's state capacity), so memory stays bounded however many visitors come.
         self.inspected = gr.State(None, time_to_live=app.limits.session_ttl)
+        self.saved = gr.State(None, time_to_live=app.limits.session_ttl)  # the visitor's knobs a pair locked
         self.outputs = [self.target, self.csd, self.map, self.draft, self.stats, self.speed, self.summary]
-        self.outputs.append(self.inspected)
-        check = validator(lambda **values: check_generate(app, self.controls, False, **values), self.controls)
-        gen = {"inputs_kwargs": self.controls, "outputs": self.outputs, "api_name": "generate", "validator": check}
-        event = run.click(self.generate, **gen, **queue)
+        self.outputs += [self.inspected, self.slider, self.composite, self.link]
+        app.components = self.controls
+        check = validator(lambda **values: check_generate(app, None, False, **values), self.controls)
+        # Raw values, checked against the page's components (demo.controls.take): the page's event shows a
+        # refusal in the status line; the API's (a hidden button) refuses before the queue, by name.
+        gen = {"inputs_kwargs": self.controls, "outputs": self.outputs, "preprocess": False}
+        event = run.click(self.generate_ui, **gen, api_visibility="private", **queue)
+        gr.Button(visible=False).click(self.generate, **gen, api_name="generate", validator=check, **queue)
+        private = {"api_visibility": "private"}
         # Cancel first, then say so: a message the run had already sent cannot overwrite "Stopped".
-        stopped = stop.click(None, None, None, cancels=[event], api_visibility="private")
-        stopped.then(self.generate_stopped, None, self.outputs, api_visibility="private")
-        shown = [self.controls[k] for k in ("class_name", "prompt", "ar_steps", "cfg_schedule")] + [self.examples]
-        pair = self.controls["pair_name"]
-        pair.change(self.pair_changed, pair, shown, api_visibility="private")
-        with gr.Accordion("Official checkpoints", open=False):
-            gr.Markdown(
-                "Official pairs are offered when the operator starts the server with `--checkpoints DIR` holding "
-                "the official files beside `vae/kl16.ckpt`: MAR-H or MAR-L drafted by MAR-B "
-                "(`mar/mar_base/checkpoint-last.pth`, ...; `--hub-repo REPO` fetches that layout before serving), "
-                "xAR-H or xAR-L drafted by xAR-B (`xar/xAR-B.pth`, ...), Harmon-1.5B drafted by Harmon-0.5B "
-                "(`harmon/`, see docs/families.md). "
-                f"This server has: {', '.join(app.store.names)}."
-            )
+        stop.click(None, None, None, cancels=[event], **private).then(
+            self.generate_stopped, None, self.outputs, **private
+        )
+        quick = {"api_visibility": "private", "queue": False}  # instant page events: no queue slot, no job
+        c = self.controls
+        shown = [c[k] for k in ("class_name", "prompt", "ar_steps", "cfg_schedule")]
+        shown += [self.examples, self.saved, self.card]
+        c["pair_name"].change(
+            self.pair_changed, [c["pair_name"], c["ar_steps"], c["cfg_schedule"], self.saved], shown, **quick
+        )
+        preset.input(self.apply_preset, inputs_kwargs={"name": preset, **c}, outputs=list(c.values()), **quick)
+        gr.on([x.change for x in c.values()], self.estimate, inputs_kwargs=c, outputs=self.estimate_md, **quick)
+        if self.shown:
+            outs = list(c.values()) + self.outputs
+            gallery.select(self.show_example, None, outs, **quick)
         return self.controls, self.inspected, event
 
     def _prompt_examples(self, prompt: gr.Textbox) -> gr.Dataset:
@@ -192,3 +352,7 @@ class GenerateTab:
         )
         examples.click(pick_example, examples, prompt, api_visibility="private")
         return examples
+
+
+def pick_example(sample: list) -> str:
+    return sample[0]

@@ -4,6 +4,7 @@ inspector (both chains, the acceptance test's terms, the candidates in place) an
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import gradio as gr
@@ -11,7 +12,7 @@ import gradio as gr
 from csd.experiments.analysis import Run, run_csd, run_single
 from csd.experiments.inspection import Frame, artifact_hints, inspect_token, replay_frames, token_index
 from csd.experiments.jobs import Job
-from demo.controls import named, refuse_invalid
+from demo.controls import named, refuse_invalid, take
 from demo.core import App
 from demo.errors import refuse, short
 from demo.requests import Request, validator
@@ -20,6 +21,7 @@ from visualize.images import legend_html, locate
 from visualize.render import to_plotly
 from visualize.replay import REPLAY_STYLE, chains_chart, frame_images
 
+PLAY_SECONDS = 0.5  # between frames of the replay
 IMAGE = {"type": "numpy", "format": "png", "elem_classes": "csd-img", "interactive": False}
 
 
@@ -45,6 +47,19 @@ class Inspected:
         return inspect_token(self.csd.generation.tokens, self.csd.trace, self.target.generation.tokens, image, index)
 
 
+def _position(components: dict | None, image, row, column) -> tuple:
+    """The token's position, each value checked against its box where the page gave it."""
+    values = {"image": image, "row": row, "column": column}
+    for name, component in (components or {}).items():
+        if name in values:
+            try:
+                values[name] = take(component, values[name])
+            except gr.Error as err:
+                err.control = name
+                raise
+    return values["image"], values["row"], values["column"]
+
+
 def check_inspect(
     app: App, image: int, row: int, column: int, components: dict | None = None, load: bool = True, **controls
 ) -> Request | None:
@@ -52,6 +67,7 @@ def check_inspect(
     r = app.request(components, load, **controls)
     if r is None:
         return None
+    image, row, column = _position(components, image, row, column)
     side = math.isqrt(r.pair.num_tokens)
     for name, value, hi in (("image", image, len(r.seeds) - 1), ("row", row, side - 1), ("column", column, side - 1)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
@@ -63,10 +79,13 @@ def check_inspect(
     return r
 
 
-def inspect_run(app: App, image: int, row: int, column: int, progress, **controls) -> dict:
+def inspect_run(
+    app: App, image: int, row: int, column: int, progress, components: dict | None = None, **controls
+) -> dict:
     """For API clients: run target-only and CSD with the given controls and seeds, then return the replay
     (each frame's label, AR steps and per-token status), the token's inspection and the hints."""
-    r = check_inspect(app, image, row, column, **controls)
+    r = check_inspect(app, image, row, column, components, **controls)
+    image, row, column = _position(components, image, row, column)
 
     def work(job: Job) -> Inspected:
         target = run_single(r.pair, r.labels, r.seeds, r.sampling, on_step=job.on_step("target-only"))
@@ -90,17 +109,17 @@ class InspectTab:
         self.app = app
 
     def replay(self, run: Inspected | None, frame: int):
-        """Frame ``frame`` of the session's latest run: its label, the CSD canvas, its status map and the
-        target-only canvas after as many AR steps."""
+        """Frame ``frame`` (1-based, as the slider shows it) of the session's latest run: its label, the CSD
+        canvas, its status map and the target-only canvas after as many AR steps."""
         if run is None:
             return {
                 self.label: "Press **Generate** first: the latest run of this page is replayed here."
             } | dict.fromkeys((self.canvas, self.status, self.target))
-        if isinstance(frame, bool) or not isinstance(frame, int) or not 0 <= frame < len(run.frames):
-            raise refuse(f"Frame must be an integer in [0, {len(run.frames) - 1}], got {short(frame)}")
-        f = run.frames[frame]
+        if isinstance(frame, bool) or not isinstance(frame, int) or not 1 <= frame <= len(run.frames):
+            raise refuse(f"Frame must be an integer in [1, {len(run.frames)}], got {short(frame)}", control="frame")
+        f = run.frames[frame - 1]
         csd, status, target = frame_images(f, lambda tokens: self.app.store.get(run.pair_name).images(tokens).numpy())
-        label = f"**Frame {frame + 1} of {len(run.frames)}:** {f.label} ({f.ar_steps} AR steps made)"
+        label = f"**Frame {frame} of {len(run.frames)}:** {f.label} ({f.ar_steps} AR steps made)"
         return {self.label: label, self.canvas: csd, self.status: status, self.target: target}
 
     def show_token(self, run: Inspected | None, image: int, row: int, column: int):
@@ -115,7 +134,7 @@ class InspectTab:
             raise refuse(f"Invalid token: {err}") from None
         pair = self.app.store.get(run.pair_name)
         return {
-            self.token: token_markdown(info),
+            self.token: token_markdown(info, pair.traits.row_name),
             self.patches: token_patches(pair, run.csd.generation.tokens, info),
             self.chains: to_plotly(chains_chart(info)),
             self.data: info,
@@ -135,20 +154,30 @@ class InspectTab:
         last frame and the top hint opened in the inspector."""
         if run is None:
             return (
-                {self.frame: gr.update(maximum=1, value=0), self.hints: None}
-                | self.replay(None, 0)
+                {self.frame: gr.update(minimum=1, maximum=2, value=1), self.hints: None}
+                | self.replay(None, 1)
                 | (self.show_token(None, 0, 0, 0))
             )
-        last, top = len(run.frames) - 1, run.hints[0]
+        last, top = len(run.frames), run.hints[0]
         table = [
             [h["image"], h["row"], h["column"], round(h["distance"], 3), h["maker"], h["ar_step"] + 1]
             for h in run.hints
         ]
+        where = {self.where[k]: top[k] for k in ("image", "row", "column")}  # the boxes say which token is open
         return (
-            {self.frame: gr.update(maximum=last, value=last), self.hints: table}
+            {self.frame: gr.update(minimum=1, maximum=max(last, 2), value=last), self.hints: table}
+            | where
             | self.replay(run, last)
             | self.show_token(run, top["image"], top["row"], top["column"])
         )
+
+    def play(self, run: Inspected | None):
+        """Every frame in turn, a few per second: the run block by block."""
+        if run is None:
+            raise refuse("Press **Generate** first: there is no run to play.")
+        for k in range(1, len(run.frames) + 1):
+            yield {self.frame: k} | self.replay(run, k)
+            time.sleep(PLAY_SECONDS)
 
     @staticmethod
     def select_hint(run: Inspected | None, evt: gr.SelectData):
@@ -159,7 +188,7 @@ class InspectTab:
 
     def inspect_api(self, image: int, row: int, column: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
         self.app.check_client(request)
-        return inspect_run(self.app, image, row, column, progress, **controls)
+        return inspect_run(self.app, image, row, column, progress, self.p_components, **controls)
 
     def build(self, controls: dict, inspected: gr.State, generated, queue: dict) -> None:
         gr.Markdown(
@@ -170,7 +199,9 @@ class InspectTab:
         self.label = gr.Markdown(
             "Press **Generate** first: the latest run of this page is replayed here.", elem_id="replay-label"
         )
-        self.frame = named(gr.Slider(0, 1, value=0, step=1, precision=0, label="Frame"))
+        with gr.Row():
+            self.frame = named(gr.Slider(1, 2, value=1, step=1, precision=0, label="Frame", scale=4))
+            play = gr.Button("Play", scale=1, min_width=80, elem_id="replay-play")
         with gr.Row():
             self.canvas = gr.Image(elem_id="replay-csd", label="CSD canvas", **IMAGE)
             self.status = gr.Image(elem_id="replay-map", label="Status (click a token)", **IMAGE)
@@ -185,7 +216,7 @@ class InspectTab:
                 }
                 open_token = gr.Button("Open token")
                 self.hints = gr.Dataframe(
-                    headers=["image", "row", "column", "distance", "maker", "AR step"],
+                    headers=["img", "row", "col", "dist", "made by", "step"],
                     label="Likely artifacts: tokens farthest from the target-only image",
                     interactive=False,
                     elem_id="hints",
@@ -200,10 +231,14 @@ class InspectTab:
                     self.data = gr.JSON()
         shown = [self.label, self.canvas, self.status, self.target]
         opened = [self.token, self.patches, self.chains, self.data]
+        self.where = position
         where = list(position.values())
         private = {"api_visibility": "private"}
-        generated.then(self.after_run, inspected, [self.frame, self.hints, *shown, *opened], **private)
-        self.frame.release(self.replay, [inspected, self.frame], shown, **private)
+        quick = private | {"queue": False}  # decoding a few images: no queue slot
+        generated.then(self.after_run, inspected, [self.frame, self.hints, *where, *shown, *opened], **private)
+        self.frame.release(self.replay, [inspected, self.frame], shown, **quick)
+        self.frame.input(self.replay, [inspected, self.frame], shown, **quick)  # a typed frame number too
+        play.click(self.play, inspected, [self.frame, *shown], **private)
         open_token.click(self.show_token, [inspected, *where], opened, **private)
         self.status.select(self.select_on_map, inspected, where, **private).then(
             self.show_token, [inspected, *where], opened, **private
@@ -215,8 +250,17 @@ class InspectTab:
         api = gr.Button(visible=False)
         api_out = gr.JSON(visible=False)
         inputs = {**controls, **position}
-        check = validator(
-            lambda image, row, column, **values: check_inspect(self.app, image, row, column, controls, False, **values),
-            inputs,
+        self.p_components = self.app.components | position
+
+        def check(image, row, column, **values):
+            return check_inspect(self.app, image, row, column, self.p_components, False, **values)
+
+        api.click(
+            self.inspect_api,
+            inputs_kwargs=inputs,
+            outputs=api_out,
+            api_name="inspect",
+            validator=validator(check, inputs),
+            preprocess=False,
+            **queue,
         )
-        api.click(self.inspect_api, inputs_kwargs=inputs, outputs=api_out, api_name="inspect", validator=check, **queue)

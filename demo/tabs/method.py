@@ -8,7 +8,7 @@ from pathlib import Path
 import gradio as gr
 
 from csd.toy import speculative_sample, total_variation
-from demo.controls import MAX_SEED, named, refuse_invalid
+from demo.controls import MAX_SEED, named, refuse_invalid, take
 from demo.requests import library_errors
 from demo.views import json_float
 from visualize.render import to_plotly
@@ -28,24 +28,28 @@ def toy(target_mean: float, target_std: float, draft_mean: float, draft_std: flo
     z = total_variation(p, q)
     summary = {
         "acceptance": result.acceptance,
-        "one_minus_tv": 1.0 - z,
+        "one_minus_tv": max(0.0, 1.0 - z),
         "mean_tries": json_float(result.mean_tries),
         "inverse_z": json_float(1.0 / z if z > 0 else float("inf")),
         "capped": int(result.capped.sum()),
     }
     tries = "none needed" if summary["mean_tries"] is None else f"{result.mean_tries:.2f}"
     inv_z = "inf" if summary["inverse_z"] is None else f"{1 / z:.2f}"
+    one_minus_tv = max(0.0, 1.0 - z)  # 1 - TV is >= 0; a rounding error below zero reads "-0.000"
     stats = (
         f"| | measured | theory |\n|---|---|---|\n"
-        f"| acceptance | {result.acceptance:.3f} | 1 - TV(p, q) = {1 - z:.3f} |\n"
+        f"| acceptance | {result.acceptance:.3f} | 1 - TV(p, q) = {one_minus_tv:.3f} |\n"
         f"| resampler tries per rejection | {tries} | 1 / Z = {inv_z} |\n"
     )
-    note = f"{samples} samples: acceptance {result.acceptance:.3f} vs 1 - TV = {1 - z:.3f}"
+    note = f"{samples} samples: acceptance {result.acceptance:.3f} vs 1 - TV = {one_minus_tv:.3f}"
     return to_plotly(toy_chart(p, q, result.samples, note=note)), stats, summary
 
 
-def build() -> None:
+def build(card: str = "") -> None:
     gr.Markdown(HOW_IT_WORKS.read_text(), latex_delimiters=LATEX)
+    if card:
+        with gr.Accordion("The models served here (model card)", open=False):
+            gr.Markdown(card, elem_id="model-cards")
     gr.Markdown("### Try it on one Gaussian token", latex_delimiters=LATEX)
     slider = lambda label, value, lo, hi, step: named(gr.Slider(lo, hi, value=value, step=step, label=label))
     with gr.Row():
@@ -62,4 +66,10 @@ def build() -> None:
         with gr.Column(scale=2):
             plot, stats, summary = toy(0.0, 1.0, 1.0, 1.5, 20_000, 0)
             outputs = [gr.Plot(plot, show_label=False), gr.Markdown(stats), gr.JSON(summary, label="Toy summary")]
-    gr.on([sample.click] + [x.release for x in inputs[:4]], toy, inputs, outputs, api_name="toy")
+
+    def checked(*values):  # raw values, each checked against its own control (demo.controls.take)
+        return toy(*(take(c, v) for c, v in zip(inputs, values, strict=True)))
+
+    checked.__name__ = "toy"
+    triggers = [sample.click] + [x.release for x in inputs[:4]]
+    gr.on(triggers, checked, inputs, outputs, api_name="toy", preprocess=False)
