@@ -48,5 +48,11 @@ if [[ $# -ge 1 ]]; then
   python -m csd.shapes.probe "$1" "$M/shapes_target.safetensors" --n 200
 fi
 
+echo "== the page's precomputed comparisons (first sight and gallery)"
+python -m demo.showcase
+
+echo "== request times of every default and preset, beside the page's estimates"
+python -m scripts.request_times
+
 echo "== app screenshots (headless Chromium)"
-CSD_SCREENSHOT_DIR=assets python -m pytest -q tests/test_app_browser.py  # screenshot_generate, _inspect, _prompt, _xar and screenshot.png
+CSD_SCREENSHOT_DIR=assets python -m pytest -q tests/test_app_browser.py  # screenshot_generate, _inspect, _prompt, _xar, _phone and screenshot.png
