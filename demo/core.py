@@ -62,6 +62,10 @@ class App:
         components = self.components if components is None else components
         return build_request(self.store, self.controls, PRECISION, components, load, **values)
 
+    def timed(self, pair_name: str) -> bool:
+        """Whether the pair's rates are measured already (an estimate needs no calibration run)."""
+        return pair_name in self._rates
+
     def rates(self, pair: ModelPair) -> Rates:
         with self._rates_lock:
             if pair.name not in self._rates:

@@ -124,6 +124,25 @@ def build_request(
     return Request(pair, conditions, [seed + i for i in range(batch)], sampling, csd)
 
 
+def twin_events(
+    button: gr.Button,
+    page: Callable,
+    api: Callable,
+    api_name: str,
+    inputs: dict,
+    outputs: list,
+    check: Callable[..., object],
+    queue: dict,
+):
+    """A model run's two events: the page's (``button``; a refusal goes to the status line) and the API's
+    (a hidden button, ``api_name``; refused by the validator before it joins the queue). Both take raw
+    values (``preprocess=False``), checked against the page's components. Returns the page's event."""
+    common = {"inputs_kwargs": inputs, "outputs": outputs, "preprocess": False, **queue}
+    event = button.click(page, api_visibility="private", **common)
+    gr.Button(visible=False).click(api, api_name=api_name, validator=validator(check, inputs), **common)
+    return event
+
+
 def validator(check: Callable[..., object], inputs: dict[str, gr.components.Component]) -> Callable[..., list]:
     """A Gradio validator for an event with these keyword ``inputs``: ``check(**values)`` raises a refusal
     (:func:`demo.errors.refuse`) for a request that would be refused; its message is shown on the control

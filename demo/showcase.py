@@ -3,12 +3,11 @@ any CPU. Made by the same code as a Generate run (:func:`demo.tabs.generate.comp
 of the embedded pairs, and kept in ``assets/showcase/`` with the weights they were made with; one made
 with other weights than those served is not shown.
 
-    python -m demo.showcase            # regenerate (scripts/regenerate_assets.sh runs it)
+    python -m demo.precompute          # regenerate (scripts/regenerate_assets.sh runs it)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,40 +59,6 @@ class Shown:
         return side_by_side([self.images[k] for k in ("target", "csd", "map")])
 
 
-def make(app, out: Path = SHOWCASE_DIR) -> list[str]:
-    """Run every example the server can (its pair is served) and write it to ``out``."""
-    from demo.tabs.generate import compare
-    from demo.views import image_grid, stats_markdown
-
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, title, pair_name, changes in EXAMPLES:
-        if pair_name not in app.store.names:
-            continue
-        controls = app.default_controls() | {"pair_name": pair_name} | changes
-        source = app.store.source(pair_name)
-        if source.traits.fixed_num_steps:  # xAR: its AR steps and CFG ramp
-            controls |= {"ar_steps": source.traits.fixed_num_steps, "cfg_schedule": source.traits.cfg_schedule}
-        if not source.is_text and controls["class_name"] not in source.class_names:
-            controls["class_name"] = source.class_names[0]
-        images = {}
-        for event in compare(app, lambda *a, **k: None, **controls):
-            if event[0] == "target":
-                images["target"] = event[1]
-            elif event[0] == "csd":
-                images["csd"], images["map"] = event[1], event[2]
-            elif event[0] == "done":
-                c = event[1]
-                images["draft"] = image_grid(c.pair, c.draft)
-                record = {"title": title, "stats": stats_markdown(c.summary), "summary": c.summary}
-                record |= {"controls": controls, "weights": c.pair.weights}
-        for key, image in images.items():
-            Image.fromarray(image).save(out / f"{name}_{key}.png")
-        (out / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
-        written.append(name)
-    return written
-
-
 def load(directory: Path = SHOWCASE_DIR, weights: dict[str, str] | None = None) -> list[Shown]:
     """The precomputed comparisons, in :data:`EXAMPLES` order; with ``weights`` (pair name -> the weights
     served), only those made with the weights served."""
@@ -109,21 +74,3 @@ def load(directory: Path = SHOWCASE_DIR, weights: dict[str, str] | None = None) 
         fields = (record["stats"], record["summary"], record["controls"], record["weights"])
         shown.append(Shown(name, record["title"], images, *fields))
     return shown
-
-
-def main(argv: list[str] | None = None) -> None:
-    import torch
-
-    from demo import server
-
-    p = argparse.ArgumentParser(prog="python -m demo.showcase", description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, default=SHOWCASE_DIR)
-    p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    app = server.make_app(None, server.Limits(max_seconds=600.0))
-    print("wrote", ", ".join(make(app, args.out)))
-
-
-if __name__ == "__main__":
-    main()

@@ -49,7 +49,7 @@ if [[ $# -ge 1 ]]; then
 fi
 
 echo "== the page's precomputed comparisons (first sight and gallery)"
-python -m demo.showcase
+python -m demo.precompute
 
 echo "== request times of every default and preset, beside the page's estimates"
 python -m scripts.request_times

@@ -11,7 +11,7 @@ from csd.experiments.analysis import Analysis, AnalysisSettings
 from demo.controls import slider, take
 from demo.core import App
 from demo.errors import refuse
-from demo.requests import validator
+from demo.requests import twin_events
 from demo.views import ANALYSIS_KEYS, analysis_figures, analysis_status, frontier_outputs, frontier_status, panels_json
 
 SECTIONS = (  # (title, panels in the row), in the order of ANALYSIS_KEYS
@@ -155,7 +155,7 @@ class AnalysisTab:
         measured for the default pair; 2 before any measurement."""
         app, most = self.app, min(4, self.app.limits.max_images)
         controls = {k: v for k, v in app.default_controls().items() if k != "batch_size"}
-        if app.store.loaded(controls["pair_name"]) is None or controls["pair_name"] not in app._rates:
+        if app.store.loaded(controls["pair_name"]) is None or not app.timed(controls["pair_name"]):
             return min(2, most)
         for n in range(most, 0, -1):
             try:
@@ -208,23 +208,7 @@ class AnalysisTab:
         def check(n_images, **values):
             return check_analysis(app, n_images, self.a_components, False, **values)
 
-        event = recompute.click(
-            self.analyze_page,
-            inputs_kwargs=inputs,
-            outputs=outputs,
-            preprocess=False,
-            api_visibility="private",
-            **queue,
-        )
-        gr.Button(visible=False).click(  # the API's endpoint: refused before the queue, by name
-            self.analyze,
-            inputs_kwargs=inputs,
-            outputs=outputs,
-            api_name="analyze",
-            validator=validator(check, inputs),
-            preprocess=False,
-            **queue,
-        )
+        event = twin_events(recompute, self.analyze_page, self.analyze, "analyze", inputs, outputs, check, queue)
         stop.click(None, None, None, cancels=[event], api_visibility="private").then(
             analyze_stopped, None, self.status, api_visibility="private"
         )
@@ -263,23 +247,8 @@ class AnalysisTab:
         def check(n_images, **values):
             return check_frontier(app, n_images, self.f_components, False, **values)
 
-        event = recompute.click(
-            self.frontier_page,
-            inputs_kwargs=inputs,
-            outputs=outputs,
-            preprocess=False,
-            api_visibility="private",
-            **queue,
-        )
-        gr.Button(visible=False).click(  # the API's endpoint: refused before the queue, by name
-            self.recompute_frontier,
-            inputs_kwargs=inputs,
-            outputs=outputs,
-            api_name="frontier",
-            validator=validator(check, inputs),
-            preprocess=False,
-            **queue,
-        )
+        fns = (self.frontier_page, self.recompute_frontier)
+        event = twin_events(recompute, *fns, "frontier", inputs, outputs, check, queue)
         stop.click(None, None, None, cancels=[event], api_visibility="private").then(
             frontier_stopped, None, self.f_status, api_visibility="private"
         )

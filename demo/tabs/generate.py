@@ -20,7 +20,7 @@ from demo.cards import model_line
 from demo.controls import PRESETS, preset_values
 from demo.core import App
 from demo.estimate import words
-from demo.requests import Request, validator
+from demo.requests import Request, twin_events
 from demo.tabs.inspect import Inspected
 from demo.views import image_grid, run_summary, side_by_side, speed_figure, stats_markdown
 from visualize.images import display_grid, legend_html, token_map
@@ -80,7 +80,7 @@ def estimate_line(app: App, **controls) -> str:
         r = app.request(None, False, **controls)
     except gr.Error as err:
         return f"Not runnable as set: {err.message}"
-    if r is None or r.pair.name not in app._rates:
+    if r is None or not app.timed(r.pair.name):
         return "Expected time: measured when this pair is first used."
     runs = {"target": 1, "csd": 1, "draft": 1}
     this = app.estimate(r, runs, measure=False)
@@ -314,12 +314,10 @@ class GenerateTab:
         self.outputs = [self.target, self.csd, self.map, self.draft, self.stats, self.speed, self.summary]
         self.outputs += [self.inspected, self.slider, self.composite, self.link]
         app.components = self.controls
-        check = validator(lambda **values: check_generate(app, None, False, **values), self.controls)
-        # Raw values, checked against the page's components (demo.controls.take): the page's event shows a
-        # refusal in the status line; the API's (a hidden button) refuses before the queue, by name.
-        gen = {"inputs_kwargs": self.controls, "outputs": self.outputs, "preprocess": False}
-        event = run.click(self.generate_ui, **gen, api_visibility="private", **queue)
-        gr.Button(visible=False).click(self.generate, **gen, api_name="generate", validator=check, **queue)
+        checker = lambda **values: check_generate(app, None, False, **values)
+        # The page's event shows a refusal in the status line; the API's refuses before the queue, by name.
+        fns = (self.generate_ui, self.generate)
+        event = twin_events(run, *fns, "generate", self.controls, self.outputs, checker, queue)
         private = {"api_visibility": "private"}
         # Cancel first, then say so: a message the run had already sent cannot overwrite "Stopped".
         stop.click(None, None, None, cancels=[event], **private).then(

@@ -1,0 +1,65 @@
+"""Make the page's precomputed comparisons (:mod:`demo.showcase`): every example whose pair is served, run
+as a visitor's Generate run is, written to ``assets/showcase/`` with the weights it was made with.
+
+    python -m demo.precompute [--out DIR] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from PIL import Image
+
+from demo import server
+from demo.showcase import EXAMPLES, SHOWCASE_DIR
+from demo.tabs.generate import compare
+from demo.views import image_grid, stats_markdown
+
+
+def make(app, out: Path = SHOWCASE_DIR) -> list[str]:
+    """Run every example the server can (its pair is served) and write it to ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, title, pair_name, changes in EXAMPLES:
+        if pair_name not in app.store.names:
+            continue
+        controls = app.default_controls() | {"pair_name": pair_name} | changes
+        source = app.store.source(pair_name)
+        if source.traits.fixed_num_steps:  # xAR: its AR steps and CFG ramp
+            controls |= {"ar_steps": source.traits.fixed_num_steps, "cfg_schedule": source.traits.cfg_schedule}
+        if not source.is_text and controls["class_name"] not in source.class_names:
+            controls["class_name"] = source.class_names[0]
+        images = {}
+        for event in compare(app, lambda *a, **k: None, **controls):
+            if event[0] == "target":
+                images["target"] = event[1]
+            elif event[0] == "csd":
+                images["csd"], images["map"] = event[1], event[2]
+            elif event[0] == "done":
+                c = event[1]
+                images["draft"] = image_grid(c.pair, c.draft)
+                record = {"title": title, "stats": stats_markdown(c.summary), "summary": c.summary}
+                record |= {"controls": controls, "weights": c.pair.weights}
+        for key, image in images.items():
+            Image.fromarray(image).save(out / f"{name}_{key}.png")
+        (out / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+        written.append(name)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    p = argparse.ArgumentParser(prog="python -m demo.precompute", description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=SHOWCASE_DIR)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    app = server.make_app(None, server.Limits(max_seconds=600.0))
+    print("wrote", ", ".join(make(app, args.out)))
+
+
+if __name__ == "__main__":
+    main()
