@@ -77,7 +77,7 @@ class App:
         0 unless the pair's rates are known already (a validator does not wait for a calibration)."""
         if not measure and r.pair.name not in self._rates:
             return 0.0
-        return self.rates(r.pair).seconds(r.sampling.num_steps, images or len(r.seeds), runs)
+        return self.rates(r.pair).seconds(r.sampling.num_steps, images or len(r.seeds), runs, r.csd.gamma)
 
     def check_fits(self, seconds: float, advice: str, control: str | None = None) -> None:
         """Refuse, by name and before it runs, a request estimated to run past the per-request limit."""

@@ -32,7 +32,7 @@ def make(app, out: Path = SHOWCASE_DIR) -> list[str]:
         if not source.is_text and controls["class_name"] not in source.class_names:
             controls["class_name"] = source.class_names[0]
         images = {}
-        for event in compare(app, lambda *a, **k: None, **controls):
+        for event in compare(app, lambda *a, **k: None, fit=False, **controls):
             if event[0] == "target":
                 images["target"] = event[1]
             elif event[0] == "csd":

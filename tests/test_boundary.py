@@ -79,3 +79,13 @@ def test_the_validator_names_the_control_and_runs_no_model():
     out = check(**good | {"gamma": 0.5})
     assert [name for name, v in zip(components, out, strict=True) if not v["is_valid"]] == ["gamma"]
     assert not application.history and application.store.loaded(RANDOM_SOURCE.name) is None  # nothing ran or loaded
+
+
+def test_an_estimate_is_linear_in_the_batch_through_the_two_timed_batches():
+    from demo.estimate import Rates
+
+    rates = Rates({"target": 1.0, "draft": 0.5, "csd": 0.8}, {"target": 2.5, "draft": 0.5, "csd": 2.0}, batch=4)
+    assert rates.step("target", 1) == 1.0 and rates.step("target", 4) == pytest.approx(2.5)
+    assert rates.step("target", 8) == pytest.approx(4.5)  # beyond the timed batch: the same slope
+    assert rates.step("draft", 8) == 0.5  # a kind whose cost does not grow with the batch
+    assert rates.seconds(10, 4, {"target": 1, "csd": 2}) == pytest.approx(10 * (2.5 + 2 * 2.0))

@@ -210,7 +210,8 @@ def test_a_run_past_the_time_limit_still_ends_with_an_error_naming_the_limit():
 
     limits = Limits(max_batch=1, max_steps=64, max_seconds=0.2)
     application = App(PairStore([SLOW_SOURCE], torch.device("cpu")), limits)
-    application._rates[RANDOM_NAME] = Rates(target=0.0, draft=0.0, csd=0.0)  # a (wrong) estimate that fits
+    zero = dict.fromkeys(("target", "draft", "csd"), 0.0)
+    application._rates[RANDOM_NAME] = Rates(zero, zero)  # a (wrong) estimate that fits
     controls = _controls(application)
     with pytest.raises(
         gr.Error, match=r"ran past the time limit of 0.2 s per request on this server and was stopped: ask for fewer"

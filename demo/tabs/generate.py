@@ -42,20 +42,23 @@ class Comparison:
     inspected: Inspected
 
 
-def check_generate(app: App, components: dict | None = None, load: bool = True, **controls) -> Request | None:
+def check_generate(
+    app: App, components: dict | None = None, load: bool = True, fit: bool = True, **controls
+) -> Request | None:
     """The request of a Generate run, refused by name when it would not fit the per-request limit
-    (``load=False``: a validator's check, :meth:`demo.core.App.request`)."""
+    (``load=False``: a validator's check, :meth:`demo.core.App.request`; ``fit=False``: the operator's own
+    warm-up, which runs whatever the estimate)."""
     r = app.request(components, load, **controls)
-    if r is not None:
+    if r is not None and fit:
         seconds = app.estimate(r, {"target": 1, "csd": 1, "draft": 1}, measure=load)
         app.check_fits(seconds, "ask for fewer images (batch size) or AR steps", control="batch_size")
     return r
 
 
-def compare(app: App, progress, **controls) -> Iterator[tuple]:
+def compare(app: App, progress, fit: bool = True, **controls) -> Iterator[tuple]:
     """Target-only, then CSD, then draft-only with the same seeds. Yields ("step", text) per AR step,
     ("target", grid) and ("csd", grid, map) as each is ready, and last ("done", Comparison)."""
-    r = check_generate(app, **controls)
+    r = check_generate(app, None, True, fit, **controls)
 
     def work(job: Job) -> tuple[Run, Run, Run]:
         target = run_single(r.pair, r.labels, r.seeds, r.sampling, on_step=job.on_step(RUNS[0]))
