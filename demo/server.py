@@ -70,14 +70,15 @@ def build(app: App) -> gr.Blocks:
             "model verifies them in one pass. Same seed, same noise: compare target-only and CSD side by side."
         )
         generate = GenerateTab(app)
-        with gr.Tab("Generate"):
-            controls, inspected, generated = generate.build(queue)
-        with gr.Tab("Inspect"):
-            InspectTab(app).build(controls, inspected, generated, queue)
-        with gr.Tab("Analysis"):
-            AnalysisTab(app).build(controls, queue)
-        with gr.Tab("Method"):
-            method.build(card_markdown([app.store.source(n) for n in app.store.names]))
+        with gr.Tabs(overflow_behavior="wrap"):  # on a phone every tab stays in sight, none behind "..."
+            with gr.Tab("Generate"):
+                controls, inspected, generated = generate.build(queue)
+            with gr.Tab("Inspect"):
+                InspectTab(app).build(controls, inspected, generated, queue)
+            with gr.Tab("Analysis"):
+                AnalysisTab(app).build(controls, queue)
+            with gr.Tab("Method"):
+                method.build(card_markdown([app.store.source(n) for n in app.store.names]))
         quick = {"api_visibility": "private", "queue": False}
         demo.load(generate.from_link, None, list(controls.values()), **quick).then(
             generate.estimate, inputs_kwargs=controls, outputs=generate.estimate_md, **quick

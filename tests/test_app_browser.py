@@ -238,6 +238,9 @@ def test_first_sight_shows_a_comparison_with_generate_in_view_and_target_beside_
         target, csd = (page.locator(f"{b} img").bounding_box() for b in ("#img-target", "#img-csd"))
         assert abs(target["y"] - csd["y"]) < 20 and target["x"] < csd["x"], (target, csd)  # side by side
         page.locator("#estimate").get_by_text("Expected on this server", exact=False).wait_for(state="visible")
+        for tab in ("Generate", "Inspect", "Analysis", "Method"):  # every tab in sight, none behind a menu
+            box = page.get_by_role("tab", name=tab, exact=True).bounding_box(timeout=10_000)
+            assert box and box["x"] >= 0 and box["x"] + box["width"] <= viewport["width"], (tab, box)
         if viewport is PHONE:
             page.screenshot(path=screenshots(tmp_path) / "screenshot_phone.png", full_page=True)
 
