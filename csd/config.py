@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from csd.checks import check_choice, check_int, check_ints, check_number
-from csd.schedule import CFG_SCHEDULES
+from csd.schedule import CFG_SCHEDULES, HEAD_SCHEDULES
 
 # Backbone precisions; heads and every density stay in float32.
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -20,8 +20,9 @@ ACCEPTANCE_UNITS = ("row", "token")
 @dataclass(frozen=True)
 class SamplingConfig:
     """Knobs shared by every sampler. ``head_steps=None`` uses the target's default; ``head_steps_min``
-    anneals the head steps linearly over the AR steps, from ``head_steps`` at the first to it at the
-    last (DiSA's cheaper late steps; :func:`csd.schedule.head_step_schedule`)."""
+    anneals the head steps over the AR steps, from ``head_steps`` at the first to it at the last (DiSA's
+    cheaper late steps), along ``head_schedule``: "linear", or DiSA's own "disa" / "disa-cosine"
+    (:func:`csd.schedule.head_step_schedule`)."""
 
     num_steps: int = 64
     cfg_scale: float = 1.0
@@ -30,6 +31,7 @@ class SamplingConfig:
     head_steps: int | None = None
     head_steps_min: int | None = None  # a head-step schedule: linear from head_steps to this over the AR steps
     precision: str = "float32"  # backbone precision; heads and all densities stay in float32
+    head_schedule: str = "linear"  # how head_steps anneal to head_steps_min: "linear", "disa", "disa-cosine"
 
     def __post_init__(self) -> None:
         check_int("num_steps (AR steps)", self.num_steps, 1)
@@ -41,6 +43,7 @@ class SamplingConfig:
         if self.head_steps_min is not None:
             check_int("head_steps_min (last AR step's head steps)", self.head_steps_min, 1, 1000, word="None or an int")
         check_choice("precision", self.precision, tuple(PRECISIONS))
+        check_choice("head_schedule", self.head_schedule, HEAD_SCHEDULES)
 
     @property
     def guided(self) -> bool:

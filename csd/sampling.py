@@ -40,7 +40,9 @@ def generate(
     batch, n, d = len(seeds), model.seq_len, model.token_dim
     conditions = model.check_conditions(conditions, batch, device)
     plan = model.plan(seeds, config, device)
-    schedule = head_step_schedule(model.head_steps(config.head_steps), config.head_steps_min, config.num_steps)
+    schedule = head_step_schedule(
+        model.head_steps(config.head_steps), config.head_steps_min, config.num_steps, config.head_schedule
+    )
     noise_streams = ImageStreams(seeds, "chain", device)
     timer = PhaseTimer(device)
     phase = "target" if maker == Maker.TARGET else "draft"

@@ -6,6 +6,10 @@ from __future__ import annotations
 import math
 
 CFG_SCHEDULES = ("linear", "constant")
+# Head-step schedules from SamplingConfig.head_steps at the first AR step to head_steps_min at the last:
+# "linear" rounds to the nearest step; "disa" and "disa-cosine" are DiSA's own (Zhao et al. 2025,
+# Qinyu-Allen-Zhao/DiSA: linear or cosine in the AR step index, rounded down toward the lower count).
+HEAD_SCHEDULES = ("linear", "disa", "disa-cosine")
 
 
 def step_sizes(num_tokens: int, num_steps: int) -> list[int]:
@@ -53,8 +57,20 @@ def step_cfg_scales(cfg: float, schedule: str, sizes: list[int]) -> list[float]:
     return scales
 
 
-def head_step_schedule(first: int, last: int | None, num_steps: int) -> list[int]:
-    """Head steps of each AR step: ``first`` throughout, or linear from ``first`` to ``last``, rounded."""
+def head_step_schedule(first: int, last: int | None, num_steps: int, kind: str = "linear") -> list[int]:
+    """Head steps of each AR step: ``first`` throughout, or annealed from ``first`` at the first AR step
+    to ``last`` at the last. With K = ``num_steps`` and step s in [0, K): "linear" rounds
+    first + (last - first) s / (K - 1); DiSA's "disa" is last + floor((first - last) (K - 1 - s) / (K - 1)),
+    its "disa-cosine" last + floor((first - last) (cos(pi s / (K - 1)) + 1) / 2)."""
+    if kind not in HEAD_SCHEDULES:
+        raise ValueError(f"head_schedule must be one of {HEAD_SCHEDULES}, got {kind!r}")
     if last is None or num_steps == 1:
         return [first] * num_steps
-    return [round(first + (last - first) * s / (num_steps - 1)) for s in range(num_steps)]
+    k = num_steps - 1
+    if kind == "linear":
+        return [round(first + (last - first) * s / k) for s in range(num_steps)]
+    if kind == "disa":
+        # integer arithmetic: floor of (first - last)(k - s) / k, exact where floats would round 5.999... down
+        return [last + (first - last) * (k - s) // k for s in range(num_steps)]
+    cosine = [(math.cos(math.pi * s / k) + 1.0) / 2.0 for s in range(num_steps)]
+    return [last + math.floor((first - last) * c + 1e-9) for c in cosine]

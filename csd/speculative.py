@@ -150,7 +150,9 @@ class _Decoding:
             raise ValueError(f"draft model is on {model_device(draft)}, the target on {device}: use one device")
         batch, n, d = len(seeds), target.seq_len, target.token_dim
         plan = target.plan(seeds, sampling, device)
-        steps_p = head_step_schedule(target.head_steps(sampling.head_steps), sampling.head_steps_min, plan.num_steps)
+        steps_p = head_step_schedule(
+            target.head_steps(sampling.head_steps), sampling.head_steps_min, plan.num_steps, sampling.head_schedule
+        )
         if csd.draft_head_steps is not None and any(t != csd.draft_head_steps for t in steps_p):
             if csd.needs_equal_chains():
                 raise ValueError(

@@ -37,11 +37,15 @@ def test_the_grid_starts_at_the_baseline_and_holds_every_kind_of_alternative():
     names = [p.name for p in points]
     assert len(set(names)) == len(names)
     methods = {p.method for p in points}
-    assert methods == {"target, fewer AR steps", "target, cheaper head", "CSD"}
+    assert methods == {"target, fewer AR steps", "target, cheaper head", "target, DiSA", "CSD"}
+    (disa,) = [p for p in points if p.method == "target, DiSA"]  # DiSA's 100 -> 50 -> 5, in proportion
+    assert (disa.sampling.head_steps, disa.sampling.head_steps_min, disa.sampling.head_schedule) == (12, 1, "disa")
+    full = grid(s, c, 25, quick=False)
+    assert any(p.csd is not None and p.sampling.head_schedule == "disa" for p in full)  # combined with CSD
     assert any(p.sampling.head_steps_min is not None for p in points)  # a head-step schedule
     assert any(p.csd is not None and p.csd.draft_head_steps is not None for p in points)  # a cheaper draft head
     assert any(p.csd is not None and p.sampling.head_steps is not None for p in points)  # CSD with cheaper heads
-    assert len(grid(s, c, 25, quick=False)) > len(points)
+    assert len(full) > len(points)
     assert all(p.sampling.num_steps <= 8 for p in grid(replace_steps(s, 8), c, 25, quick=True))
 
 

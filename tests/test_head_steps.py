@@ -37,6 +37,49 @@ def test_the_schedule_is_linear_from_the_first_to_the_last_ar_step():
     assert head_step_schedule(10, 2, 1) == [10]
 
 
+def test_disas_schedules_are_its_published_formulas():
+    """DiSA (Qinyu-Allen-Zhao/DiSA diffloss): with K AR steps, step s, upper U and lower L, linear
+    L + floor((U - L)(K - 1 - s) / (K - 1)) and cosine L + floor((U - L)(cos(pi s / (K - 1)) + 1) / 2)."""
+    linear = head_step_schedule(50, 5, 64, "disa")
+    assert linear[:6] == [50, 49, 48, 47, 47, 46] and linear[-2:] == [5, 5] and len(linear) == 64
+    assert linear == [5 + (45 * (63 - s)) // 63 for s in range(64)]
+    assert sum(linear) == 1733  # mean 27.08 head steps per AR step, against 50 unannealed
+    cosine = head_step_schedule(50, 5, 64, "disa-cosine")
+    assert cosine[0] == 50 and cosine[-1] == 5 and cosine[32] == 26 and cosine == sorted(cosine, reverse=True)
+    assert head_step_schedule(10, 2, 8, "disa") != head_step_schedule(10, 2, 8, "linear")  # rounds down, not nearest
+    for kind in ("linear", "disa", "disa-cosine"):
+        assert head_step_schedule(7, 7, 5, kind) == [7] * 5 and head_step_schedule(7, None, 3, kind) == [7] * 3
+
+
+def test_a_disa_schedule_that_anneals_nothing_is_plain_generation_exactly():
+    pair = random_pair()
+    plain = SamplingConfig(num_steps=6, cfg_scale=2.0, head_steps=8)
+    for kind in ("disa", "disa-cosine"):
+        flat = SamplingConfig(num_steps=6, cfg_scale=2.0, head_steps=8, head_steps_min=8, head_schedule=kind)
+        assert torch.equal(
+            generate(pair.target, [1, 2], [3, 4], flat).tokens, generate(pair.target, [1, 2], [3, 4], plain).tokens
+        )
+        csd = CSDConfig(gamma=3)
+        a = speculative_generate(pair.target, pair.draft, [1, 2], [3, 4], flat, csd).tokens
+        assert torch.equal(a, speculative_generate(pair.target, pair.draft, [1, 2], [3, 4], plain, csd).tokens)
+
+
+def test_generation_follows_disas_schedule_alone_and_under_csd(recorded):
+    pair, calls = recorded
+    s = SamplingConfig(num_steps=8, cfg_scale=2.0, head_steps=10, head_steps_min=2, head_schedule="disa")
+    generate(pair.target, [1, 2], [3, 4], s)
+    assert calls["target"][-8:] == head_step_schedule(10, 2, 8, "disa") == [10, 8, 7, 6, 5, 4, 3, 2]
+    calls["target"].clear()
+    out = speculative_generate(pair.target, pair.draft, [1, 2], [3, 4], s, CSDConfig(gamma=3))
+    assert set(calls["target"]) <= set(head_step_schedule(10, 2, 8, "disa")) and 10 in calls["target"]
+    assert out.trace.settings["sampling"]["head_schedule"] == "disa"
+
+
+def test_an_unknown_head_schedule_is_refused_by_name():
+    with pytest.raises(ValueError, match="head_schedule must be one of"):
+        SamplingConfig(head_schedule="cosine")
+
+
 def test_target_only_generation_follows_the_schedule_and_stays_batch_invariant(recorded):
     pair, calls = recorded
     batch = generate(pair.target, [1, 2], [3, 4], SCHEDULED)

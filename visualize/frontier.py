@@ -18,7 +18,7 @@ def point_hover(row: dict, metrics: list[str]) -> str:
     s, c = row["sampling"], row.get("csd")
     head = "default" if s.get("head_steps") is None else s["head_steps"]
     if s.get("head_steps_min") is not None:
-        head = f"{head} -> {s['head_steps_min']}"
+        head = f"{head} -> {s['head_steps_min']} ({s.get('head_schedule', 'linear')})"
     lines.append(f"AR steps {s['num_steps']}, head steps {head}, CFG {s['cfg_scale']:g}")
     if c is not None:
         draft_head = "" if c.get("draft_head_steps") is None else f", draft head {c['draft_head_steps']}"

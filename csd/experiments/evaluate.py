@@ -36,6 +36,7 @@ from csd.experiments.pairs import image_tokenizer
 from csd.family import FamilyTraits
 from csd.models.registry import load_model
 from csd.sampling import generate
+from csd.schedule import HEAD_SCHEDULES
 from csd.shapes.data import CLASS_NAMES, contact_sheet, make_dataset
 from csd.shapes.metrics import (
     DEFAULT_CLASSIFIER,
@@ -325,6 +326,12 @@ def add_setting_args(parser: argparse.ArgumentParser) -> None:
         "--head-steps-min", type=int, default=s.head_steps_min, help="anneal the head steps to this at the last AR step"
     )
     parser.add_argument(
+        "--head-schedule",
+        choices=HEAD_SCHEDULES,
+        default=s.head_schedule,
+        help="how the head steps anneal: linear, or DiSA's own disa / disa-cosine",
+    )
+    parser.add_argument(
         "--draft-head-steps",
         type=int,
         default=None,
@@ -369,6 +376,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDCon
         temperature=args.temperature,
         head_steps=args.head_steps,
         head_steps_min=args.head_steps_min,
+        head_schedule=args.head_schedule,
     )
     csd = replace(
         defaults.CSD,

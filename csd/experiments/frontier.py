@@ -59,9 +59,20 @@ class Point:
     @property
     def method(self) -> str:
         if self.csd is None:
+            if self.sampling.head_schedule.startswith("disa") and self.sampling.head_steps_min is not None:
+                return "target, DiSA"
             cheap = self.sampling.head_steps is not None or self.sampling.head_steps_min is not None
             return "target, cheaper head" if cheap else "target, fewer AR steps"
         return "CSD"
+
+
+def disa_steps(head_steps: int, fixed_steps: bool) -> dict:
+    """DiSA's published annealing, in proportion to the target's head steps: a DDPM head (MAR, Harmon)
+    100 -> 50 at the first AR step to 5 at the last, an xAR flow chain 50 -> 15 (Qinyu-Allen-Zhao/DiSA
+    READMEs), both along DiSA's linear schedule."""
+    t = head_steps
+    first, last = (t, max(2, round(0.3 * t))) if fixed_steps else (max(2, t // 2), max(1, round(t / 20)))
+    return {"head_steps": first, "head_steps_min": min(first, last), "head_schedule": "disa"}
 
 
 def grid(
@@ -81,6 +92,9 @@ def grid(
     points.append(
         Point(f"target, {head} {t} -> {max(2, t // 5)} steps", replace(s, head_steps=t, head_steps_min=max(2, t // 5)))
     )
+    disa = disa_steps(t, fixed_steps)
+    disa_name = f"DiSA {head} {disa['head_steps']} -> {disa['head_steps_min']}"
+    points.append(Point(f"target, {disa_name}", replace(s, **disa)))
     if ar_steps:
         k = ar_steps[0]
         points.append(Point(f"target, {k} AR steps, head {few['head_steps']}", replace(s, num_steps=k, **few)))
@@ -101,6 +115,7 @@ def grid(
         points += [
             Point(f"CSD, gamma {g}, {head} {few['head_steps']}", replace(s, **few), replace(c, gamma=g)) for g in (4, 8)
         ]
+        points.append(Point(f"CSD, gamma 4, tau_v 5, {disa_name}", replace(s, **disa), replace(c, gamma=4, tau_v=5.0)))
     return points
 
 
