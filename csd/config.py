@@ -32,6 +32,11 @@ class SamplingConfig:
     head_steps_min: int | None = None  # a head-step schedule: linear from head_steps to this over the AR steps
     precision: str = "float32"  # backbone precision; heads and all densities stay in float32
     head_schedule: str = "linear"  # how head_steps anneal to head_steps_min: "linear", "disa", "disa-cosine"
+    # LazyMAR's condition cache (masked families, guided runs): a model's first cond_cache_start backbone
+    # passes and every cond_cache_every-th after run both CFG halves; the others only the conditional one,
+    # reusing the last full pass's unconditional-minus-conditional difference. None: no cache.
+    cond_cache_start: int | None = None
+    cond_cache_every: int = 9
 
     def __post_init__(self) -> None:
         check_int("num_steps (AR steps)", self.num_steps, 1)
@@ -44,10 +49,19 @@ class SamplingConfig:
             check_int("head_steps_min (last AR step's head steps)", self.head_steps_min, 1, 1000, word="None or an int")
         check_choice("precision", self.precision, tuple(PRECISIONS))
         check_choice("head_schedule", self.head_schedule, HEAD_SCHEDULES)
+        if self.cond_cache_start is not None:
+            check_int("cond_cache_start (full CFG passes first)", self.cond_cache_start, 0, word="None or an int")
+        check_int("cond_cache_every (passes between full CFG passes)", self.cond_cache_every, 1)
 
     @property
     def guided(self) -> bool:
         return self.cfg_scale != 1.0
+
+    def full_guidance_pass(self, index: int) -> bool:
+        """Whether a model's backbone pass ``index`` (0-based) runs both CFG halves under the condition
+        cache: the first ``cond_cache_start`` and every ``cond_cache_every``-th after them (LazyMAR)."""
+        start = self.cond_cache_start
+        return start is None or index < start or (index - start) % self.cond_cache_every == 0
 
 
 @dataclass(frozen=True)

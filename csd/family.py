@@ -53,6 +53,8 @@ class FamilyTraits:
     tokens_per_row: tokens in one acceptance row (xAR: a cell's), for acceptance_unit "token".
     min_head_steps: the fewest chain transitions the head takes (a flow sampler needs two).
     row_name: what a drafted row is called ("tokens", "cells").
+    caches_guidance: takes LazyMAR's condition cache (SamplingConfig.cond_cache_start): its guidance is
+    two backbone halves whose difference can be reused (masked families; xAR guides inside its flow).
     """
 
     family: str
@@ -65,6 +67,7 @@ class FamilyTraits:
     tokens_per_row: int = 1
     min_head_steps: int = 1
     row_name: str = "tokens"
+    caches_guidance: bool = False
 
     def __post_init__(self) -> None:
         check_choice("FamilyTraits.conditions", self.conditions, CONDITIONS)
@@ -107,6 +110,11 @@ class FamilyTraits:
             raise ValueError(
                 f"cfg_schedule must be {self.cfg_schedule!r} for this {self.family} model (its guidance ramps over "
                 f"the {self.row_name}), got {config.cfg_schedule!r}"
+            )
+        if config.cond_cache_start is not None and not self.caches_guidance:
+            raise ValueError(
+                f"cond_cache_start must be None for this {self.family} model (LazyMAR's condition cache needs "
+                f"guidance from two backbone halves), got {config.cond_cache_start}"
             )
         for name in ("head_steps", "head_steps_min"):
             steps = getattr(config, name)

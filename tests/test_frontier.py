@@ -42,6 +42,12 @@ def test_the_grid_starts_at_the_baseline_and_holds_every_kind_of_alternative():
     assert (disa.sampling.head_steps, disa.sampling.head_steps_min, disa.sampling.head_schedule) == (12, 1, "disa")
     full = grid(s, c, 25, quick=False)
     assert any(p.csd is not None and p.sampling.head_schedule == "disa" for p in full)  # combined with CSD
+    assert not any(p.sampling.cond_cache_start is not None for p in full)  # the family takes no condition cache
+    lazy = [p for p in grid(s, c, 25, quick=False, caches_guidance=True) if p.sampling.cond_cache_start is not None]
+    assert [(p.method, p.sampling.cond_cache_start, p.sampling.cond_cache_every) for p in lazy] == [
+        ("target, LazyMAR condition cache", 2, 4),  # LazyMAR's 5 and 9 of 64 steps, at 32
+        ("CSD", 2, 4),
+    ]
     assert any(p.sampling.head_steps_min is not None for p in points)  # a head-step schedule
     assert any(p.csd is not None and p.csd.draft_head_steps is not None for p in points)  # a cheaper draft head
     assert any(p.csd is not None and p.sampling.head_steps is not None for p in points)  # CSD with cheaper heads

@@ -20,6 +20,9 @@ def point_hover(row: dict, metrics: list[str]) -> str:
     if s.get("head_steps_min") is not None:
         head = f"{head} -> {s['head_steps_min']} ({s.get('head_schedule', 'linear')})"
     lines.append(f"AR steps {s['num_steps']}, head steps {head}, CFG {s['cfg_scale']:g}")
+    if s.get("cond_cache_start") is not None:
+        start, every = s["cond_cache_start"], s["cond_cache_every"]
+        lines.append(f"condition cache: full CFG passes {start} first, then every {every}")
     if c is not None:
         draft_head = "" if c.get("draft_head_steps") is None else f", draft head {c['draft_head_steps']}"
         lines.append(

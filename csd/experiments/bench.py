@@ -487,7 +487,10 @@ def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out:
     from csd.experiments import frontier
 
     fixed = target.traits.fixed_num_steps is not None  # xAR: no fewer-AR-step settings
-    points = frontier.grid(sampling, csd, target.head_steps(sampling.head_steps), args.quick, fixed_steps=fixed)
+    head = target.head_steps(sampling.head_steps)
+    points = frontier.grid(
+        sampling, csd, head, args.quick, fixed_steps=fixed, caches_guidance=target.traits.caches_guidance
+    )
     classifier = load_classifier(args.classifier)
     ref = reference_features(config.n_ref, REFERENCE_SEED, classifier)
     batch = single_batch(config, args.batches)

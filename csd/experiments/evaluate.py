@@ -332,6 +332,13 @@ def add_setting_args(parser: argparse.ArgumentParser) -> None:
         help="how the head steps anneal: linear, or DiSA's own disa / disa-cosine",
     )
     parser.add_argument(
+        "--cond-cache",
+        type=int,
+        nargs=2,
+        metavar=("START", "EVERY"),
+        help="LazyMAR's condition cache: full CFG passes for the first START and every EVERY-th after (MAR, Harmon)",
+    )
+    parser.add_argument(
         "--draft-head-steps",
         type=int,
         default=None,
@@ -367,6 +374,11 @@ def add_setting_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
 
 
+def cond_cache_settings(values: list[int] | None) -> dict:
+    """--cond-cache START EVERY as SamplingConfig fields (none when not given)."""
+    return {} if values is None else {"cond_cache_start": values[0], "cond_cache_every": values[1]}
+
+
 def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDConfig]:
     sampling = replace(
         defaults.SAMPLING,
@@ -377,6 +389,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDCon
         head_steps=args.head_steps,
         head_steps_min=args.head_steps_min,
         head_schedule=args.head_schedule,
+        **cond_cache_settings(args.cond_cache),
     )
     csd = replace(
         defaults.CSD,

@@ -61,6 +61,8 @@ class Point:
         if self.csd is None:
             if self.sampling.head_schedule.startswith("disa") and self.sampling.head_steps_min is not None:
                 return "target, DiSA"
+            if self.sampling.cond_cache_start is not None:
+                return "target, LazyMAR condition cache"
             cheap = self.sampling.head_steps is not None or self.sampling.head_steps_min is not None
             return "target, cheaper head" if cheap else "target, fewer AR steps"
         return "CSD"
@@ -75,12 +77,26 @@ def disa_steps(head_steps: int, fixed_steps: bool) -> dict:
     return {"head_steps": first, "head_steps_min": min(first, last), "head_schedule": "disa"}
 
 
+def lazymar_cache(num_steps: int) -> dict:
+    """LazyMAR's condition cache in proportion to the AR steps: full CFG passes for the first 5 of 64 and
+    every 9th after (feihongyan1/LazyMAR, models/mar_cache.py)."""
+    start, every = max(1, round(num_steps * 5 / 64)), max(2, round(num_steps * 9 / 64))
+    return {"cond_cache_start": start, "cond_cache_every": every}
+
+
 def grid(
-    sampling: SamplingConfig, csd: CSDConfig, head_steps: int, quick: bool, fixed_steps: bool = False
+    sampling: SamplingConfig,
+    csd: CSDConfig,
+    head_steps: int,
+    quick: bool,
+    fixed_steps: bool = False,
+    caches_guidance: bool = False,
 ) -> list[Point]:
     """The settings of the frontier, the baseline (target-only at ``sampling``) first. ``fixed_steps``:
     the family's AR steps cannot change (xAR: one per cell), so no fewer-AR-step settings; its "head" is
-    the flow chain, and a quarter of its steps is one more cheap setting in their place."""
+    the flow chain, and a quarter of its steps is one more cheap setting in their place.
+    ``caches_guidance``: the family takes LazyMAR's condition cache (FamilyTraits.caches_guidance); the
+    full grid then holds it alone and with CSD."""
     s, c, t = sampling, csd, head_steps
     head = "flow" if fixed_steps else "head"
     few = {"head_steps": max(2, t // 2)}
@@ -116,6 +132,12 @@ def grid(
             Point(f"CSD, gamma {g}, {head} {few['head_steps']}", replace(s, **few), replace(c, gamma=g)) for g in (4, 8)
         ]
         points.append(Point(f"CSD, gamma 4, tau_v 5, {disa_name}", replace(s, **disa), replace(c, gamma=4, tau_v=5.0)))
+        if caches_guidance and s.guided:
+            lazy = lazymar_cache(s.num_steps)
+            lazy_name = f"condition cache {lazy['cond_cache_start']}/{lazy['cond_cache_every']} (LazyMAR)"
+            points.append(Point(f"target, {lazy_name}", replace(s, **lazy)))
+            csd4 = replace(c, gamma=4, tau_v=5.0)
+            points.append(Point(f"CSD, gamma 4, tau_v 5, {lazy_name}", replace(s, **lazy), csd4))
     return points
 
 

@@ -73,7 +73,7 @@ class HarmonConfig(SerialConfig):
     nested: ClassVar[dict[str, type]] = {"mar": MARConfig}
 
     def traits(self) -> FamilyTraits:
-        return FamilyTraits("Harmon", "prompts")
+        return FamilyTraits("Harmon", "prompts", caches_guidance=True)
 
 
 def qwen2(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int, **extra) -> dict:

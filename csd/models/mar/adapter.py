@@ -10,7 +10,9 @@ model overrides :meth:`MaskedARFamily.check_conditions` (prompts) and ``conditio
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -44,6 +46,28 @@ def masked_plan(seeds: Sequence[int], num_tokens: int, num_steps: int, cfg: floa
     return Plan(orders, sizes, step_cfg_scales(cfg, schedule, sizes))
 
 
+@dataclass
+class GuidanceCache:
+    """LazyMAR's condition cache of one model over one generation: its backbone passes so far and the
+    last full pass's z_uncond - z (B, N, dec)."""
+
+    passes: int = 0
+    difference: Tensor | None = None
+
+
+_CACHES: dict[tuple[int, int], GuidanceCache] = {}
+
+
+def guidance_cache(model, conditions) -> GuidanceCache:
+    """The cache of ``model`` for one generation, known by its conditions object (each generation checks
+    its own); it goes when that object does, so concurrent generations never share one."""
+    key = (id(model), id(conditions))
+    if key not in _CACHES:
+        _CACHES[key] = GuidanceCache()
+        weakref.finalize(conditions, _CACHES.pop, key, None)
+    return _CACHES[key]
+
+
 class MaskedARFamily:
     """:class:`csd.family.ModelFamily` for masked AR models with a diffusion head (see the module doc)."""
 
@@ -57,13 +81,27 @@ class MaskedARFamily:
     def head_steps(self, steps: int | None) -> int:
         return self.head.chain(steps).num_steps()
 
-    def guided_conditions(self, tokens: Tensor, mask: Tensor, labels: Tensor, config) -> tuple[Tensor, Tensor | None]:
-        """One backbone pass, under autocast when a reduced precision is asked; z comes back in float32."""
+    def guided_conditions(self, tokens: Tensor, mask: Tensor, labels, config) -> tuple[Tensor, Tensor | None]:
+        """One backbone pass, under autocast when a reduced precision is asked; z comes back in float32.
+        With the condition cache (``config.cond_cache_start``) a guided pass that is not a full one runs
+        the conditional half only and takes z_uncond = z + the last full pass's difference."""
+        if not (config.guided and config.cond_cache_start is not None):
+            return self._conditions(tokens, mask, labels, config, config.guided)
+        cache = guidance_cache(self, labels)
+        full, cache.passes = config.full_guidance_pass(cache.passes), cache.passes + 1
+        if not full and cache.difference is not None:
+            z, _ = self._conditions(tokens, mask, labels, config, False)
+            return z, z + cache.difference
+        z, z_uncond = self._conditions(tokens, mask, labels, config, True)
+        cache.difference = z_uncond - z
+        return z, z_uncond
+
+    def _conditions(self, tokens: Tensor, mask: Tensor, labels, config, guided: bool) -> tuple[Tensor, Tensor | None]:
         dtype = PRECISIONS[config.precision]
         if dtype is None:
-            return self.conditions(tokens, mask, labels, config.guided)
+            return self.conditions(tokens, mask, labels, guided)
         with torch.autocast(device_type=tokens.device.type, dtype=dtype):
-            z, z_uncond = self.conditions(tokens, mask, labels, config.guided)
+            z, z_uncond = self.conditions(tokens, mask, labels, guided)
         return z.float(), None if z_uncond is None else z_uncond.float()
 
     def predict(self, tokens, mask, conditions, pos, cfg, config, steps: int) -> HeadChain:

@@ -111,7 +111,7 @@ class MARConfig(SerialConfig):
         return self.token_channels * self.patch_size**2
 
     def traits(self) -> FamilyTraits:
-        return FamilyTraits("MAR", "classes", num_classes=self.class_num)
+        return FamilyTraits("MAR", "classes", num_classes=self.class_num, caches_guidance=True)
 
 
 def _vit(dim: int, depth: int, heads: int) -> dict:
