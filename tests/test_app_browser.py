@@ -300,3 +300,21 @@ def test_the_default_analysis_recompute_completes(served):
         page.get_by_role("tab", name="Analysis").click()
         page.get_by_role("button", name="Recompute for current controls").click()
         page.locator("#analysis-status").get_by_text("Recomputed on", exact=False).wait_for(state="visible")
+
+
+@pytest.mark.browser
+def test_a_settings_link_opens_the_page_on_its_settings_and_a_preset_sets_its_knobs(served):
+    _, url = served
+    with open_page(url.rstrip("/") + "/?seed=7&gamma=5&cfg_scale=2.5") as page:
+        seed = page.get_by_label("Seed", exact=True)
+        page.wait_for_function("() => document.querySelector('#estimate')?.innerText.includes('Expected')")
+        gamma = page.get_by_label("Draft length gamma", exact=False).locator("xpath=self::input[@type='number']")
+        page.wait_for_function("() => [...document.querySelectorAll('input[type=number]')].some(e => e.value === '7')")
+        assert seed.input_value() == "7" and gamma.first.input_value() == "5"
+        page.locator("#preset").get_by_text("fast", exact=True).click()
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('input[type=number]')].some("
+            "e => e.getAttribute('aria-label')?.includes('Draft length') && e.value === '16')"
+        )
+        assert seed.input_value() == "7"  # a preset keeps the visitor's seed
+        assert "fast" in page.locator("#estimate").inner_text()  # every preset's expected time before the click
