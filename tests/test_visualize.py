@@ -219,3 +219,20 @@ def test_a_run_started_from_another_is_drawn_after_its_parent(tmp_path):
     spec = f"{tmp_path / 'a.log.jsonl'}+{tmp_path / 'b.log.jsonl'}"
     main([spec, "--out", str(tmp_path / "c.png"), "--window-steps", "50"])
     assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_a_small_recompute_is_drawn_over_the_committed_frontier_never_in_its_place():
+    import copy
+    from pathlib import Path
+
+    from visualize.frontier import frontier_chart
+
+    root = Path(__file__).resolve().parents[1]
+    committed = json.loads((root / "bench" / "results" / "frontier.json").read_text())
+    small = copy.deepcopy(committed) | {"n": 2}
+    small["rows"] = [r | {"accuracy": 1.0, "accuracy_se": 0.0} for r in small["rows"][:3]]
+    alone, both = frontier_chart(committed, "accuracy"), frontier_chart(committed, "accuracy", overlay=small)
+    assert [s.name for s in both.series[:-1]] == [s.name for s in alone.series]
+    assert [s.y for s in both.series[:-1]] == [s.y for s in alone.series]  # the committed points unchanged
+    assert both.series[-1].name.startswith("recomputed here, n = 2") and both.series[-1].y == [1.0] * 3
+    assert both.title == alone.title and f"({committed['n']} images per point)" in both.title
