@@ -1,0 +1,35 @@
+"""Model cards come from the pair's files and the committed benchmark, not from hand-written numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from csd.experiments.pairs import EMBEDDED_NAME, TEXT_NAME, XAR_NAME, discover
+from demo.cards import BENCH, card_markdown, model_line
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sources():
+    return {s.name: s for s in discover(None)}
+
+
+@pytest.mark.parametrize("name", [EMBEDDED_NAME, TEXT_NAME, XAR_NAME])
+def test_the_line_quotes_the_committed_benchmark_and_the_files_sizes(sources, name):
+    bench = json.loads((ROOT / BENCH[name] / "bench.json").read_text())
+    line = model_line(sources[name])
+    assert f"target-only class accuracy {bench['accuracy_target']:.2f}" in line
+    assert f"(draft {bench['accuracy_draft']:.2f})" in line
+    assert line.startswith("*32 x 32 px") and "M parameters" in line and "?" not in line
+    if "colour_accuracy_target" in bench:
+        assert f"colour accuracy {bench['colour_accuracy_target']:.2f}" in line
+
+
+def test_the_card_names_every_pair_the_paper_and_the_limits(sources):
+    card = card_markdown(list(sources.values()))
+    assert "arxiv.org/abs/2411.11925" in card and "Known limits" in card
+    assert all(f"**{name}**" in card for name in sources)
