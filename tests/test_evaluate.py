@@ -169,3 +169,18 @@ def test_perturbed_draft_is_seeded_and_scaled_per_tensor():
         torch.testing.assert_close(wa, wb)  # same seed, same noise
         if w.numel() > 100 and w.std() > 0:
             assert 0.005 < ((wa - w).std() / w.std()).item() < 0.02
+
+
+def test_a_text_pair_is_scored_by_the_class_and_colour_its_prompts_name(tmp_path, restore_threads):
+    from csd.experiments.evaluate import main
+
+    from .helpers import save_tiny_text_pair
+
+    target, draft = save_tiny_text_pair(tmp_path)
+    args = ["--target", target, "--draft", draft, "--mode", "target", "--n", "4", "--batch-size", "2"]
+    args += ["--n-ref", "30", "--num-steps", "4", "--threads", "1", "--sheet", str(tmp_path / "sheet.png")]
+    result = main(args)
+    assert 0 <= result["accuracy"] <= 1 and 0 <= result["colour_accuracy"] <= 1 and result["fd"] > 0
+    assert sum(map(sum, result["confusion"])) == 4  # every held-out caption names its class
+    assert sum(result["confusion"][c][c] for c in range(10)) / 4 == result["accuracy"]
+    assert (tmp_path / "sheet.png").is_file()

@@ -213,6 +213,17 @@ def quality(
     return {"accuracy": class_accuracy(images, labels, classifier), "fd": fd}, feats
 
 
+def class_labels(labels: Sequence) -> tuple[list[int], list[int]]:
+    """The images that have a class and their classes: every one for class labels; for prompts, those whose
+    prompt names a class noun (every held-out caption does), with that class."""
+    if not (labels and isinstance(labels[0], str)):
+        return list(range(len(labels))), [int(c) for c in labels]
+    from csd.shapes.text import prompt_class
+
+    named = [(i, c) for i, p in enumerate(labels) if (c := prompt_class(p)) is not None]
+    return [i for i, _ in named], [c for _, c in named]
+
+
 # --- distribution --------------------------------------------------------------------------------
 
 
@@ -281,14 +292,15 @@ def evaluate(
         return None
     scores, _ = quality(images, labels, reference_features(config.n_ref, config.ref_seed, classifier), classifier)
     result = {"mode": config.mode, "n": config.n, **scores}
-    confusion = confusion_matrix(images, labels, classifier)
+    named, classes = class_labels(labels)
+    confusion = confusion_matrix(images[named], classes, classifier)
     result["per_class_accuracy"] = {
         name: float(confusion[c, c] / row) if (row := confusion[c].sum()) else float("nan")
         for c, name in enumerate(CLASS_NAMES)
     }
     result["confusion"] = confusion.tolist()  # row: requested class, column: predicted class
     if sheet is not None:
-        result["sheet"] = str(contact_sheet(images, labels, sheet, per_class=8))
+        result["sheet"] = str(contact_sheet(images[named], classes, sheet, per_class=8))
     if config.mode == "csd":
         result.update(summarize_stats(stats))
     result.update(
