@@ -51,7 +51,7 @@ CSS = """
 #model-card { font-size: 0.85em; margin-top: -8px; }
 /* On a phone, target and CSD stay side by side (two columns), not stacked, and every tab fits. */
 @media (max-width: 640px) {
-  button[role="tab"] { padding: 4px 4px !important; font-size: 0.82em !important; min-width: 0 !important; }
+  button[role="tab"] { padding: 4px 6px !important; min-width: 0 !important; }
   .csd-pair { flex-wrap: nowrap !important; }
   .csd-pair > div { min-width: 0 !important; flex: 1 1 50% !important; }
 }

@@ -37,11 +37,22 @@ python -m csd.experiments.bench --quick --n 200 --threads 1 --gammas 1 2 4 8 --q
 python -m visualize.report bench/results/bench.json  # the tables into docs/results.md and the README's headline
 
 echo "== the xAR pair: training curves and benchmark"
-python -m visualize.training "$M/shapes_xar_target.log.jsonl" "$M/shapes_xar_draft.log.jsonl" \
+python -m visualize.training "$(chain shapes_xar_target)" "$M/shapes_xar_draft.log.jsonl" \
   --loss "flow matching on noisy-context cells" --out "$M/training_curves_xar.png"
 python -m csd.experiments.bench --quick --threads 1 --target "$M/shapes_xar_target.safetensors" \
   --draft "$M/shapes_xar_draft.safetensors" --num-steps 16 --cfg-schedule linear --out bench/results/xar
 python -m visualize.report bench/results/xar/bench.json
+python -m csd.experiments.bench --frontier --quick --threads 1 --target "$M/shapes_xar_target.safetensors" \
+  --draft "$M/shapes_xar_draft.safetensors" --num-steps 16 --cfg-schedule linear --out bench/results/xar
+python -m visualize.report bench/results/xar/frontier.json
+
+echo "== the text pair: benchmark and frontier"
+python -m csd.experiments.bench --quick --threads 1 --target "$M/shapes_text_target.safetensors" \
+  --draft "$M/shapes_text_draft.safetensors" --out bench/results/text
+python -m visualize.report bench/results/text/bench.json
+python -m csd.experiments.bench --frontier --quick --threads 1 --target "$M/shapes_text_target.safetensors" \
+  --draft "$M/shapes_text_draft.safetensors" --out bench/results/text
+python -m visualize.report bench/results/text/frontier.json
 
 if [[ $# -ge 1 ]]; then
   echo "== probe: $1 vs the shipped target"

@@ -95,7 +95,7 @@ def test_the_xar_block_is_the_xar_benchmark_run():
     """The README's xAR table is headline_markdown of bench/results/xar/bench.json, and docs/results.md
     holds that run's full Markdown."""
     result = json.loads((ROOT / "bench" / "results" / "xar" / "bench.json").read_text())
-    assert result["settings"]["family"] == "XAR"
+    assert result["settings"]["family"] == "xAR"  # FamilyTraits.family
     block = README[README.index("<!-- xar-headline:start -->") : README.index("<!-- xar-headline:end -->")]
     assert headline_markdown(result) in block
     assert "flow steps" in block and "per token" in block
