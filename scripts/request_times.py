@@ -21,6 +21,7 @@ from demo.tabs.analysis import analysis_panels, check_analysis, check_frontier, 
 from demo.tabs.generate import check_generate, compare
 
 NO_PROGRESS = lambda *a, **k: None
+LIMITS = Limits()  # the server's default limits
 
 
 def _drain(requests) -> float:
@@ -38,6 +39,22 @@ def _runs(generator) -> float:
             next(generator)
         except StopIteration:
             return time.perf_counter() - t0
+
+
+def fitting_images(app, check, controls: dict) -> int:
+    """The Images (n) the page starts a recompute of this pair at: the most (at most 4) that the real limit
+    takes (demo.tabs.analysis.AnalysisTab.fitting_images, with the limit the script lifts put back)."""
+    lifted, app.limits = app.limits, LIMITS
+    try:
+        for k in range(min(4, LIMITS.max_images), 0, -1):
+            try:
+                check(app, k, None, False, **controls)
+                return k
+            except Exception:
+                continue
+        return 1
+    finally:
+        app.limits = lifted
 
 
 def measure(app, pair_name: str) -> dict:
@@ -61,14 +78,7 @@ def measure(app, pair_name: str) -> dict:
         ("analysis", check_analysis, analysis_panels),
         ("frontier", check_frontier, frontier_result),
     ):
-        n = 1
-        for k in range(min(4, app.limits.max_images), 0, -1):  # the default n the page offers (the most that fits)
-            try:
-                check(app, k, None, True, **analysis)
-                n = k
-                break
-            except Exception:
-                continue
+        n = fitting_images(app, check, analysis)  # what the page offers for this pair
         r = app.request(None, True, **analysis, batch_size=1)
         planned = check(app, n, None, True, **analysis)
         runs = planned.run_counts() if hasattr(planned, "run_counts") else {"csd": len(planned)}
@@ -85,7 +95,7 @@ def main() -> None:
     ap.add_argument("--pairs", nargs="+", default=None, help="pair names (default: every served pair)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    limits = Limits()
+    limits = LIMITS
     app = server.make_app(None, replace(limits, max_seconds=1e9))  # see the true time; the estimate uses `limits`
     server.warm_up(app)
     results = {name: measure(app, name) for name in (args.pairs or app.store.names)}

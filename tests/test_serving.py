@@ -76,6 +76,7 @@ def test_every_handler_is_a_known_one_and_none_can_download(served, monkeypatch)
     known |= {"recompute_frontier", "frontier_stopped", "pick_example"}  # the frontier section, example prompts
     known |= {"after_run", "replay", "show_token", "select_on_map", "select_hint", "inspect_api", "play"}  # Inspect
     known |= {"apply_preset", "estimate", "from_link", "show_example"}  # presets, the estimate, a link, the gallery
+    known |= {"analysis_images", "frontier_images"}  # the Images (n) that fit the chosen pair
     assert handlers <= known, handlers
 
     def refuse(*args, **kwargs):
@@ -328,3 +329,30 @@ def test_expected_refusals_are_one_log_line_without_a_traceback(caplog):
     (record,) = caplog.records
     assert record.getMessage() == "refused seed: Seed must be an integer in [0, 10], got 0.5 second line"
     assert error.print_exception is False and error.duration is None  # stays on screen until closed
+
+
+def test_a_chosen_pair_starts_its_recomputes_at_the_images_its_own_rates_fit():
+    """Choosing a pair sets Images (n) to the most its measured rates fit (xAR's runs cost more than the
+    class pair's): a recompute at the page's n is never refused for time."""
+    from csd.experiments.pairs import RANDOM_PAIRS, PairStore, random_source
+    from demo.estimate import Rates
+    from demo.tabs.analysis import AnalysisTab, check_analysis
+
+    store = PairStore([random_source(s) for s in RANDOM_PAIRS], torch.device("cpu"))
+    application = App(store, Limits(max_seconds=75.0))
+    tab = AnalysisTab(application)
+    mar, xar = (next(n for n in store.names if store.source(n).traits.family == f) for f in ("MAR", "xAR"))
+    assert tab.analysis_images(xar) == 2  # before any measurement
+    for name, per_step in ((mar, 0.002), (xar, 0.08)):
+        store.get(name)
+        one = {k: per_step for k in ("target", "draft", "csd")}
+        application._rates[name] = Rates(one, {k: 4 * v for k, v in one.items()}, batch=4)  # linear in the batch
+    assert tab.analysis_images(mar) == 4 and tab.frontier_images(mar) == 4
+    n = tab.analysis_images(xar)
+    assert 1 <= n < 4
+    controls = {k: v for k, v in application.default_controls().items() if k != "batch_size"}
+    from demo.tabs.analysis import pair_defaults
+
+    check_analysis(application, n, None, False, **pair_defaults(application, controls, xar))  # fits
+    with pytest.raises(gr.Error, match="fewer images"):
+        check_analysis(application, n + 1, None, False, **pair_defaults(application, controls, xar))

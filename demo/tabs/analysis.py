@@ -36,6 +36,17 @@ def _images(components: dict | None, n_images):
         raise
 
 
+def pair_defaults(app: App, controls: dict, pair_name: str) -> dict:
+    """The default controls on another pair: its fixed AR steps and CFG ramp (xAR), a class it has."""
+    source = app.store.source(pair_name)
+    controls = controls | {"pair_name": pair_name}
+    if source.traits.fixed_num_steps:
+        controls |= {"ar_steps": source.traits.fixed_num_steps, "cfg_schedule": source.traits.cfg_schedule}
+    if not source.is_text and controls.get("class_name") not in source.class_names:
+        controls["class_name"] = source.class_names[0]
+    return controls
+
+
 def check_analysis(
     app: App, n_images: int, components: dict | None = None, load: bool = True, **controls
 ) -> Analysis | None:
@@ -150,11 +161,13 @@ class AnalysisTab:
             self.f_data: data,
         }
 
-    def fitting_images(self, check) -> int:
-        """The most images (at most 4) whose recompute at the default controls fits this server's limits, as
-        measured for the default pair; 2 before any measurement."""
+    def fitting_images(self, check, pair_name: str | None = None) -> int:
+        """The most images (at most 4) whose recompute at the default controls of ``pair_name`` (default: the
+        default pair) fits this server's limits, as measured for that pair; 2 before any measurement."""
         app, most = self.app, min(4, self.app.limits.max_images)
         controls = {k: v for k, v in app.default_controls().items() if k != "batch_size"}
+        if pair_name is not None and pair_name in app.store.names:
+            controls = pair_defaults(app, controls, pair_name)
         if app.store.loaded(controls["pair_name"]) is None or not app.timed(controls["pair_name"]):
             return min(2, most)
         for n in range(most, 0, -1):
@@ -164,6 +177,14 @@ class AnalysisTab:
             except gr.Error:
                 continue
         return 1
+
+    def analysis_images(self, pair_name: str) -> int:
+        """The Images (n) an analysis recompute of the chosen pair starts at."""
+        return self.fitting_images(check_analysis, pair_name)
+
+    def frontier_images(self, pair_name: str) -> int:
+        """The Images (n) a frontier recompute of the chosen pair starts at."""
+        return self.fitting_images(check_frontier, pair_name)
 
     @staticmethod
     def _statuses(work, status):
@@ -190,6 +211,9 @@ class AnalysisTab:
             n_images = n_images.component()
             recompute = gr.Button("Recompute for current controls", variant="primary")
             stop = gr.Button("Stop")
+        quick = {"api_visibility": "private", "queue": False}
+        # A chosen pair gets the most images that fit its own measured rates (xAR's runs cost more).
+        controls["pair_name"].change(self.analysis_images, controls["pair_name"], n_images, **quick)
         figures, self.plots = iter(analysis_figures(app.panels)), []
         for title, count in SECTIONS:
             gr.Markdown(f"#### {title}")
@@ -232,6 +256,8 @@ class AnalysisTab:
             n_default = self.fitting_images(check_frontier)
             n_images = slider("Images (n) for the frontier", n_default, 1, lim.max_images).component()
             n_images.elem_id = "frontier-n"
+            quick = {"api_visibility": "private", "queue": False}
+            controls["pair_name"].change(self.frontier_images, controls["pair_name"], n_images, **quick)
             recompute = gr.Button("Recompute frontier", variant="primary")
             stop = gr.Button("Stop")
         chart, table, data = frontier_outputs(app.front)
