@@ -1,6 +1,8 @@
 """The same seeds give the same tokens as before the package was reorganised: short target-only and
 CSD runs (aligned and exact criteria) on the untrained and the embedded pair of every family, against
-tokens saved then (tests/data/make_golden_tokens.py).
+tokens saved then (tests/data/make_golden_tokens.py). The embedded xAR pair's keys were remade when its
+stage-2 target shipped (``python -m tests.data.make_golden_tokens --only xar``), with the code the other
+keys still match.
 
 The tolerance is not bit equality: float kernels differ between CPUs (the saved MAR tokens and a rerun
 on an AVX-512 machine differ by up to 3e-3 after the exact criterion's resampling), while a change of

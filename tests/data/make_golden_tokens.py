@@ -60,6 +60,23 @@ def runs() -> dict[str, torch.Tensor]:
     return out
 
 
-if __name__ == "__main__":
-    save_file({k: v.contiguous() for k, v in runs().items()}, OUT)
+def main(argv: list[str] | None = None) -> None:
+    """Write every run's tokens, or with ``--only PAIR ...`` remake those pairs' keys alone (after new
+    weights ship for an embedded pair: the others stay the tokens saved before the move)."""
+    import argparse
+
+    from safetensors.torch import load_file
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--only", nargs="+", help="pair names (embedded, text, xar, random, ...)")
+    args = p.parse_args(argv)
+    fresh = runs()
+    if args.only:
+        saved = load_file(OUT)
+        fresh = saved | {k: v for k, v in fresh.items() if k.split("/")[0] in args.only}
+    save_file({k: v.contiguous() for k, v in fresh.items()}, OUT)
     print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
