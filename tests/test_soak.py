@@ -15,7 +15,10 @@ from demo.soak import Soak, default_requests, resident_mib
 
 pytestmark = pytest.mark.slow
 ROUNDS, CALLS = 5, 50  # 250 sessions
-MARGIN_MIB = 48  # growth allowed between the second round and the last
+# Growth allowed between the second round and the last. Unbounded, the 150 sessions of rounds 3-5 would
+# add about 1.2 GB (8.3 MiB per session, measured before the bound); bounded, what remains is the
+# allocator's: 20-50 MiB here when the rest of the suite ran first in the same process.
+MARGIN_MIB = 80
 
 
 def test_resident_memory_levels_off_over_hundreds_of_sessions():
