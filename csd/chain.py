@@ -21,9 +21,11 @@ from torch import Tensor
 def cat_rows(parts: list[Tensor], batch: int, dim: int = 0) -> Tensor:
     """Concatenate per-step row tensors (rows image-major within each step, along ``dim``) into
     image-major rows over all the steps: image 0's rows of every step, then image 1's, ..."""
-    split = [p.reshape(*p.shape[:dim], batch, -1, *p.shape[dim + 1 :]) for p in parts]
+    # the row count is given, not inferred, so a part with no leading entries (a one-transition chain's
+    # eps: zero steps) reshapes too
+    split = [p.reshape(*p.shape[:dim], batch, p.shape[dim] // batch, *p.shape[dim + 1 :]) for p in parts]
     joined = torch.cat(split, dim=dim + 1)
-    return joined.reshape(*joined.shape[:dim], -1, *joined.shape[dim + 2 :])
+    return joined.reshape(*joined.shape[:dim], batch * joined.shape[dim + 1], *joined.shape[dim + 2 :])
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from csd.schedule import step_sizes
 
 
@@ -111,3 +113,84 @@ def speedup_bound(
 def simple_bound(target_backbone: float, draft_backbone: float, gamma: int) -> float:
     """C_p / (C_q + C_p / gamma): the bound when the heads are free and nothing is pre-filled."""
     return target_backbone / (draft_backbone + target_backbone / gamma)
+
+
+# --- per-pass costs and a run's predicted time (the frontier's cost model) -------------------------
+
+# Trace phases whose time the per-pass model predicts, by model; the rest (acceptance test,
+# resampling, bookkeeping) is what the prediction leaves out.
+BACKBONE_PHASES = {"target": ("target_backbone", "prefill_backbone"), "draft": ("draft_backbone",)}
+CHAIN_PHASES = {"target": ("target_head", "prefill_head"), "draft": ("draft_head",)}
+
+
+@dataclass(frozen=True)
+class ChainCost:
+    """Seconds of a head chain call of ``steps`` transitions over ``tokens`` tokens (counted over the
+    batch): ``steps * (per_transition + tokens * per_token_transition)``. The first term is what a call
+    costs however few tokens it holds (kernel launches, Python; dominant at batch 1 on a CPU), the
+    second what grows with the tokens (the arithmetic; dominant at large batches)."""
+
+    per_transition: float
+    per_token_transition: float = 0.0
+
+    def seconds(self, steps: float, token_steps: float) -> float:
+        return self.per_transition * steps + self.per_token_transition * token_steps
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    """Measured per-pass costs of a pair at one batch: a backbone pass of each model and each model's
+    chain cost (:class:`ChainCost`)."""
+
+    target_pass: float
+    draft_pass: float
+    target_chain: ChainCost
+    draft_chain: ChainCost
+
+    def predict(self, work: dict[str, dict[str, int]]) -> float:
+        """Seconds a run with this ``work`` (Trace.work: per phase calls, steps, token_steps) should take."""
+        total = 0.0
+        for model, per_pass, chain in (
+            ("target", self.target_pass, self.target_chain),
+            ("draft", self.draft_pass, self.draft_chain),
+        ):
+            total += per_pass * sum(work.get(p, {}).get("calls", 0) for p in BACKBONE_PHASES[model])
+            for p in CHAIN_PHASES[model]:
+                w = work.get(p, {})
+                total += chain.seconds(w.get("steps", 0), w.get("token_steps", 0))
+        return total
+
+
+def phase_totals(times: dict[str, float], work: dict[str, dict[str, int]], phases: Sequence[str]) -> tuple:
+    """(seconds, calls, steps, token_steps) summed over ``phases`` of one run."""
+    sec = sum(times.get(p, 0.0) for p in phases)
+    calls, steps, token_steps = (sum(work.get(p, {}).get(k, 0) for p in phases) for k in WORK_KEYS)
+    return sec, calls, steps, token_steps
+
+
+WORK_KEYS = ("calls", "steps", "token_steps")
+
+
+def fit_chain(runs: Sequence[tuple[float, float, float]]) -> ChainCost:
+    """A :class:`ChainCost` from runs' (seconds, steps, token_steps) of one model's chain phases.
+
+    Two runs with different tokens per transition (a model at two AR-step counts) fix both terms
+    (least squares over more); where the tokens per transition do not differ (one run, or a family
+    whose AR steps are fixed) or the fit would make a term negative, the chain is charged per
+    transition only."""
+    runs = [r for r in runs if r[1] > 0]
+    if not runs:
+        return ChainCost(0.0)
+    sec, steps, tok = (np.asarray(v, dtype=float) for v in zip(*runs, strict=True))
+    per_call = ChainCost(float(sec.sum() / steps.sum()))
+    density = tok / steps
+    if len(runs) < 2 or np.ptp(density) < 1e-9 * max(density.max(), 1.0):
+        return per_call
+    (a, b), *_ = np.linalg.lstsq(np.stack([steps, tok], axis=1), sec, rcond=None)
+    return ChainCost(float(a), float(b)) if a >= 0 and b >= 0 else per_call
+
+
+def fit_pass(runs: Sequence[tuple[float, float]]) -> float:
+    """Seconds per backbone pass from runs' (seconds, calls)."""
+    sec, calls = sum(r[0] for r in runs), sum(r[1] for r in runs)
+    return sec / calls if calls else 0.0

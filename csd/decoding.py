@@ -33,14 +33,23 @@ class Generation:
 
 
 class PhaseTimer:
-    """Wall time per named phase; synchronises CUDA so GPU work is charged to the right phase."""
+    """Wall time per named phase; synchronises CUDA so GPU work is charged to the right phase.
+
+    ``work[phase]`` counts what the phase did, for the cost model (:mod:`csd.cost`): its calls, and for a
+    chain phase the transitions run (``steps`` per call) and the token-transitions (``tokens * steps``,
+    tokens counted over the batch)."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.times: dict[str, float] = defaultdict(float)
+        self.work: dict[str, dict[str, int]] = defaultdict(lambda: {"calls": 0, "steps": 0, "token_steps": 0})
 
     @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
+    def __call__(self, phase: str, tokens: int = 0, steps: int = 0) -> Iterator[None]:
+        work = self.work[phase]
+        work["calls"] += 1
+        work["steps"] += steps
+        work["token_steps"] += tokens * steps
         sync = self.device.type == "cuda"
         if sync:
             torch.cuda.synchronize(self.device)
@@ -81,7 +90,7 @@ def predict_step(
         chain = model.predict(
             tokens, mask, conditions, pos, torch.full((pos.numel(),), cfg, device=pos.device), config, steps
         )
-    with timer(f"{phase}_head"):
+    with timer(f"{phase}_head", tokens=pos.numel(), steps=steps):
         traj = chain.run(noise)
     return traj, chain
 

@@ -60,5 +60,5 @@ def generate(
         trace.record_pass(phase)
         if on_step is not None:
             on_step(s + 1, plan.num_steps, phase)
-    trace.record_times(timer.times)
+    trace.record_times(timer.times, timer.work)
     return Generation(tokens.float().cpu(), trace)

@@ -260,7 +260,7 @@ class _Decoding:
             chain_p = self.target.verify(self.tokens, self.mask, *args, drafted=block.draft.x)
         self.trace.record_pass("target")
         rows, aligned = block.pos.shape[1], self.csd.align
-        with self.timer("target_head"):
+        with self.timer("target_head", tokens=block.pos.numel(), steps=block.t_p):
             target = chain_p.run(block.noise if aligned else self._noise("independent", rows, block.t_p))
         self.trace.record_distance(block.pos, (block.draft.x - target.x).norm(dim=-1), aligned)
         self._inspect(block.pos, "target", target)
@@ -307,5 +307,5 @@ class _Decoding:
         self.report(block.steps.stop, self.plan.num_steps, "verify")
 
     def finish(self) -> Generation:
-        self.trace.record_times(self.timer.times)
+        self.trace.record_times(self.timer.times, self.timer.work)
         return Generation(self.tokens.float().cpu(), self.trace)

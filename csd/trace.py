@@ -73,6 +73,7 @@ class Trace:
     target_passes: int = 0  # backbone passes (a CFG pass over a doubled batch counts once)
     draft_passes: int = 0
     times: dict[str, float] = field(default_factory=dict)  # seconds per phase
+    work: dict[str, dict[str, int]] = field(default_factory=dict)  # per phase: calls, steps, token_steps
     settings: dict = field(default_factory=dict)
     details: TokenDetails | None = None  # per-token inputs of every decision, when asked for
     # acceptance_unit "token": the fraction of each verified row's tokens accepted (an xAR cell's)
@@ -112,9 +113,10 @@ class Trace:
         else:
             raise ValueError(f"model must be 'target' or 'draft', got {model!r}")
 
-    def record_times(self, times: dict[str, float]) -> None:
-        """Seconds per phase of the whole run."""
+    def record_times(self, times: dict[str, float], work: dict[str, dict[str, int]] | None = None) -> None:
+        """Seconds per phase of the whole run and, optionally, what each phase did (PhaseTimer.work)."""
         self.times = dict(times)
+        self.work = {phase: dict(w) for phase, w in (work or {}).items()}
 
     def keep_details(self, steps: int, dim: int) -> None:
         """From now on keep :class:`TokenDetails` (chains of ``steps`` transitions, tokens of ``dim``)."""

@@ -27,6 +27,7 @@ import numpy as np
 
 from csd.checks import check_int
 from csd.config import CSDConfig, SamplingConfig
+from csd.cost import BACKBONE_PHASES, CHAIN_PHASES, WORK_KEYS, PassCosts, fit_chain, fit_pass, phase_totals
 from csd.decoding import Generation, StepCallback
 from csd.experiments.analysis import image_conditions, run_csd, run_single
 from csd.experiments.evaluate import eval_labels_seeds, generate_images, quality
@@ -38,6 +39,7 @@ from csd.shapes.data import CLASS_NAMES
 from csd.shapes.metrics import DEFAULT_CLASSIFIER, frechet_distance, load_classifier, predict
 from csd.shapes.text import prompt_class
 from csd.speculative import speculative_generate
+from csd.trace import Maker
 
 BOOTSTRAP = 20  # resamples for the Frechet distance's standard error
 
@@ -92,18 +94,34 @@ def grid(
     fixed_steps: bool = False,
     caches_guidance: bool = False,
 ) -> list[Point]:
-    """The settings of the frontier, the baseline (target-only at ``sampling``) first. ``fixed_steps``:
-    the family's AR steps cannot change (xAR: one per cell), so no fewer-AR-step settings; its "head" is
-    the flow chain, and a quarter of its steps is one more cheap setting in their place.
-    ``caches_guidance``: the family takes LazyMAR's condition cache (FamilyTraits.caches_guidance); the
-    full grid then holds it alone and with CSD."""
+    """The settings of the frontier, the baseline (target-only at ``sampling``) first.
+
+    ``quick`` (the app's recompute): a few settings of each kind. Otherwise the dense grid of the
+    committed frontiers: the target at every AR-step count from a quarter to three quarters of the
+    base (every flow-step count from a quarter to two thirds where the AR steps are fixed), so every CSD
+    setting has a target-only alternative within a step's time (1 / S of the base, or one flow step's)
+    of its own; cheaper, annealed and DiSA heads alone and with fewer AR steps; CSD at three draft
+    lengths and two tests, with cheaper heads, DiSA, a pre-fill, an independent-noise draft head and,
+    where the family takes it, LazyMAR's condition cache alone and with CSD.
+
+    ``fixed_steps``: the family's AR steps cannot change (xAR: one per cell), so no fewer-AR-step
+    settings; its "head" is the flow chain. ``caches_guidance``: the family takes LazyMAR's condition
+    cache (FamilyTraits.caches_guidance)."""
     s, c, t = sampling, csd, head_steps
     head = "flow" if fixed_steps else "head"
     few = {"head_steps": max(2, t // 2)}
     points = [Point(f"target-only ({s.num_steps} AR steps, {head} {t})", s)]
-    ar_steps = [] if fixed_steps else [k for k in ((16, 8) if quick else (24, 16, 11, 8)) if k < s.num_steps]
+    if fixed_steps:
+        ar_steps = []
+    elif quick:
+        ar_steps = [k for k in (16, 8) if k < s.num_steps]
+    else:
+        ar_steps = list(range(max(2, s.num_steps // 4), (3 * s.num_steps) // 4 + 1))[::-1]
     points += [Point(f"target, {k} AR steps", replace(s, num_steps=k)) for k in ar_steps]
-    fewer = list(dict.fromkeys([few["head_steps"]] + ([max(2, t // 4)] if fixed_steps else [])))  # distinct
+    if fixed_steps and not quick:
+        fewer = list(range((2 * t) // 3, max(2, t // 4) - 1, -1))
+    else:
+        fewer = list(dict.fromkeys([few["head_steps"]] + ([max(2, t // 4)] if fixed_steps else [])))  # distinct
     points += [Point(f"target, {head} {k} steps", replace(s, head_steps=k)) for k in fewer]
     points.append(
         Point(f"target, {head} {t} -> {max(2, t // 5)} steps", replace(s, head_steps=t, head_steps_min=max(2, t // 5)))
@@ -111,10 +129,15 @@ def grid(
     disa = disa_steps(t, fixed_steps)
     disa_name = f"DiSA {head} {disa['head_steps']} -> {disa['head_steps_min']}"
     points.append(Point(f"target, {disa_name}", replace(s, **disa)))
-    if ar_steps:
+    if ar_steps and quick:
         k = ar_steps[0]
         points.append(Point(f"target, {k} AR steps, head {few['head_steps']}", replace(s, num_steps=k, **few)))
-    gammas = (4, 8) if quick else (2, 4, 8, 16)
+    elif ar_steps:
+        for k in sorted({round(s.num_steps * f) for f in (0.375, 0.5, 0.625)}, reverse=True):
+            points.append(Point(f"target, {k} AR steps, head {few['head_steps']}", replace(s, num_steps=k, **few)))
+        k = s.num_steps // 2
+        points.append(Point(f"target, {k} AR steps, {disa_name}", replace(s, num_steps=k, **disa)))
+    gammas = (4, 8) if quick else (4, 8, 16)
     for g in gammas:
         for tau in (c.tau_v, 5.0):
             points.append(Point(f"CSD, gamma {g}, tau_v {tau:g}", s, replace(c, gamma=g, tau_v=tau)))
@@ -128,9 +151,7 @@ def grid(
         ),
     ]
     if not quick:
-        points += [
-            Point(f"CSD, gamma {g}, {head} {few['head_steps']}", replace(s, **few), replace(c, gamma=g)) for g in (4, 8)
-        ]
+        points.append(Point(f"CSD, gamma 8, {head} {few['head_steps']}", replace(s, **few), replace(c, gamma=8)))
         points.append(Point(f"CSD, gamma 4, tau_v 5, {disa_name}", replace(s, **disa), replace(c, gamma=4, tau_v=5.0)))
         if caches_guidance and s.guided:
             lazy = lazymar_cache(s.num_steps)
@@ -161,41 +182,153 @@ def fd_standard_error(feats: np.ndarray, ref: np.ndarray, seed: int = 0) -> floa
     return float(np.std(values, ddof=1))
 
 
-def run_frontier(target, draft, points: list[Point], classifier, ref_feats, n: int, batch: int, repeats: int) -> dict:
-    """Time every point side by side at ``batch`` images, then score ``n`` images of each."""
-    labels, seeds = eval_labels_seeds(batch, 100_000, target.traits)
+TIMED_IMAGES = 8  # images per timed unit at every batch: batch 1 makes them one at a time
+
+
+@dataclass
+class Timed:
+    """One setting's timings at one batch: median seconds of a unit (TIMED_IMAGES images) and the
+    phase times and work of its last unit (summed over the unit's generations)."""
+
+    seconds: float
+    times: dict
+    work: dict
+
+
+def _unit_trace(outputs: list[Generation]) -> tuple[dict, dict]:
+    times: dict[str, float] = {}
+    work: dict[str, dict[str, int]] = {}
+    for g in outputs:
+        for phase, sec in g.trace.times.items():
+            times[phase] = times.get(phase, 0.0) + sec
+        for phase, w in g.trace.work.items():
+            acc = work.setdefault(phase, dict.fromkeys(WORK_KEYS, 0))
+            for k in WORK_KEYS:
+                acc[k] += w.get(k, 0)
+    return times, work
+
+
+def time_points(target, draft, points: list[Point], batch: int, repeats: int, extra: dict | None = None) -> dict:
+    """Every point (and ``extra``: name -> callable(labels, seeds)) timed side by side at ``batch``:
+    a unit is TIMED_IMAGES images in ceil(TIMED_IMAGES / batch) generations of distinct seeds; units are
+    interleaved over ``repeats`` rounds after one warm-up round (none at batch 1, where a first run
+    costs what a second does on a CPU). -> name -> :class:`Timed`."""
+    units = max(1, math.ceil(TIMED_IMAGES / batch))
+    labels, seeds = eval_labels_seeds(batch * units, 100_000, target.traits)
+    chunks = [(labels[i * batch : (i + 1) * batch], seeds[i * batch : (i + 1) * batch]) for i in range(units)]
 
     def runner(p: Point):
         if p.csd is None:
-            return lambda: generate(target, labels, seeds, p.sampling)
-        return lambda: speculative_generate(target, draft, labels, seeds, p.sampling, p.csd)
+            return lambda lab, sd: generate(target, lab, sd, p.sampling)
+        return lambda lab, sd: speculative_generate(target, draft, lab, sd, p.sampling, p.csd)
 
-    timed = alternate({p.name: runner(p) for p in points}, repeats)
-    base = timed[points[0].name].median
+    makers = {p.name: runner(p) for p in points} | dict(extra or {})
+    runs = {name: (lambda f=f: [f(lab, sd) for lab, sd in chunks]) for name, f in makers.items()}
+    samples = alternate(runs, repeats, warmup=0 if batch == 1 else 1)
+    out = {}
+    for name, smp in samples.items():
+        times, work = _unit_trace(smp.outputs[-1])
+        out[name] = Timed(smp.median, times, work)
+    return out
+
+
+def draft_runs(target, draft, sampling: SamplingConfig, fewest: int | None) -> dict:
+    """Draft-only runs for the cost model's draft terms: at the base AR steps and, where the family's
+    steps can change, at ``fewest`` (a second token count per transition); the draft's head takes the
+    target's head steps, as in CSD."""
+    base = replace(sampling, head_steps=target.head_steps(sampling.head_steps))
+    settings = {"draft-only": base}
+    if fewest is not None:
+        settings[f"draft-only, {fewest} AR steps"] = replace(base, num_steps=fewest)
+    return {name: (lambda lab, sd, s=s: generate(draft, lab, sd, s, Maker.DRAFT)) for name, s in settings.items()}
+
+
+def pass_costs(timed: dict[str, Timed], target_runs: Sequence[str], draft_runs_: Sequence[str]) -> PassCosts:
+    """The cost model's per-pass costs from the target-only and draft-only runs at one batch."""
+
+    def fitted(names, model):
+        backbone = [phase_totals(timed[n].times, timed[n].work, BACKBONE_PHASES[model])[:2] for n in names]
+        chain = [phase_totals(timed[n].times, timed[n].work, CHAIN_PHASES[model]) for n in names]
+        return fit_pass(backbone), fit_chain([(sec, steps, tok) for sec, _, steps, tok in chain])
+
+    c_p, h_p = fitted(target_runs, "target")
+    c_q, h_q = fitted(draft_runs_, "draft")
+    return PassCosts(c_p, c_q, h_p, h_q)
+
+
+def run_frontier(
+    target, draft, points: list[Point], classifier, ref_feats, n: int, batches: Sequence[int], repeats: int
+) -> dict[int, dict]:
+    """Time every point side by side at each of ``batches``, score ``n`` images of each once (a
+    setting's images do not depend on the batch it is timed at) -> batch -> result.
+
+    Each result's rows carry the measured time (a ratio to the baseline at that batch) and the cost
+    model's prediction (``predicted``: :class:`csd.cost.PassCosts` from the target-only and draft-only
+    runs at that batch applied to the row's own work, over the baseline's measured time)."""
+    fewest = min((p.sampling.num_steps for p in points if p.csd is None), default=None)
+    base_steps = points[0].sampling.num_steps
+    fewest_point = next(
+        (p.name for p in points if p.csd is None and p.sampling == replace(points[0].sampling, num_steps=fewest)), None
+    )
+    if fewest == base_steps:
+        fewest, fewest_point = None, None
+    extra = draft_runs(target, draft, points[0].sampling, fewest)
+    timings = {b: time_points(target, draft, points, b, repeats, extra) for b in batches}
     eval_labels, eval_seeds = eval_labels_seeds(n, 0, target.traits)
-    rows = []
+    scored = []
     for p in points:
         mode = "target" if p.csd is None else "csd"
         images, _ = generate_images(mode, target, draft, eval_labels, eval_seeds, p.sampling, p.csd or CSDConfig(), 8)
         scores, feats = quality(images, eval_labels, ref_feats, classifier)
         acc = scores["accuracy"]
-        rows.append(
+        scored.append(
             {
-                "name": p.name,
-                "method": p.method,
-                "time": timed[p.name].median / base,
                 "accuracy": acc,
                 "accuracy_se": math.sqrt(acc * (1 - acc) / n),
                 "fd": scores["fd"],
                 "fd_se": fd_standard_error(feats, ref_feats),
-                "sampling": asdict(p.sampling),
-                "csd": None if p.csd is None else asdict(p.csd),
             }
         )
-    metrics = ["fd", "accuracy"]
-    mark_fronts(rows, metrics)
-    timing = f"median wall time at batch {batch} over {repeats} interleaved repeats"
-    return {"rows": rows, "metrics": metrics, "n": n, "batch": batch, "repeats": repeats, "timing": timing}
+    results = {}
+    for b, timed in timings.items():
+        base = timed[points[0].name].seconds
+        costs = pass_costs(timed, [points[0].name] + ([fewest_point] if fewest_point else []), list(extra))
+        rows = []
+        for p, quality_ in zip(points, scored, strict=True):
+            t = timed[p.name]
+            rows.append(
+                {
+                    "name": p.name,
+                    "method": p.method,
+                    "time": t.seconds / base,
+                    "predicted": costs.predict(t.work) / base,
+                    **quality_,
+                    "phases": {k: v / base for k, v in sorted(t.times.items())},
+                    "sampling": asdict(p.sampling),
+                    "csd": None if p.csd is None else asdict(p.csd),
+                }
+            )
+        metrics = ["fd", "accuracy"]
+        mark_fronts(rows, metrics)
+        units = max(1, math.ceil(TIMED_IMAGES / b))
+        made = f"{TIMED_IMAGES} images" + (f" as {units} generations of {b}" if units > 1 else f" at batch {b}")
+        results[b] = {
+            "rows": rows,
+            "metrics": metrics,
+            "n": n,
+            "batch": b,
+            "repeats": repeats,
+            "timing": f"median wall time of {made} over {repeats} interleaved repeats",
+            "pass_costs": {
+                "seconds_target_only": base,
+                **{k: v / base for k, v in asdict(costs).items() if not isinstance(v, dict)},
+                "target_chain": {k: v / base for k, v in asdict(costs.target_chain).items()},
+                "draft_chain": {k: v / base for k, v in asdict(costs.draft_chain).items()},
+                "draft_only": {name: timed[name].seconds / base for name in extra},
+            },
+            "verdict": verdict(rows),
+        }
+    return results
 
 
 def mark_fronts(rows: list[dict], metrics: Sequence[str]) -> None:
@@ -204,6 +337,59 @@ def mark_fronts(rows: list[dict], metrics: Sequence[str]) -> None:
     for key in metrics:
         for r, on in zip(rows, pareto(times, [r[key] for r in rows], METRICS[key][1]), strict=True):
             r[f"front_{key}"] = on
+
+
+SLACK = 0.05  # an alternative counts against a CSD setting up to this much slower (time ratio)
+CLEAR = 2.0  # standard errors (combined) by which "clearly" ahead or behind is meant
+
+
+def margins(rows: list[dict], metric: str = "fd", slack: float = SLACK) -> list[dict]:
+    """Per CSD row: its ``metric`` against the best non-CSD alternative measured at no more than its
+    time + ``slack``, as a margin in combined standard errors (positive: CSD better). Rows without
+    such an alternative get margin None."""
+    better_high = METRICS[metric][1]
+    out = []
+    for r in rows:
+        if r["method"] != "CSD":
+            continue
+        rivals = [a for a in rows if a["method"] != "CSD" and a["time"] <= r["time"] + slack]
+        entry = {"name": r["name"], "time": r["time"], metric: r[metric], "rival": None, "margin": None}
+        if rivals:
+            sign = 1.0 if better_high else -1.0
+            best = max(rivals, key=lambda a: sign * a[metric])
+            se = math.hypot(r[f"{metric}_se"], best[f"{metric}_se"])
+            diff = sign * (r[metric] - best[metric])
+            entry |= {"rival": best["name"], "rival_time": best["time"], "rival_value": best[metric]}
+            entry["margin"] = diff / se if se > 0 else (math.inf if diff > 0 else -math.inf if diff < 0 else 0.0)
+        out.append(entry)
+    return out
+
+
+def verdict(rows: list[dict], metric: str = "fd", slack: float = SLACK, clear: float = CLEAR) -> dict:
+    """The frontier's one-line answer for CSD, by the stated rule: *clearly ahead* where a CSD
+    setting's ``metric`` beats every alternative at no more than its time (+ ``slack``) by more than
+    ``clear`` combined standard errors; *on par* where its best margin is within +-``clear``; *behind*
+    where every CSD setting is beaten by more. The CSD setting with the largest margin decides."""
+    rated = [m for m in margins(rows, metric, slack) if m["margin"] is not None]
+    if not rated:
+        return {"verdict": "unrated", "metric": metric, "slack": slack, "clear": clear, "best": None}
+    best = max(rated, key=lambda m: m["margin"])
+    word = "clearly ahead" if best["margin"] > clear else "on par" if best["margin"] >= -clear else "behind"
+    return {"verdict": word, "metric": metric, "slack": slack, "clear": clear, "best": best}
+
+
+def verdict_line(result: dict) -> str:
+    """The verdict as a sentence with its margin."""
+    v = result.get("verdict") or verdict(result["rows"])
+    if v["best"] is None:
+        return "CSD unrated: no alternative was measured at or below any CSD setting's time."
+    b, name = v["best"], METRICS[v["metric"]][0]
+    return (
+        f"CSD is {v['verdict']} at batch {result['batch']}: its best setting, {b['name']} (time "
+        f"{b['time']:.2f}, {name} {b[v['metric']]:.1f}), against the best alternative at no more than its "
+        f"time + {v['slack']:g}, {b['rival']} ({b['rival_time']:.2f}, {b['rival_value']:.1f}): "
+        f"{b['margin']:+.1f} combined standard errors."
+    )
 
 
 def result_metrics(result: dict) -> list[str]:
@@ -219,22 +405,31 @@ def frontier_markdown(result: dict) -> str:
     metrics = result_metrics(result)
     timing = result.get("timing", f"median wall time at batch {result.get('batch')}")
     short = {"fd": "FD", "accuracy": "accuracy", "rms": "RMS distance"}
+    predicted = all("predicted" in r for r in result["rows"])
     lines = [
-        f"Time: {timing}, as a ratio to the first row. Quality over {result['n']} images (same labels and "
+        f"Time: {timing}, as a ratio to the first row"
+        + ("; predicted: the cost model's time from per-pass costs measured in the same run" if predicted else "")
+        + f". Quality over {result['n']} images (same labels and "
         f"seeds), +- one standard error. Front: no other setting is at most as slow and at least as good "
         f"({' / '.join(short[m] for m in metrics)}).",
         "",
+    ]
+    if "verdict" in result:
+        lines += [verdict_line(result), ""]
+    lines += [
         "| setting | time | "
+        + ("predicted | " if predicted else "")
         + " | ".join(METRICS[m][0] for m in metrics)
         + " | "
         + " | ".join(f"front ({short[m]})" for m in metrics)
         + " |",
-        "| --- | --- |" + " --- |" * (2 * len(metrics)),
+        "| --- | --- |" + (" --- |" if predicted else "") + " --- |" * (2 * len(metrics)),
     ]
     for r in sorted(result["rows"], key=lambda r: r["time"]):
         values = [f"{r[m]:.{_digits(m)}f} +- {r[f'{m}_se']:.{_digits(m)}f}" for m in metrics]
         fronts = ["yes" if r[f"front_{m}"] else "" for m in metrics]
-        lines.append(f"| {r['name']} | {r['time']:.2f} | " + " | ".join(values + fronts) + " |")
+        pred = f"{r['predicted']:.2f} | " if predicted else ""
+        lines.append(f"| {r['name']} | {r['time']:.2f} | {pred}" + " | ".join(values + fronts) + " |")
     return "\n".join(lines) + "\n"
 
 
