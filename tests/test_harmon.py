@@ -87,6 +87,48 @@ def test_generation_is_seeded_and_batch_invariant(pair):
     assert not torch.allclose(other.tokens[0], both.tokens[0])  # the prompt conditions the image
 
 
+def _recomputed(model, tokens, mask, prompts, guided):
+    """What Harmon.conditions computes, with the prompt run again in the pass (no KV cache)."""
+    b = tokens.shape[0]
+    if not guided:
+        return model.backbone(tokens, mask, prompts.ids, prompts.attn), None
+    ids, attn, null_ids, null_attn = prompts.both(model.tokenizer.pad_token_id)
+    two = lambda t: torch.cat([t, t])
+    z = model.backbone(two(tokens), two(mask), torch.cat([ids, null_ids]), torch.cat([attn, null_attn]))
+    return z[:b], z[b:]
+
+
+@pytest.mark.parametrize("guided", [False, True])
+def test_the_prompt_kv_cache_gives_the_numbers_of_running_the_prompt_again(pair, guided):
+    model = pair[0]
+    prompts = model.check_conditions(["a red star", PROMPTS[1]], 2, torch.device("cpu"))  # padded: unequal lengths
+    g = torch.Generator().manual_seed(0)
+    for step in range(3):  # the cache is made at the first step and read, cropped back, at the others
+        tokens = torch.randn(2, model.seq_len, model.token_dim, generator=g)
+        order = torch.stack([torch.randperm(model.seq_len, generator=g) for _ in range(2)])
+        mask = order < model.seq_len - 4 * (step + 1)  # as many unknown per image, fewer each step
+        z, z_uncond = model.conditions(tokens, mask, prompts, guided)
+        ref, ref_uncond = _recomputed(model, tokens, mask, prompts, guided)
+        torch.testing.assert_close(z, ref, rtol=1e-5, atol=1e-5)
+        if guided:
+            torch.testing.assert_close(z_uncond, ref_uncond, rtol=1e-5, atol=1e-5)
+        (cache,) = prompts.kv.values()
+        width = prompts.both(model.tokenizer.pad_token_id)[0].shape[1] if guided else prompts.ids.shape[1]
+        assert cache.get_seq_length() == width  # back to the prompt after every pass
+
+
+def test_a_generation_with_the_prompt_cache_equals_one_without(pair, monkeypatch):
+    target, draft = pair
+    s, c = SamplingConfig(num_steps=4, cfg_scale=2.0, head_steps=5), CSDConfig(gamma=2)
+    cached = generate(target, PROMPTS, [3, 4], s)
+    spec = speculative_generate(target, draft, PROMPTS, [3, 4], s, c)
+    monkeypatch.setattr(Harmon, "conditions", _recomputed)
+    torch.testing.assert_close(cached.tokens, generate(target, PROMPTS, [3, 4], s).tokens, rtol=0, atol=1e-4)
+    plain = speculative_generate(target, draft, PROMPTS, [3, 4], s, c)
+    torch.testing.assert_close(spec.tokens, plain.tokens, rtol=0, atol=1e-4)
+    assert (spec.trace.maker == plain.trace.maker).all()
+
+
 def test_csd_on_a_harmon_pair_shares_orders_and_traces_every_token(pair):
     target, draft = pair
     s, c = SamplingConfig(num_steps=8, cfg_scale=3.0), CSDConfig(gamma=3, prefill=0.2)

@@ -9,10 +9,10 @@ and the DiffLoss head follow, unchanged. The module tree (``llm.model.*``, ``llm
 ``mar.*``, ``proj_in.{0,2}``, ``proj_out.{0,2}``) is the official one, so ``harmon_0.5b.pth`` /
 ``harmon_1.5b.pth`` load strictly (:func:`csd.models.harmon.official.load_official_harmon`).
 
-The LLM is ``transformers``' Qwen2. The official code runs the prompt once into a KV cache and
-trims the cache after each step; here every step runs the prompt and the image rows in one pass
-(no cache internals; the same numbers, see tests/test_harmon_parity.py), which costs the prompt's
-length again per step.
+The LLM is ``transformers``' Qwen2. As the official sampler does, the prompt runs once into a KV
+cache (kept on the :class:`~csd.models.harmon.prompts.Prompts` of a generation) and every AR step
+runs the image rows on top of it, cropping the cache back after (tests/test_harmon.py: the same
+numbers as running the prompt again in each pass, which training does).
 
 Conditions are prompts: :meth:`Harmon.check_conditions` tokenises them (and the null prompt for
 CFG) into a :class:`~csd.models.harmon.prompts.Prompts` batch. Both models of a pair must share the tokenizer.
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +40,9 @@ from csd.models.head import DiffusionHead
 from csd.models.mar.adapter import MaskedARFamily
 from csd.models.mar.network import MAR, MAR_CONFIGS, MARConfig, training_mask
 from csd.models.spec import SerialConfig
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 # --- config ----------------------------------------------------------------------------------------
 
@@ -173,34 +176,62 @@ class Harmon(MaskedARFamily, nn.Module):
 
     # --- backbone -----------------------------------------------------------------------------------
 
-    def backbone(self, tokens: Tensor, mask: Tensor, ids: Tensor, attn: Tensor) -> Tensor:
+    def backbone(
+        self, tokens: Tensor, mask: Tensor, ids: Tensor, attn: Tensor, prompt_cache: DynamicCache | None = None
+    ) -> Tensor:
         """tokens (B, N, d), mask (B, N) True = unknown, prompt ids and attention mask (B, L) ->
-        per-position conditions z (B, N, dec)."""
+        per-position conditions z (B, N, dec).
+
+        ``prompt_cache``: the LLM's keys and values of these prompts (:meth:`prompt_cache`); the pass
+        then runs the image rows only, on top of it, and crops the cache back to the prompt after (the
+        official sampler's cache). Without it the prompt runs again in the same pass."""
         b, buf = tokens.shape[0], self.config.mar.buffer_size
         x_enc = self.mar.forward_mae_encoder(tokens, mask, self.mar.fake_latent.expand(b, -1))  # (B, buf + known, enc)
         rows = self.proj_in(x_enc)
         rows = torch.cat([rows[:, buf:], rows[:, :buf]], dim=1)  # the buffer moves to the end
-        embeds = self.llm.get_input_embeddings()(ids)
         full = torch.cat([attn, attn.new_ones(b, rows.shape[1])], dim=1)
         positions = (full.long().cumsum(1) - 1).clamp(min=0)  # image rows continue from the prompt's length
-        out = self.llm.model(
-            inputs_embeds=torch.cat([embeds, rows.to(embeds.dtype)], dim=1),
-            attention_mask=full,
-            position_ids=positions,
-            use_cache=False,
-        ).last_hidden_state[:, -rows.shape[1] :]
+        dtype = self.llm.get_input_embeddings().weight.dtype
+        if prompt_cache is None:
+            embeds = torch.cat([self.llm.get_input_embeddings()(ids), rows.to(dtype)], dim=1)
+            out = self.llm.model(inputs_embeds=embeds, attention_mask=full, position_ids=positions, use_cache=False)
+        else:
+            width = ids.shape[1]
+            out = self.llm.model(
+                inputs_embeds=rows.to(dtype),
+                attention_mask=full,
+                position_ids=positions[:, width:],
+                cache=prompt_cache,
+                use_cache=True,
+            )
+            prompt_cache.crop(-rows.shape[1])  # drop the rows just appended
+        out = out.last_hidden_state[:, -rows.shape[1] :]
         out = torch.cat([out[:, -buf:], out[:, :-buf]], dim=1)  # and back to the start
         return self.mar.forward_mae_decoder(x_enc + self.proj_out(out).to(x_enc.dtype), mask)
 
+    def prompt_cache(self, ids: Tensor, attn: Tensor) -> DynamicCache:
+        """The LLM's keys and values of the prompts ids, attn (B, L): what every AR step's pass reads
+        of them, computed once."""
+        positions = (attn.long().cumsum(1) - 1).clamp(min=0)
+        out = self.llm.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True)
+        return out.cache
+
     def conditions(self, tokens: Tensor, mask: Tensor, prompts: Prompts, guided: bool) -> tuple[Tensor, Tensor | None]:
-        """Conditional z and, when ``guided``, the null prompt's z from one doubled-batch pass."""
-        if not guided:
-            return self.backbone(tokens, mask, prompts.ids, prompts.attn), None
+        """Conditional z and, when ``guided``, the null prompt's z from one doubled-batch pass. The
+        prompts' keys and values are computed at the first step and kept on ``prompts`` (one cache per
+        model and guidance), so later steps run the image rows only."""
         b = tokens.shape[0]
-        ids, attn, null_ids, null_attn = prompts.both(self.tokenizer.pad_token_id)
-        ids, attn = torch.cat([ids, null_ids]), torch.cat([attn, null_attn])
-        z = self.backbone(torch.cat([tokens, tokens]), torch.cat([mask, mask]), ids, attn)
-        return z[:b], z[b:]
+        if guided:
+            ids, attn, null_ids, null_attn = prompts.both(self.tokenizer.pad_token_id)
+            ids, attn = torch.cat([ids, null_ids]), torch.cat([attn, null_attn])
+            tokens, mask = torch.cat([tokens, tokens]), torch.cat([mask, mask])
+        else:
+            ids, attn = prompts.ids, prompts.attn
+        key = (id(self), guided)
+        if key not in prompts.kv:
+            prompts.kv[key] = self.prompt_cache(ids, attn)
+        z = self.backbone(tokens, mask, ids, attn, prompts.kv[key])
+        return (z[:b], z[b:]) if guided else (z, None)
 
     # --- training -----------------------------------------------------------------------------------
 
