@@ -29,8 +29,12 @@ class App:
     visitor sends names a file, a directory or a repository: pairs are chosen by name among those the
     operator installed before serving."""
 
-    def __init__(self, store: PairStore, limits: Limits, panels: Panels | None = None, front: dict | None = None):
-        self.store, self.limits, self.panels, self.front = store, limits, panels, front
+    def __init__(
+        self, store: PairStore, limits: Limits, panels: Panels | None = None, fronts: dict | None = None
+    ) -> None:
+        self.store, self.limits, self.panels = store, limits, panels
+        # The benchmark's frontiers of the pairs served: pair name -> batch -> result (read-only).
+        self.fronts: dict[str, dict[int, dict]] = fronts or {}
         self.controls = declare_controls(store, limits)
         # The latest model runs: status ("done", "stopped", "over time", "error"), AR steps run, seconds.
         self.history: deque[dict] = deque(maxlen=64)
@@ -41,6 +45,11 @@ class App:
         # The page's control components (the Generate tab sets them): every request's values are checked
         # against them, for events that take raw values (preprocess=False) as for any other caller.
         self.components: dict = {}
+
+    def committed_front(self, pair: str | None, batch: int) -> dict | None:
+        """The benchmark's frontier of ``pair`` (default: the default pair) timed at ``batch``, or None."""
+        pair = self.store.names[0] if pair is None and self.store.names else pair
+        return self.fronts.get(pair, {}).get(batch)
 
     def check_client(self, request, wait: float = 2.0) -> None:
         """Refuse to start a run whose client is not listening for its result (it joined the queue and left,

@@ -36,7 +36,8 @@ from demo.tabs.inspect import InspectTab
 
 ROOT = Path(__file__).resolve().parents[1]
 PRECOMPUTED = ROOT / "assets" / "analysis_default.json"
-FRONTIER = ROOT / "bench" / "results" / "frontier.json"  # python -m csd.experiments.bench --frontier --quick
+# python -m csd.experiments.bench --frontier (every pair's folder; one file per batch it was timed at)
+FRONTIERS = sorted((ROOT / "bench" / "results").rglob("frontier_b*.json"))
 DEFAULT_CHECKPOINTS = ROOT / "pretrained_models"  # where --hub-repo fetches to without --checkpoints
 # The models are small (64 tokens): a second intra-op thread gains little, while on a CPU shared with
 # other work (two cores, a training job) more threads than free cores made generation 20-50x slower.
@@ -145,6 +146,16 @@ def precomputed_frontier(path: Path, store: PairStore) -> dict | None:
     return None
 
 
+def precomputed_frontiers(paths: list[Path], store: PairStore) -> dict[str, dict[int, dict]]:
+    """Every benchmark frontier measured on a served pair: pair name -> batch -> result."""
+    fronts: dict[str, dict[int, dict]] = {}
+    for path in paths:
+        result = precomputed_frontier(path, store)
+        if result is not None:
+            fronts.setdefault(result["pair"], {})[int(result["batch"])] = result
+    return fronts
+
+
 def make_app(checkpoints: Path | None, limits: Limits, hub_repo: str | None = None) -> App:
     """The app on every pair found (the untrained pair only when nothing is installed). With ``hub_repo``
     the official checkpoints are fetched into ``checkpoints`` first; a failure ends the start."""
@@ -162,7 +173,7 @@ def make_app(checkpoints: Path | None, limits: Limits, hub_repo: str | None = No
     panels = Panels.load(PRECOMPUTED) if PRECOMPUTED.is_file() else None
     if panels is not None and panels.pair not in store.names:
         panels = None  # computed for a pair this server does not have
-    return App(store, limits, panels, precomputed_frontier(FRONTIER, store))
+    return App(store, limits, panels, precomputed_frontiers(FRONTIERS, store))
 
 
 def warm_up(app: App) -> None:

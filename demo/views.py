@@ -205,24 +205,38 @@ def panels_json(panels: Panels | None) -> dict | None:
     return None if panels is None else json.loads(panels.to_json())
 
 
-def frontier_status(result: dict | None, recomputed: bool = False, pair: str | None = None) -> str:
+def frontier_status(
+    result: dict | None,
+    recomputed: bool = False,
+    pair: str | None = None,
+    regime: str | None = None,
+    committed: dict | None = None,
+) -> str:
+    """The frontier's status line: what is shown, and for the benchmark's run its verdict line;
+    ``committed``: the benchmark's frontier a recompute is drawn over."""
     if result is None:
-        return "No precomputed frontier for these models: press **Recompute frontier**."
+        where = f" at {regime}" if regime else ""
+        return f"No precomputed frontier for these models{where}: press **Recompute frontier**."
     steps = result["rows"][0]["sampling"]["num_steps"]
     what = "Recomputed" if recomputed else "Precomputed (default setting, `python -m csd.experiments.bench --frontier`)"
     key = frontier.result_metrics(result)[0]
     on = [r["name"] for r in result["rows"] if r["method"] == "CSD" and r[f"front_{key}"]]
-    verdict = (
+    front = (
         f"CSD on the front ({frontier.METRICS[key][0]}): {', '.join(on)}."
         if on
         else (f"No CSD setting is on the front ({frontier.METRICS[key][0]}).")
     )
     name = result.get("pair", pair)
     where = f" on *{name}*" if name else ""
-    return (
+    line = (
         f"**{what}**{where}: {len(result['rows'])} settings around {steps} AR steps, "
-        f"{result['n']} images each; time: {result['timing']}. {verdict}"
+        f"{result['n']} images each; time: {result['timing']}. {front}"
     )
+    if not recomputed and "verdict" in result:
+        line += f"\n\n**Verdict:** {frontier.verdict_line(result)}"
+    if committed is not None:
+        line += f" Drawn in grey over the benchmark's frontier at batch {committed['batch']} ({committed['n']} images)."
+    return line
 
 
 def frontier_outputs(result: dict | None, committed: dict | None = None) -> list:

@@ -8,7 +8,7 @@
 #
 # With PREVIOUS_TARGET, the probe compares it with the shipped target. Last, the browser test rewrites the
 # app screenshots in assets/ (tests/test_app_browser.py with CSD_SCREENSHOT_DIR=assets). On the 2-core
-# CPU this takes about 30 minutes.
+# CPU this takes about four hours (the three frontiers, about an hour each, most of it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export GRADIO_ANALYTICS_ENABLED=False
@@ -35,6 +35,9 @@ python -m visualize.training "$(chain shapes_target)" "$(chain shapes_draft)" --
 echo "== benchmark"
 python -m csd.experiments.bench --quick --n 200 --threads 1 --gammas 1 2 4 8 --quality-gammas 1 2 4 --out bench/results
 python -m visualize.report bench/results/bench.json  # the tables into docs/results.md and the README's headline
+# the frontier at batch 1 and 8 in one run (dense grid; about an hour here)
+python -m csd.experiments.bench --frontier --threads 1 --n 100 --n-ref 1000 --repeats 3 --out bench/results
+python -m visualize.report bench/results/frontier_b1.json bench/results/frontier_b8.json
 
 echo "== the xAR pair: training curves and benchmark"
 python -m visualize.training "$(chain shapes_xar_target)" "$M/shapes_xar_draft.log.jsonl" \
@@ -42,17 +45,17 @@ python -m visualize.training "$(chain shapes_xar_target)" "$M/shapes_xar_draft.l
 python -m csd.experiments.bench --quick --threads 1 --target "$M/shapes_xar_target.safetensors" \
   --draft "$M/shapes_xar_draft.safetensors" --num-steps 16 --cfg-schedule linear --out bench/results/xar
 python -m visualize.report bench/results/xar/bench.json
-python -m csd.experiments.bench --frontier --quick --threads 1 --target "$M/shapes_xar_target.safetensors" \
+python -m csd.experiments.bench --frontier --threads 1 --n 100 --n-ref 1000 --repeats 3 --target "$M/shapes_xar_target.safetensors" \
   --draft "$M/shapes_xar_draft.safetensors" --num-steps 16 --cfg-schedule linear --out bench/results/xar
-python -m visualize.report bench/results/xar/frontier.json
+python -m visualize.report bench/results/xar/frontier_b1.json bench/results/xar/frontier_b8.json
 
 echo "== the text pair: benchmark and frontier"
 python -m csd.experiments.bench --quick --threads 1 --target "$M/shapes_text_target.safetensors" \
   --draft "$M/shapes_text_draft.safetensors" --out bench/results/text
 python -m visualize.report bench/results/text/bench.json
-python -m csd.experiments.bench --frontier --quick --threads 1 --target "$M/shapes_text_target.safetensors" \
+python -m csd.experiments.bench --frontier --threads 1 --n 100 --n-ref 1000 --repeats 3 --target "$M/shapes_text_target.safetensors" \
   --draft "$M/shapes_text_draft.safetensors" --out bench/results/text
-python -m visualize.report bench/results/text/frontier.json
+python -m visualize.report bench/results/text/frontier_b1.json bench/results/text/frontier_b8.json
 
 if [[ $# -ge 1 ]]; then
   echo "== probe: $1 vs the shipped target"

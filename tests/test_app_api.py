@@ -18,6 +18,7 @@ from gradio_client.exceptions import AppError, ValidationError
 
 from csd.config import CSDConfig
 from csd.experiments.analysis import Panels
+from csd.experiments.frontier import verdict as frontier_verdict
 from csd.experiments.pairs import RANDOM_SOURCE, PairStore
 from demo import server
 from demo.core import App
@@ -123,20 +124,52 @@ def test_frontier_refuses_more_work_than_the_server_allows():
         next(frontier_result(application, 1, lambda *a, **k: None, **values))
 
 
+def committed_result(weights: str, batch: int, fd: float = 9.0) -> dict:
+    sampling = {"num_steps": 8, "cfg_scale": 3.0}
+    row = {"name": "target-only", "method": "target, fewer AR steps", "time": 1.0, "sampling": sampling}
+    row |= {"fd": fd, "fd_se": 1.0, "front_fd": True, "csd": None}
+    csd = row | {"name": "CSD, gamma 4", "method": "CSD", "time": 0.5, "fd": fd + 1, "front_fd": True}
+    rows = [row, csd, row | {"name": "target, 4 AR steps", "time": 0.52, "fd": fd + 30, "front_fd": False}]
+    result = {"rows": rows, "metrics": ["fd"], "n": 200, "timing": "median", "weights": weights, "batch": batch}
+    return result | {"verdict": frontier_verdict(rows)}
+
+
 def test_the_benchmark_frontier_is_shown_only_for_the_weights_it_measured(tmp_path):
     store = PairStore([RANDOM_SOURCE], torch.device("cpu"))
-    path = tmp_path / "frontier.json"
+    path = tmp_path / "frontier_b8.json"
     assert server.precomputed_frontier(path, store) is None  # no file
-    row = {"name": "target-only", "method": "target, fewer AR steps", "time": 1.0, "sampling": {"num_steps": 8}}
-    row |= {"fd": 9.0, "fd_se": 1.0, "front_fd": True, "csd": None}
-    result = {"rows": [row], "metrics": ["fd"], "n": 200, "timing": "median", "weights": "sha256:other"}
-    path.write_text(json.dumps(result))
+    path.write_text(json.dumps(committed_result("sha256:other", 8)))
     assert server.precomputed_frontier(path, store) is None  # measured on other weights
-    path.write_text(json.dumps(result | {"weights": RANDOM_SOURCE.weights}))
+    path.write_text(json.dumps(committed_result(RANDOM_SOURCE.weights, 8)))
     shown = server.precomputed_frontier(path, store)
     assert shown["pair"] == RANDOM_SOURCE.name
-    assert "Precomputed" in frontier_status(shown) and "No CSD setting is on the front" in frontier_status(shown)
+    assert "Precomputed" in frontier_status(shown) and "CSD on the front" in frontier_status(shown)
+    assert "**Verdict:** CSD is clearly ahead at batch 8" in frontier_status(shown)
     assert "press **Recompute frontier**" in frontier_status(None)
+
+
+def test_the_analysis_tab_shows_the_committed_frontier_of_the_chosen_pair_and_regime(tmp_path):
+    from demo.tabs.analysis import AnalysisTab, regime_batch
+
+    store = PairStore([RANDOM_SOURCE], torch.device("cpu"))
+    paths = []
+    for b, fd in ((1, 5.0), (8, 7.0)):
+        paths.append(tmp_path / f"frontier_b{b}.json")
+        paths[-1].write_text(json.dumps(committed_result(RANDOM_SOURCE.weights, b, fd)))
+    fronts = server.precomputed_frontiers(paths, store)
+    assert sorted(fronts[RANDOM_SOURCE.name]) == [1, 8]
+    tab = AnalysisTab(App(store, LIMITS, fronts=fronts))
+    tab.f_status, tab.f_plot, tab.f_table, tab.f_data = "status", "plot", "table", "data"  # the outputs' keys
+    for b, fd in ((1, 5.0), (8, 7.0)):
+        out = tab.committed_outputs(RANDOM_SOURCE.name, b)
+        assert out[tab.f_data]["batch"] == b and out[tab.f_data]["rows"][0]["fd"] == fd
+        assert f"at batch {b}" in out[tab.f_status] and "Verdict" in out[tab.f_status]
+    refused = tab.committed_outputs(RANDOM_SOURCE.name, 3)
+    assert list(refused) == [tab.f_status]
+    assert "Regime must be one of the batches [1, 8], got 3" in refused[tab.f_status]
+    with pytest.raises(gr.Error, match=r"Regime must be one of the batches \[1, 8\]"):
+        regime_batch("latency")
+    assert App(store, LIMITS).committed_front(RANDOM_SOURCE.name, 1) is None  # nothing committed: nothing shown
 
 
 def test_toy_acceptance_matches_one_minus_total_variation(client):

@@ -143,12 +143,16 @@ def test_generate_then_analysis_in_chromium(served, tmp_path):
             for key in ("time", "distance_per_step"):
                 page.locator(f"#panel-{key} .js-plotly-plot").wait_for(state="visible")
         frontier_status = page.locator("#frontier-status")
-        if application.front is None:
+        if application.committed_front(None, 1) is None:
             frontier_status.get_by_text("press Recompute frontier").wait_for(state="visible")
-        else:  # the benchmark's frontier for the served pair
+        else:  # the benchmark's frontier for the served pair, batch 1 first, its verdict under it
             frontier_status.get_by_text("Precomputed", exact=False).wait_for(state="visible")
+            assert "Verdict: CSD is" in frontier_status.inner_text() and "at batch 1" in frontier_status.inner_text()
             page.locator("#panel-frontier .js-plotly-plot").wait_for(state="visible")
         page.screenshot(path=shots / "screenshot.png", full_page=True)
+        if application.committed_front(None, 8) is not None:  # the regime switch shows the other run
+            page.locator("#frontier-regime").get_by_text("batch 8 (throughput)").click()
+            frontier_status.get_by_text("at batch 8", exact=False).wait_for(state="visible")
 
         # The frontier recomputed at one image: every setting runs, the front is drawn, a point's
         # setting shows on hover.

@@ -55,6 +55,21 @@ def test_the_grid_starts_at_the_baseline_and_holds_every_kind_of_alternative():
     assert all(p.sampling.num_steps <= 8 for p in grid(replace_steps(s, 8), c, 25, quick=True))
 
 
+def test_the_full_grid_is_dense_in_the_target_steps_around_csd():
+    s, c = SamplingConfig(num_steps=32, cfg_scale=3.0), CSDConfig()
+    full = grid(s, c, 25, quick=False)
+    names = [p.name for p in full]
+    assert len(set(names)) == len(names)
+    fewer = sorted(p.sampling.num_steps for p in full[1:] if p.method == "target, fewer AR steps")
+    assert fewer == list(range(8, 25))  # every AR-step count from a quarter to three quarters of 32
+    combos = [p for p in full if p.csd is None and p.sampling.num_steps < 32 and p.sampling.head_steps is not None]
+    assert {p.sampling.num_steps for p in combos} == {12, 16, 20}  # fewer AR steps with a cheaper head
+    assert {p.csd.gamma for p in full if p.csd is not None} == {4, 8, 16}
+    xar = grid(replace_steps(s, 16), c, 25, quick=False, fixed_steps=True)
+    flows = sorted(p.sampling.head_steps for p in xar[1:] if p.csd is None and p.sampling.head_steps_min is None)
+    assert flows == list(range(6, 17)) and all(p.sampling.num_steps == 16 for p in xar)  # every flow count
+
+
 def replace_steps(s: SamplingConfig, k: int) -> SamplingConfig:
     from dataclasses import replace
 
@@ -62,17 +77,22 @@ def replace_steps(s: SamplingConfig, k: int) -> SamplingConfig:
 
 
 @pytest.fixture(scope="module")
-def tiny_result(tmp_path_factory, one_thread):
+def tiny_results(tmp_path_factory, one_thread):
     from csd.experiments.evaluate import load_models
 
     target_path, draft_path = save_tiny_pixel_pair(tmp_path_factory.mktemp("pair"))
     target, draft = load_models(target_path, draft_path, "cpu")
     s, c = SamplingConfig(num_steps=6, cfg_scale=2.0), CSDConfig(gamma=2)
     points = [p for p in grid(s, c, 10, quick=True) if "tau_v 5" not in p.name][:6]
+    points.insert(1, Point("target, 3 AR steps", replace_steps(s, 3)))  # fewer AR steps: a second token count
     classifier = load_classifier()
-    return run_frontier(
-        target, draft, points, classifier, reference_features(30, 1, classifier), n=6, batch=2, repeats=1
-    )
+    refs = reference_features(30, 1, classifier)
+    return run_frontier(target, draft, points, classifier, refs, n=6, batches=(1, 2), repeats=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_result(tiny_results):
+    return tiny_results[2]
 
 
 def test_a_tiny_frontier_has_times_qualities_errors_and_fronts(tiny_result):
@@ -84,26 +104,54 @@ def test_a_tiny_frontier_has_times_qualities_errors_and_fronts(tiny_result):
     assert [r["front_fd"] for r in rows] == front and any(front)
     md = frontier_markdown(tiny_result)
     assert md.count("\n|") == len(rows) + 2 and "+-" in md  # a header, a rule and a row per setting
+    assert "predicted" in md and "CSD is" in md  # the cost model's column and the verdict line
     chart = frontier_chart(tiny_result)
     assert chart.series[-1].name == "Pareto front" and len(chart.series[-1].x) == sum(front)
     json.dumps(tiny_result)  # JSON-ready
 
 
-def test_the_bench_writes_the_frontier_json_and_markdown_and_the_report_its_plot(tmp_path, restore_threads):
+def test_each_batch_is_timed_apart_and_the_images_scored_once(tiny_results):
+    one, two = tiny_results[1], tiny_results[2]
+    assert (one["batch"], two["batch"]) == (1, 2)
+    assert "8 images as 8 generations of 1" in one["timing"] and "as 4 generations of 2" in two["timing"]
+    for a, b in zip(one["rows"], two["rows"], strict=True):
+        assert a["name"] == b["name"] and (a["fd"], a["accuracy"]) == (b["fd"], b["accuracy"])
+    assert [r["time"] for r in one["rows"]] != [r["time"] for r in two["rows"]]  # measured twice, not copied
+
+
+def test_the_cost_model_predicts_every_row_from_the_per_pass_costs_of_the_same_run(tiny_results):
+    for result in tiny_results.values():
+        costs = result["pass_costs"]
+        assert costs["target_pass"] > 0 and costs["draft_pass"] > 0 and costs["target_chain"]["per_transition"] > 0
+        assert set(costs["draft_only"]) == {"draft-only", "draft-only, 3 AR steps"}  # the draft at two token counts
+        rows = result["rows"]
+        assert all(r["predicted"] > 0 for r in rows)
+        # the baseline's prediction is its own modelled phases: below its measured time, not far below
+        assert 0.5 < rows[0]["predicted"] <= 1.0 + 1e-9
+        fewer = next(r for r in rows if r["name"] == "target, 3 AR steps")
+        assert fewer["predicted"] < rows[0]["predicted"]  # fewer passes, fewer chain calls
+
+
+def test_the_bench_writes_a_frontier_per_batch_and_the_report_its_plots(tmp_path, restore_threads):
     from csd.experiments.bench import main
     from visualize.report import main as report
 
     target, draft = save_tiny_pixel_pair(tmp_path)
     args = ["--frontier", "--quick", "--target", target, "--draft", draft, "--n", "4", "--n-ref", "20"]
-    args += ["--repeats", "1", "--batches", "2", "--num-steps", "6", "--threads", "1", "--out", str(tmp_path / "out")]
-    result = main(args)
-    saved = json.loads((tmp_path / "out" / "frontier.json").read_text())
-    assert [r["name"] for r in saved["rows"]] == [r["name"] for r in result["rows"]]
-    assert saved["rows"][0]["name"].startswith("target-only (6 AR steps")
-    assert (tmp_path / "out" / "frontier.md").read_text().startswith("# Quality-time frontier")
-    assert not (tmp_path / "out" / "frontier.png").exists()  # measurements write no figures
-    report([str(tmp_path / "out" / "frontier.json")])
-    assert (tmp_path / "out" / "frontier.png").stat().st_size > 1000
+    args += ["--repeats", "1", "--batches", "1", "2", "--num-steps", "6", "--threads", "1"]
+    results = main(args + ["--out", str(tmp_path / "out")])
+    assert sorted(results) == [1, 2]
+    for b in (1, 2):
+        saved = json.loads((tmp_path / "out" / f"frontier_b{b}.json").read_text())
+        assert [r["name"] for r in saved["rows"]] == [r["name"] for r in results[b]["rows"]]
+        assert saved["rows"][0]["name"].startswith("target-only (6 AR steps") and saved["batch"] == b
+        assert saved["minutes"] >= 0 and saved["settings"]["batches"] == [1, 2]
+        md = (tmp_path / "out" / f"frontier_b{b}.md").read_text()
+        assert md.startswith(f"# Quality-time frontier, batch {b}")
+    assert not list((tmp_path / "out").glob("*.png"))  # measurements write no figures
+    report([str(tmp_path / "out" / "frontier_b1.json")])
+    assert (tmp_path / "out" / "frontier_b1.png").stat().st_size > 1000
+    assert (tmp_path / "out" / "frontier_b1_cost.png").stat().st_size > 1000
 
 
 def test_the_bench_frontier_records_the_weights_the_app_matches(tmp_path, restore_threads):
@@ -113,7 +161,7 @@ def test_the_bench_frontier_records_the_weights_the_app_matches(tmp_path, restor
     target, draft = save_tiny_pixel_pair(tmp_path)
     args = ["--frontier", "--quick", "--target", target, "--draft", draft, "--n", "4", "--n-ref", "20"]
     args += ["--repeats", "1", "--batches", "2", "--num-steps", "4", "--threads", "1", "--out", str(tmp_path / "out")]
-    result = main(args)
+    result = main(args)[2]
     assert result["weights"] == file_digest(Path(target), Path(draft)) and result["metrics"] == ["fd", "accuracy"]
 
 
@@ -204,7 +252,7 @@ def test_the_frontier_runs_on_a_text_pair(tmp_path, restore_threads):
     target, draft = save_tiny_text_pair(tmp_path)
     args = ["--frontier", "--quick", "--target", target, "--draft", draft, "--n", "4", "--n-ref", "20"]
     args += ["--repeats", "1", "--batches", "2", "--num-steps", "6", "--threads", "1", "--out", str(tmp_path / "out")]
-    result = main(args)
+    result = main(args)[2]
     assert result["rows"][0]["name"].startswith("target-only (6 AR steps") and any(
         r["front_fd"] for r in result["rows"]
     )
@@ -222,7 +270,7 @@ def test_the_frontier_runs_on_an_xar_pair_with_fewer_flow_steps_in_place_of_ar_s
     target, draft = save_tiny_xar_pair(tmp_path)
     args = ["--frontier", "--quick", "--target", target, "--draft", draft, "--n", "2", "--n-ref", "20"]
     args += ["--repeats", "1", "--batches", "2", "--num-steps", "16", "--cfg-schedule", "linear", "--head-steps", "4"]
-    result = main(args + ["--threads", "1", "--out", str(tmp_path / "out")])
+    result = main(args + ["--threads", "1", "--out", str(tmp_path / "out")])[2]
     names = [r["name"] for r in result["rows"]]
     assert (
         len(set(names)) == len(names)

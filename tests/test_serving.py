@@ -77,6 +77,7 @@ def test_every_handler_is_a_known_one_and_none_can_download(served, monkeypatch)
     known |= {"after_run", "replay", "show_token", "select_on_map", "select_hint", "inspect_api", "play"}  # Inspect
     known |= {"apply_preset", "estimate", "from_link", "show_example"}  # presets, the estimate, a link, the gallery
     known |= {"analysis_images", "frontier_images"}  # the Images (n) that fit the chosen pair
+    known |= {"committed_outputs"}  # the committed frontier of the chosen pair and regime
     assert handlers <= known, handlers
 
     def refuse(*args, **kwargs):

@@ -89,3 +89,28 @@ def frontier_chart(result: dict, metric: str | None = None, overlay: dict | None
         series,
         note=note,
     )
+
+
+def cost_chart(result: dict) -> Chart:
+    """The cost model's predicted time of every setting against its measured time (both ratios to
+    target-only at the result's batch), one series per method, and the diagonal where they agree."""
+    rows = [r for r in result["rows"] if "predicted" in r]
+    if not rows:
+        raise ValueError("the result holds no predicted times (a frontier from before the cost model)")
+    series = []
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == method]
+        hover = [f"<b>{r['name']}</b><br>measured {r['time']:.2f}, predicted {r['predicted']:.2f}" for r in mine]
+        series.append(Series(method, [r["time"] for r in mine], [r["predicted"] for r in mine], "markers", hover=hover))
+    top = max(max(r["time"], r["predicted"]) for r in rows) * 1.05
+    series.append(Series("predicted = measured", [0.0, top], [0.0, top], color="#000000", dash=True))
+    csd = [r for r in rows if r["method"] == "CSD"]
+    gap = max((abs(r["predicted"] - r["time"]) for r in csd), default=0.0)
+    return Chart(
+        f"Cost model at batch {result['batch']}: predicted against measured time",
+        "measured time / target-only's",
+        "predicted time / target-only's",
+        series,
+        note=f"per-pass costs measured in the same run; CSD's largest gap {gap:.2f} (below the line: time the "
+        "model leaves out, the acceptance test, resampling and bookkeeping)",
+    )

@@ -2,7 +2,7 @@
 into docs/results.md and its headline into the README (the class pair's blocks, or the text and xAR
 pairs' own: ``text-bench`` / ``xar-bench``, ``text-headline`` / ``xar-headline``).
 
-    python -m visualize.report bench/results/bench.json bench/results/frontier.json [...]
+    python -m visualize.report bench/results/bench.json bench/results/frontier_b1.json [...]
 
 The measurements themselves (``python -m csd.experiments.bench``) only write JSON and Markdown.
 """
@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from csd.experiments.bench import docs_prefix, headline_markdown, markdown
-from visualize.frontier import frontier_chart
+from csd.experiments.frontier import verdict_table
+from visualize.frontier import cost_chart, frontier_chart
 from visualize.render import save_png
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,12 +43,35 @@ def update_docs(result: dict, root: Path = ROOT) -> None:
     paste_block(root / "README.md", f"{prefix}headline", headline_markdown(result))
 
 
+FAMILY_ORDER = ("MAR", "Harmon", "xAR")  # the README's rows: class pair, text pair, xAR pair
+
+
+def committed_frontiers(root: Path = ROOT) -> list[dict]:
+    """Every committed frontier (bench/results/**/frontier_b<batch>.json), in the README's order."""
+    results = [json.loads(p.read_text()) for p in sorted((root / "bench" / "results").rglob("frontier_b*.json"))]
+    rank = lambda r: (FAMILY_ORDER.index(r["family"]) if r.get("family") in FAMILY_ORDER else 99, int(r["batch"]))
+    return sorted(results, key=rank)
+
+
+def update_verdicts(root: Path = ROOT) -> None:
+    """The verdict table of every committed frontier into the README's ``verdicts`` block."""
+    paste_block(root / "README.md", "verdicts", verdict_table(committed_frontiers(root)))
+
+
 def report(path: Path, root: Path = ROOT) -> str:
-    """One result file: a frontier gets its chart (``frontier.png`` beside it), a benchmark its docs blocks."""
+    """One result file: a frontier gets its charts (``frontier_b8.png`` and ``frontier_b8_cost.png`` beside
+    ``frontier_b8.json``), a benchmark its docs blocks."""
     result = json.loads(Path(path).read_text())
     if "metrics" in result:  # a frontier (csd.experiments.frontier.run_frontier)
         out = Path(path).with_suffix(".png")
         save_png(frontier_chart(result), out)
+        if all("predicted" in r for r in result["rows"]):  # and its cost model's chart
+            cost = out.with_name(f"{out.stem}_cost.png")
+            save_png(cost_chart(result), cost)
+            if (root / "bench" / "results").resolve() in Path(path).resolve().parents:  # a committed one
+                update_verdicts(root)
+                return f"wrote {out} and {cost}; the README's verdict table from every committed frontier"
+            return f"wrote {out} and {cost}"
         return f"wrote {out}"
     update_docs(result, root)
     return f"pasted {path} into docs/results.md and README.md"

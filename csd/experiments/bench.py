@@ -510,6 +510,7 @@ def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out:
         result["minutes"] = round(minutes, 1)  # the whole run, every batch
         result["models"] = recorded_models(args.target, args.draft)
         result["weights"] = file_digest(Path(args.target), Path(args.draft))  # as ModelPair.weights: the app checks it
+        result["family"] = target.traits.family
         path = out / f"frontier_b{b}.json"
         path.write_text(json.dumps(result, indent=2) + "\n")
         table = frontier.frontier_markdown(result)

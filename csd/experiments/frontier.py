@@ -392,6 +392,34 @@ def verdict_line(result: dict) -> str:
     )
 
 
+def verdict_cell(result: dict) -> str:
+    """A verdict table's cell: the verdict, CSD's best setting and its rival, the margin in SEs."""
+    v = result.get("verdict") or verdict(result["rows"])
+    if v["best"] is None:
+        return "unrated (no alternative as fast)"
+    b = v["best"]
+    return (
+        f"**{v['verdict']}** ({b['margin']:+.1f} SE): {b['name']} ({b['time']:.2f}, FD {b[v['metric']]:.1f}) "
+        f"vs {b['rival']} ({b['rival_time']:.2f}, FD {b['rival_value']:.1f})"
+    )
+
+
+def verdict_table(results: Sequence[dict]) -> str:
+    """Markdown: one row per family, one column per batch, each cell :func:`verdict_cell`."""
+    families = list(dict.fromkeys(r.get("family", "?") for r in results))
+    batches = sorted({int(r["batch"]) for r in results})
+    regime = {1: "latency", 8: "throughput"}
+    heads = [f"batch {b}" + (f" ({regime[b]})" if b in regime else "") for b in batches]
+    lines = ["| family | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(batches)]
+    for fam in families:
+        cells = []
+        for b in batches:
+            mine = [r for r in results if r.get("family", "?") == fam and int(r["batch"]) == b]
+            cells.append(verdict_cell(mine[0]) if mine else "not measured")
+        lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def result_metrics(result: dict) -> list[str]:
     """The metrics a result holds, the one to plot first (results from before the key: FD and accuracy)."""
     return list(result.get("metrics", ["fd", "accuracy"]))

@@ -24,6 +24,17 @@ SECTIONS = (  # (title, panels in the row), in the order of ANALYSIS_KEYS
 )
 
 
+# The benchmark's two regimes, each a committed frontier per pair (frontier_b<batch>.json).
+REGIMES = {1: "batch 1 (latency: one image at a time)", 8: "batch 8 (throughput)"}
+
+
+def regime_batch(regime) -> int:
+    """The batch of a regime value, refused by name unless it is one of REGIMES."""
+    if isinstance(regime, bool) or not isinstance(regime, int | float | str) or str(regime) not in map(str, REGIMES):
+        raise refuse(f"Regime must be one of the batches {sorted(REGIMES)}, got {regime!r}", control="regime")
+    return int(regime)
+
+
 def _images(components: dict | None, n_images):
     """The images (n) value, checked against its slider where the page gave it."""
     component = (components or {}).get("n_images")
@@ -139,27 +150,41 @@ class AnalysisTab:
         figures = dict(zip(self.plots, analysis_figures(panels), strict=True))
         yield {self.status: analysis_status(panels, recomputed=True), **figures, self.data: panels_json(panels)}
 
-    def frontier_page(self, n_images: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
+    def frontier_page(self, n_images: int, request: gr.Request, progress=gr.Progress(), regime=1, **controls):  # noqa: B008
         """For the page: a refused or stopped recompute leaves the frontier shown as it was and says why."""
         try:
-            yield from self.recompute_frontier(n_images, request, progress, **controls)
+            yield from self.recompute_frontier(n_images, request, progress, regime, **controls)
         except gr.Error as err:
             yield {self.f_status: f"**Not recomputed:** {err.message} The frontier below is the one shown before."}
 
-    def recompute_frontier(self, n_images: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
+    def recompute_frontier(self, n_images: int, request: gr.Request, progress=gr.Progress(), regime=1, **controls):  # noqa: B008
         """For API clients (after the validator): a refusal is an error; the recompute is drawn over the
-        benchmark's frontier of the same pair, never in its place."""
+        benchmark's frontier of the same pair in the chosen ``regime`` (a batch of REGIMES), never in its
+        place."""
+        batch = regime_batch(regime)
         self.app.check_client(request)
         work = frontier_result(self.app, n_images, progress, self.f_components, **controls)
         result = yield from self._statuses(work, self.f_status)
-        committed = self.app.front if self.app.front and self.app.front.get("pair") == result.get("pair") else None
+        committed = self.app.committed_front(result.get("pair"), batch)
         chart, table, data = frontier_outputs(result, committed)
         yield {
-            self.f_status: frontier_status(result, recomputed=True),
+            self.f_status: frontier_status(result, recomputed=True, committed=committed),
             self.f_plot: chart,
             self.f_table: table,
             self.f_data: data,
         }
+
+    def committed_outputs(self, pair_name: str | None, regime) -> dict:
+        """The benchmark's frontier of the chosen pair and regime, with its status and verdict line."""
+        try:
+            batch = regime_batch(regime)
+        except gr.Error as err:
+            return {self.f_status: f"**Not shown:** {err.message}"}
+        pair = pair_name if pair_name in self.app.store.names else None
+        result = self.app.committed_front(pair, batch)
+        chart, table, data = frontier_outputs(result)
+        status = frontier_status(result, pair=pair_name, regime=REGIMES[batch])
+        return {self.f_status: status, self.f_plot: chart, self.f_table: table, self.f_data: data}
 
     def fitting_images(self, check, pair_name: str | None = None) -> int:
         """The most images (at most 4) whose recompute at the default controls of ``pair_name`` (default: the
@@ -250,9 +275,18 @@ class AnalysisTab:
             "and better). Hover a point for its setting. A recompute runs each setting once over *n* images: "
             "its error bars are wide, the benchmark's (hundreds of images) are not."
         )
-        self.f_status = gr.Markdown(frontier_status(app.front), elem_id="frontier-status")
+        first = app.committed_front(None, 1)
+        self.f_status = gr.Markdown(frontier_status(first, regime=REGIMES[1]), elem_id="frontier-status")
         with gr.Row():
             lim = app.limits
+            regime = gr.Radio(
+                [(label, b) for b, label in REGIMES.items()],
+                value=1,
+                label="Regime of the committed frontier",
+                info="Speculative decoding is meant for latency: at batch 1 one target pass costs about as much "
+                "for one token as for many.",
+                elem_id="frontier-regime",
+            )
             n_default = self.fitting_images(check_frontier)
             n_images = slider("Images (n) for the frontier", n_default, 1, lim.max_images).component()
             n_images.elem_id = "frontier-n"
@@ -260,17 +294,20 @@ class AnalysisTab:
             controls["pair_name"].change(self.frontier_images, controls["pair_name"], n_images, **quick)
             recompute = gr.Button("Recompute frontier", variant="primary")
             stop = gr.Button("Stop")
-        chart, table, data = frontier_outputs(app.front)
+        chart, table, data = frontier_outputs(first)
         self.f_plot = gr.Plot(chart, show_label=False, elem_id="panel-frontier")
         with gr.Accordion("Frontier table", open=False):
             self.f_table = gr.Markdown(table, elem_id="frontier-table")
         with gr.Accordion("Frontier data (JSON)", open=False):
             self.f_data = gr.JSON(data)
         outputs = [self.f_status, self.f_plot, self.f_table, self.f_data]
-        inputs = inputs | {"n_images": n_images}
+        for trigger in (controls["pair_name"], regime):
+            trigger.change(self.committed_outputs, [controls["pair_name"], regime], outputs, **quick)
+        inputs = inputs | {"n_images": n_images, "regime": regime}
         self.f_components = app.components | {"n_images": n_images}
 
-        def check(n_images, **values):
+        def check(n_images, regime=1, **values):
+            regime_batch(regime)
             return check_frontier(app, n_images, self.f_components, False, **values)
 
         fns = (self.frontier_page, self.recompute_frontier)

@@ -1,0 +1,51 @@
+"""The committed frontiers (bench/results/**/frontier_b<batch>.json): three families in two regimes, on
+the shipped weights, dense where CSD is, the verdict recomputed from their rows, and the README's
+verdict table theirs."""
+
+from pathlib import Path
+
+import pytest
+
+from csd.experiments.frontier import SLACK, verdict, verdict_table
+from csd.models.checkpoint import file_digest
+from visualize.report import committed_frontiers
+
+ROOT = Path(__file__).resolve().parents[1]
+M = ROOT / "assets" / "models"
+PAIRS = {  # family -> shipped weights
+    "MAR": (M / "shapes_target.safetensors", M / "shapes_draft.safetensors"),
+    "Harmon": (M / "shapes_text_target.safetensors", M / "shapes_text_draft.safetensors"),
+    "xAR": (M / "shapes_xar_target.safetensors", M / "shapes_xar_draft.safetensors"),
+}
+RESULTS = committed_frontiers(ROOT)
+
+
+def test_every_family_has_a_frontier_in_both_regimes_on_its_shipped_weights():
+    assert sorted((r["family"], r["batch"]) for r in RESULTS) == sorted((f, b) for f in PAIRS for b in (1, 8))
+    for r in RESULTS:
+        assert r["weights"] == file_digest(*PAIRS[r["family"]]), r["family"]
+        assert r["settings"]["batches"] == [1, 8] and r["n"] >= 100
+
+
+@pytest.mark.parametrize("result", RESULTS, ids=lambda r: f"{r['family']}-b{r['batch']}")
+def test_every_csd_setting_on_a_front_has_an_alternative_within_the_slack_of_its_time(result):
+    rows = result["rows"]
+    for r in rows:
+        if r["method"] == "CSD" and (r["front_fd"] or r["front_accuracy"]):
+            near = [a for a in rows if a["method"] != "CSD" and abs(a["time"] - r["time"]) <= SLACK]
+            assert near, f"{r['name']} at {r['time']:.2f}: no alternative within {SLACK}"
+
+
+@pytest.mark.parametrize("result", RESULTS, ids=lambda r: f"{r['family']}-b{r['batch']}")
+def test_the_stored_verdict_is_the_rule_applied_to_the_rows(result):
+    assert result["verdict"] == verdict(result["rows"])
+    assert all(r["predicted"] > 0 for r in result["rows"])  # the cost model's time on every row
+    methods = {r["method"] for r in result["rows"]}
+    assert {"CSD", "target, DiSA", "target, cheaper head"} <= methods
+    assert ("target, LazyMAR condition cache" in methods) == (result["family"] != "xAR")
+
+
+def test_the_readme_verdict_table_is_that_of_the_committed_frontiers():
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("<!-- verdicts:start -->") : readme.index("<!-- verdicts:end -->")]
+    assert verdict_table(RESULTS) in block
