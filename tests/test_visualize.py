@@ -228,7 +228,7 @@ def test_a_small_recompute_is_drawn_over_the_committed_frontier_never_in_its_pla
     from visualize.frontier import frontier_chart
 
     root = Path(__file__).resolve().parents[1]
-    committed = json.loads((root / "bench" / "results" / "frontier.json").read_text())
+    committed = json.loads((root / "bench" / "results" / "frontier_b1.json").read_text())
     small = copy.deepcopy(committed) | {"n": 2}
     small["rows"] = [r | {"accuracy": 1.0, "accuracy_se": 0.0} for r in small["rows"][:3]]
     alone, both = frontier_chart(committed, "accuracy"), frontier_chart(committed, "accuracy", overlay=small)
@@ -236,3 +236,18 @@ def test_a_small_recompute_is_drawn_over_the_committed_frontier_never_in_its_pla
     assert [s.y for s in both.series[:-1]] == [s.y for s in alone.series]  # the committed points unchanged
     assert both.series[-1].name.startswith("recomputed here, n = 2") and both.series[-1].y == [1.0] * 3
     assert both.title == alone.title and f"({committed['n']} images per point)" in both.title
+
+
+def test_the_cost_chart_puts_every_row_at_its_measured_and_predicted_time():
+    from visualize.frontier import cost_chart
+
+    rows = [
+        {"name": "target-only", "method": "target, fewer AR steps", "time": 1.0, "predicted": 0.95},
+        {"name": "CSD, gamma 8", "method": "CSD", "time": 0.5, "predicted": 0.3},
+    ]
+    chart = cost_chart({"rows": rows, "batch": 1})
+    points = {s.name: (s.x, s.y) for s in chart.series}
+    assert points["CSD"] == ([0.5], [0.3]) and points["target, fewer AR steps"] == ([1.0], [0.95])
+    assert chart.series[-1].dash and "largest gap 0.20" in chart.note and "batch 1" in chart.title
+    with pytest.raises(ValueError, match="no predicted times"):
+        cost_chart({"rows": [{k: v for k, v in rows[0].items() if k != "predicted"}], "batch": 8})

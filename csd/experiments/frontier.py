@@ -182,12 +182,18 @@ def fd_standard_error(feats: np.ndarray, ref: np.ndarray, seed: int = 0) -> floa
     return float(np.std(values, ddof=1))
 
 
-TIMED_IMAGES = 8  # images per timed unit at every batch: batch 1 makes them one at a time
+TIMED_IMAGES = 8  # images per timed unit at batches up to 8 ...
+LATENCY_IMAGES = 3  # ... but at batch 1, where one image at a time is slow: 3 (distinct seeds)
+
+
+def timed_units(batch: int) -> int:
+    """Generations of ``batch`` images in one timed unit."""
+    return max(1, math.ceil((LATENCY_IMAGES if batch == 1 else TIMED_IMAGES) / batch))
 
 
 @dataclass
 class Timed:
-    """One setting's timings at one batch: median seconds of a unit (TIMED_IMAGES images) and the
+    """One setting's timings at one batch: median seconds of a unit (:func:`timed_units`) and the
     phase times and work of its last unit (summed over the unit's generations)."""
 
     seconds: float
@@ -210,10 +216,10 @@ def _unit_trace(outputs: list[Generation]) -> tuple[dict, dict]:
 
 def time_points(target, draft, points: list[Point], batch: int, repeats: int, extra: dict | None = None) -> dict:
     """Every point (and ``extra``: name -> callable(labels, seeds)) timed side by side at ``batch``:
-    a unit is TIMED_IMAGES images in ceil(TIMED_IMAGES / batch) generations of distinct seeds; units are
-    interleaved over ``repeats`` rounds after one warm-up round (none at batch 1, where a first run
-    costs what a second does on a CPU). -> name -> :class:`Timed`."""
-    units = max(1, math.ceil(TIMED_IMAGES / batch))
+    a unit is :func:`timed_units` generations of distinct seeds; units are interleaved over ``repeats``
+    rounds after one warm-up round (none at batch 1, where a first run costs what a second does on a
+    CPU). -> name -> :class:`Timed`."""
+    units = timed_units(batch)
     labels, seeds = eval_labels_seeds(batch * units, 100_000, target.traits)
     chunks = [(labels[i * batch : (i + 1) * batch], seeds[i * batch : (i + 1) * batch]) for i in range(units)]
 
@@ -310,8 +316,8 @@ def run_frontier(
             )
         metrics = ["fd", "accuracy"]
         mark_fronts(rows, metrics)
-        units = max(1, math.ceil(TIMED_IMAGES / b))
-        made = f"{TIMED_IMAGES} images" + (f" as {units} generations of {b}" if units > 1 else f" at batch {b}")
+        units = timed_units(b)
+        made = f"{units * b} images" + (f" as {units} generations of {b}" if units > 1 else f" at batch {b}")
         results[b] = {
             "rows": rows,
             "metrics": metrics,
