@@ -10,6 +10,14 @@ With P = 0 and gamma dividing S this is DESIGN.md's ``S (C_q + H_q) + (S / gamma
 The model charges the target head per AR step (S H_p, as measured in target-only runs), but CSD runs
 it once per block over every drafted token; where per-call overhead dominates the head (batch 1 on a
 CPU) that is much cheaper, so a measured speedup can exceed this "bound".
+
+The frontier's per-pass model (:class:`PassCosts`, bottom) charges what a run actually did, phase by
+phase (``Trace.work``): each backbone pass at its measured cost, each head chain call at
+``steps * (a + b * tokens)``, ``a`` the per-transition cost of a call whatever its size (what dominates
+at batch 1 on a CPU), ``b`` the cost per token-transition (what dominates at large batches), both fitted
+from the target-only and draft-only runs of the same run at two AR-step counts. So one model covers
+both regimes: at batch 1 a block's verification chain costs about one step's, at batch 8 it costs in
+proportion to its tokens.
 """
 
 from __future__ import annotations

@@ -49,3 +49,16 @@ def test_the_readme_verdict_table_is_that_of_the_committed_frontiers():
     readme = (ROOT / "README.md").read_text()
     block = readme[readme.index("<!-- verdicts:start -->") : readme.index("<!-- verdicts:end -->")]
     assert verdict_table(RESULTS) in block
+
+
+def test_docs_results_holds_every_frontier_table_and_the_verdicts():
+    from csd.experiments.frontier import frontier_markdown
+    from visualize.report import FRONTIER_PREFIX
+
+    docs = (ROOT / "docs" / "results.md").read_text()
+    for r in RESULTS:
+        name = f"{FRONTIER_PREFIX[r['family']]}frontier-b{r['batch']}"
+        block = docs[docs.index(f"<!-- {name}:start -->") : docs.index(f"<!-- {name}:end -->")]
+        assert frontier_markdown(r).strip() in block
+    block = docs[docs.index("<!-- verdicts:start -->") : docs.index("<!-- verdicts:end -->")]
+    assert verdict_table(RESULTS) in block

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from csd.experiments.bench import docs_prefix, headline_markdown, markdown
-from csd.experiments.frontier import verdict_table
+from csd.experiments.frontier import frontier_markdown, verdict_table
 from visualize.frontier import cost_chart, frontier_chart
 from visualize.render import save_png
 
@@ -53,9 +53,18 @@ def committed_frontiers(root: Path = ROOT) -> list[dict]:
     return sorted(results, key=rank)
 
 
+FRONTIER_PREFIX = {"MAR": "", "Harmon": "text-", "xAR": "xar-"}  # docs/results.md's blocks per family
+
+
 def update_verdicts(root: Path = ROOT) -> None:
-    """The verdict table of every committed frontier into the README's ``verdicts`` block."""
-    paste_block(root / "README.md", "verdicts", verdict_table(committed_frontiers(root)))
+    """The verdict table of every committed frontier into the ``verdicts`` blocks of the README and
+    docs/results.md, and each frontier's table into its block there (``frontier-b1``, ``text-frontier-b8``...)."""
+    results = committed_frontiers(root)
+    for page in (root / "README.md", root / "docs" / "results.md"):
+        paste_block(page, "verdicts", verdict_table(results))
+    for r in results:
+        block = f"{FRONTIER_PREFIX.get(r.get('family'), '')}frontier-b{r['batch']}"
+        paste_block(root / "docs" / "results.md", block, frontier_markdown(r))
 
 
 def report(path: Path, root: Path = ROOT) -> str:
