@@ -37,6 +37,14 @@ class SamplingConfig:
     # reusing the last full pass's unconditional-minus-conditional difference. None: no cache.
     cond_cache_start: int | None = None
     cond_cache_every: int = 9
+    # LazyMAR's token cache (masked families): a model's first token_cache_start backbone passes and every
+    # token_cache_every-th after run the decoder over every row; at the others its later blocks run only
+    # token_cache_keep of the rows (the buffer, the rows the step predicts, the tokens made since the last
+    # pass, then those whose features changed most) and reuse the other rows' keys, values and outputs
+    # from the pass that last computed them (csd.models.mar.token_cache). None: no cache.
+    token_cache_keep: float | None = None
+    token_cache_start: int = 5
+    token_cache_every: int = 9
 
     def __post_init__(self) -> None:
         check_int("num_steps (AR steps)", self.num_steps, 1)
@@ -52,6 +60,11 @@ class SamplingConfig:
         if self.cond_cache_start is not None:
             check_int("cond_cache_start (full CFG passes first)", self.cond_cache_start, 0, word="None or an int")
         check_int("cond_cache_every (passes between full CFG passes)", self.cond_cache_every, 1)
+        if self.token_cache_keep is not None:
+            what = "token_cache_keep (fraction of decoder rows recomputed)"
+            check_number(what, self.token_cache_keep, 0.0, 1.0, lo_open=True)
+        check_int("token_cache_start (full decoder passes first)", self.token_cache_start, 0)
+        check_int("token_cache_every (passes between full decoder passes)", self.token_cache_every, 1)
 
     @property
     def guided(self) -> bool:
@@ -62,6 +75,12 @@ class SamplingConfig:
         cache: the first ``cond_cache_start`` and every ``cond_cache_every``-th after them (LazyMAR)."""
         start = self.cond_cache_start
         return start is None or index < start or (index - start) % self.cond_cache_every == 0
+
+    def full_token_pass(self, index: int) -> bool:
+        """Whether a model's backbone pass ``index`` (0-based) runs its decoder over every row under the
+        token cache: the first ``token_cache_start`` and every ``token_cache_every``-th after them."""
+        start = self.token_cache_start
+        return self.token_cache_keep is None or index < start or (index - start) % self.token_cache_every == 0
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,8 @@ class FamilyTraits:
     row_name: what a drafted row is called ("tokens", "cells").
     caches_guidance: takes LazyMAR's condition cache (SamplingConfig.cond_cache_start): its guidance is
     two backbone halves whose difference can be reused (masked families; xAR guides inside its flow).
+    caches_tokens: takes LazyMAR's token cache (SamplingConfig.token_cache_keep): a bidirectional
+    decoder over every position, whose rows can be recomputed in part (masked families).
     """
 
     family: str
@@ -68,6 +70,7 @@ class FamilyTraits:
     min_head_steps: int = 1
     row_name: str = "tokens"
     caches_guidance: bool = False
+    caches_tokens: bool = False
 
     def __post_init__(self) -> None:
         check_choice("FamilyTraits.conditions", self.conditions, CONDITIONS)
@@ -115,6 +118,11 @@ class FamilyTraits:
             raise ValueError(
                 f"cond_cache_start must be None for this {self.family} model (LazyMAR's condition cache needs "
                 f"guidance from two backbone halves), got {config.cond_cache_start}"
+            )
+        if config.token_cache_keep is not None and not self.caches_tokens:
+            raise ValueError(
+                f"token_cache_keep must be None for this {self.family} model (LazyMAR's token cache needs a "
+                f"decoder over every position), got {config.token_cache_keep}"
             )
         for name in ("head_steps", "head_steps_min"):
             steps = getattr(config, name)

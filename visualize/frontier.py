@@ -23,6 +23,9 @@ def point_hover(row: dict, metrics: list[str]) -> str:
     if s.get("cond_cache_start") is not None:
         start, every = s["cond_cache_start"], s["cond_cache_every"]
         lines.append(f"condition cache: full CFG passes {start} first, then every {every}")
+    if s.get("token_cache_keep") is not None:
+        keep, start, every = s["token_cache_keep"], s["token_cache_start"], s["token_cache_every"]
+        lines.append(f"token cache: {100 * keep:g}% of decoder rows, full passes {start} first, then every {every}")
     if c is not None:
         draft_head = "" if c.get("draft_head_steps") is None else f", draft head {c['draft_head_steps']}"
         lines.append(

@@ -489,14 +489,23 @@ def frontier_batches(batches: list[int] | None) -> tuple[int, ...]:
 
 
 def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out: Path) -> dict[int, dict]:
-    """The frontier at every batch of --batches (default 1 and 8), one run: frontier_b<batch>.json and .md."""
+    """The frontier at every batch of --batches (default 1 and 8), one run: frontier_b<batch>.json and .md
+    (frontier_subset_b<batch> for a run of some settings, --frontier-only)."""
     from csd.experiments import frontier
 
     fixed = target.traits.fixed_num_steps is not None  # xAR: no fewer-AR-step settings
     head = target.head_steps(sampling.head_steps)
+    traits = target.traits
     points = frontier.grid(
-        sampling, csd, head, args.quick, fixed_steps=fixed, caches_guidance=target.traits.caches_guidance
+        sampling,
+        csd,
+        head,
+        args.quick,
+        fixed,
+        caches_guidance=traits.caches_guidance,
+        caches_tokens=traits.caches_tokens,
     )
+    points = frontier.select(points, args.frontier_only)
     classifier = load_classifier(args.classifier)
     ref = reference_features(config.n_ref, REFERENCE_SEED, classifier)
     batches = frontier_batches(args.batches)
@@ -511,7 +520,7 @@ def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out:
         result["models"] = recorded_models(args.target, args.draft)
         result["weights"] = file_digest(Path(args.target), Path(args.draft))  # as ModelPair.weights: the app checks it
         result["family"] = target.traits.family
-        path = out / f"frontier_b{b}.json"
+        path = out / (f"frontier_subset_b{b}.json" if args.frontier_only else f"frontier_b{b}.json")
         path.write_text(json.dumps(result, indent=2) + "\n")
         table = frontier.frontier_markdown(result)
         path.with_suffix(".md").write_text(f"# Quality-time frontier, batch {b}\n\n" + table)
@@ -538,6 +547,13 @@ def main(argv: list[str] | None = None) -> dict:
         action="store_true",
         help="instead: the quality-time frontier of target-only and CSD settings, "
         "timed at every --batches (default 1 and 8): frontier_b<batch>.json and .md in --out",
+    )
+    parser.add_argument(
+        "--frontier-only",
+        nargs="+",
+        metavar="PART",
+        help="with --frontier: only the baseline and the settings whose name holds one of these "
+        "(frontier_subset_b<batch>.json)",
     )
     parser.add_argument(
         "--compare",

@@ -351,6 +351,14 @@ def add_setting_args(parser: argparse.ArgumentParser) -> None:
         help="LazyMAR's condition cache: full CFG passes for the first START and every EVERY-th after (MAR, Harmon)",
     )
     parser.add_argument(
+        "--token-cache",
+        type=float,
+        nargs=3,
+        metavar=("KEEP", "START", "EVERY"),
+        help="LazyMAR's token cache: full decoder passes for the first START and every EVERY-th after, the others "
+        "recompute a KEEP fraction of the decoder's rows (MAR, Harmon)",
+    )
+    parser.add_argument(
         "--draft-head-steps",
         type=int,
         default=None,
@@ -391,6 +399,16 @@ def cond_cache_settings(values: list[int] | None) -> dict:
     return {} if values is None else {"cond_cache_start": values[0], "cond_cache_every": values[1]}
 
 
+def token_cache_settings(values: list[float] | None) -> dict:
+    """--token-cache KEEP START EVERY as SamplingConfig fields (none when not given)."""
+    if values is None:
+        return {}
+    keep, start, every = values
+    if start != int(start) or every != int(every):
+        raise ValueError(f"--token-cache START and EVERY must be integers, got {start:g} and {every:g}")
+    return {"token_cache_keep": keep, "token_cache_start": int(start), "token_cache_every": int(every)}
+
+
 def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDConfig]:
     sampling = replace(
         defaults.SAMPLING,
@@ -402,6 +420,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDCon
         head_steps_min=args.head_steps_min,
         head_schedule=args.head_schedule,
         **cond_cache_settings(args.cond_cache),
+        **token_cache_settings(args.token_cache),
     )
     csd = replace(
         defaults.CSD,

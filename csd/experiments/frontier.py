@@ -63,6 +63,8 @@ class Point:
         if self.csd is None:
             if self.sampling.head_schedule.startswith("disa") and self.sampling.head_steps_min is not None:
                 return "target, DiSA"
+            if self.sampling.token_cache_keep is not None:
+                return "target, LazyMAR token cache"
             if self.sampling.cond_cache_start is not None:
                 return "target, LazyMAR condition cache"
             cheap = self.sampling.head_steps is not None or self.sampling.head_steps_min is not None
@@ -86,6 +88,17 @@ def lazymar_cache(num_steps: int) -> dict:
     return {"cond_cache_start": start, "cond_cache_every": every}
 
 
+def lazymar_token_cache(num_steps: int) -> dict:
+    """LazyMAR's token cache on the same refresh schedule as its condition cache (:func:`lazymar_cache`),
+    recomputing a quarter of the decoder's rows at the other passes."""
+    lazy = lazymar_cache(num_steps)
+    return {
+        "token_cache_keep": 0.25,
+        "token_cache_start": lazy["cond_cache_start"],
+        "token_cache_every": lazy["cond_cache_every"],
+    }
+
+
 def grid(
     sampling: SamplingConfig,
     csd: CSDConfig,
@@ -93,6 +106,7 @@ def grid(
     quick: bool,
     fixed_steps: bool = False,
     caches_guidance: bool = False,
+    caches_tokens: bool = False,
 ) -> list[Point]:
     """The settings of the frontier, the baseline (target-only at ``sampling``) first.
 
@@ -105,8 +119,8 @@ def grid(
     where the family takes it, LazyMAR's condition cache alone and with CSD.
 
     ``fixed_steps``: the family's AR steps cannot change (xAR: one per cell), so no fewer-AR-step
-    settings; its "head" is the flow chain. ``caches_guidance``: the family takes LazyMAR's condition
-    cache (FamilyTraits.caches_guidance)."""
+    settings; its "head" is the flow chain. ``caches_guidance`` / ``caches_tokens``: the family takes
+    LazyMAR's condition cache / token cache (FamilyTraits), alone and with CSD in the full grid."""
     s, c, t = sampling, csd, head_steps
     head = "flow" if fixed_steps else "head"
     few = {"head_steps": max(2, t // 2)}
@@ -159,7 +173,23 @@ def grid(
             points.append(Point(f"target, {lazy_name}", replace(s, **lazy)))
             csd4 = replace(c, gamma=4, tau_v=5.0)
             points.append(Point(f"CSD, gamma 4, tau_v 5, {lazy_name}", replace(s, **lazy), csd4))
+        if caches_tokens:
+            tokens = lazymar_token_cache(s.num_steps)
+            name = f"token cache {100 * tokens['token_cache_keep']:g}% {tokens['token_cache_start']}/"
+            name += f"{tokens['token_cache_every']} (LazyMAR)"
+            points.append(Point(f"target, {name}", replace(s, **tokens)))
+            if s.guided:
+                both = lazymar_cache(s.num_steps) | tokens
+                points.append(Point("target, token and condition caches (LazyMAR)", replace(s, **both)))
+            points.append(Point(f"CSD, gamma 4, tau_v 5, {name}", replace(s, **tokens), replace(c, gamma=4, tau_v=5.0)))
     return points
+
+
+def select(points: list[Point], only: Sequence[str] | None) -> list[Point]:
+    """The baseline and the points whose name holds one of ``only`` (all of them when None)."""
+    if not only:
+        return points
+    return [points[0]] + [p for p in points[1:] if any(part in p.name for part in only)]
 
 
 def pareto(times: list[float], quality: list[float], higher_is_better: bool) -> list[bool]:

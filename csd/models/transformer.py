@@ -17,11 +17,20 @@ class Attention(nn.Module):
         self.attn_drop = attn_drop
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, n, C) -> q, k, v, each (B, heads, n, C / heads)."""
         b, n, c = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
+        return q, k, v
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Queries (B, heads, m, hd) over keys and values (B, heads, n, hd) -> (B, m, C), projected."""
+        b, h, m, d = q.shape
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, m, h * d)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.attend(*self.heads(x))
 
 
 class Mlp(nn.Module):
@@ -49,3 +58,22 @@ class Block(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
+
+    def forward_kv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The block's output and its attention's keys and values (B, heads, n, hd): the numbers of
+        :meth:`forward`, for a caller that keeps them (LazyMAR's token cache)."""
+        q, k, v = self.attn.heads(self.norm1(x))
+        x = x + self.attn.attend(q, k, v)
+        return x + self.mlp(self.norm2(x)), k, v
+
+    def forward_rows(self, rows: Tensor, index: Tensor, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The block over some rows of a sequence whose other rows' keys and values are kept.
+
+        rows (B, m, C) at positions ``index`` (B, m) of the sequence; keys, values (B, heads, n, hd) of
+        every position from before. Returns the rows' outputs and the keys and values with these rows'
+        written in. With every position in order (index = arange(n)) the numbers of :meth:`forward_kv`."""
+        q, k, v = self.attn.heads(self.norm1(rows))
+        at = index[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[-1])
+        keys, values = keys.scatter(2, at, k), values.scatter(2, at, v)
+        rows = rows + self.attn.attend(q, keys, values)
+        return rows + self.mlp(self.norm2(rows)), keys, values

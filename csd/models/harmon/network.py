@@ -39,6 +39,7 @@ from csd.models.harmon.prompts import (
 from csd.models.head import DiffusionHead
 from csd.models.mar.adapter import MaskedARFamily
 from csd.models.mar.network import MAR, MAR_CONFIGS, MARConfig, training_mask
+from csd.models.mar.token_cache import DecoderPass
 from csd.models.spec import SerialConfig
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class HarmonConfig(SerialConfig):
     nested: ClassVar[dict[str, type]] = {"mar": MARConfig}
 
     def traits(self) -> FamilyTraits:
-        return FamilyTraits("Harmon", "prompts", caches_guidance=True)
+        return FamilyTraits("Harmon", "prompts", caches_guidance=True, caches_tokens=True)
 
 
 def qwen2(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int, **extra) -> dict:
@@ -177,7 +178,13 @@ class Harmon(MaskedARFamily, nn.Module):
     # --- backbone -----------------------------------------------------------------------------------
 
     def backbone(
-        self, tokens: Tensor, mask: Tensor, ids: Tensor, attn: Tensor, prompt_cache: DynamicCache | None = None
+        self,
+        tokens: Tensor,
+        mask: Tensor,
+        ids: Tensor,
+        attn: Tensor,
+        prompt_cache: DynamicCache | None = None,
+        decoder: DecoderPass | None = None,
     ) -> Tensor:
         """tokens (B, N, d), mask (B, N) True = unknown, prompt ids and attention mask (B, L) ->
         per-position conditions z (B, N, dec).
@@ -207,7 +214,7 @@ class Harmon(MaskedARFamily, nn.Module):
             prompt_cache.crop(-rows.shape[1])  # drop the rows just appended
         out = out.last_hidden_state[:, -rows.shape[1] :]
         out = torch.cat([out[:, -buf:], out[:, :-buf]], dim=1)  # and back to the start
-        return self.mar.forward_mae_decoder(x_enc + self.proj_out(out).to(x_enc.dtype), mask)
+        return self.mar.forward_mae_decoder(x_enc + self.proj_out(out).to(x_enc.dtype), mask, decoder)
 
     def prompt_cache(self, ids: Tensor, attn: Tensor) -> DynamicCache:
         """The LLM's keys and values of the prompts ids, attn (B, L): what every AR step's pass reads
@@ -216,7 +223,9 @@ class Harmon(MaskedARFamily, nn.Module):
         out = self.llm.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True)
         return out.cache
 
-    def conditions(self, tokens: Tensor, mask: Tensor, prompts: Prompts, guided: bool) -> tuple[Tensor, Tensor | None]:
+    def conditions(
+        self, tokens: Tensor, mask: Tensor, prompts: Prompts, guided: bool, decoder: DecoderPass | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """Conditional z and, when ``guided``, the null prompt's z from one doubled-batch pass. The
         prompts' keys and values are computed at the first step and kept on ``prompts`` (one cache per
         model and guidance), so later steps run the image rows only."""
@@ -230,7 +239,7 @@ class Harmon(MaskedARFamily, nn.Module):
         key = (id(self), guided)
         if key not in prompts.kv:
             prompts.kv[key] = self.prompt_cache(ids, attn)
-        z = self.backbone(tokens, mask, ids, attn, prompts.kv[key])
+        z = self.backbone(tokens, mask, ids, attn, prompts.kv[key], decoder)
         return (z[:b], z[b:]) if guided else (z, None)
 
     # --- training -----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from torch import Tensor
 from csd.chain import HeadChain, HeadCondition
 from csd.config import PRECISIONS
 from csd.family import Plan
+from csd.models.mar.token_cache import DecoderPass, decoder_pass
 from csd.rng import ImageStreams
 from csd.schedule import step_cfg_scales, step_sizes
 
@@ -81,31 +82,39 @@ class MaskedARFamily:
     def head_steps(self, steps: int | None) -> int:
         return self.head.chain(steps).num_steps()
 
-    def guided_conditions(self, tokens: Tensor, mask: Tensor, labels, config) -> tuple[Tensor, Tensor | None]:
+    def guided_conditions(
+        self, tokens: Tensor, mask: Tensor, labels, config, pos: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """One backbone pass, under autocast when a reduced precision is asked; z comes back in float32.
         With the condition cache (``config.cond_cache_start``) a guided pass that is not a full one runs
-        the conditional half only and takes z_uncond = z + the last full pass's difference."""
+        the conditional half only and takes z_uncond = z + the last full pass's difference. With the
+        token cache (``config.token_cache_keep``) the decoder recomputes part of its rows at most passes,
+        always those at ``pos`` (B, k), the positions the pass is for."""
+        decoder = decoder_pass(self, labels, config, pos)
         if not (config.guided and config.cond_cache_start is not None):
-            return self._conditions(tokens, mask, labels, config, config.guided)
+            return self._conditions(tokens, mask, labels, config, config.guided, decoder)
         cache = guidance_cache(self, labels)
         full, cache.passes = config.full_guidance_pass(cache.passes), cache.passes + 1
         if not full and cache.difference is not None:
-            z, _ = self._conditions(tokens, mask, labels, config, False)
+            z, _ = self._conditions(tokens, mask, labels, config, False, decoder)
             return z, z + cache.difference
-        z, z_uncond = self._conditions(tokens, mask, labels, config, True)
+        z, z_uncond = self._conditions(tokens, mask, labels, config, True, decoder)
         cache.difference = z_uncond - z
         return z, z_uncond
 
-    def _conditions(self, tokens: Tensor, mask: Tensor, labels, config, guided: bool) -> tuple[Tensor, Tensor | None]:
+    def _conditions(
+        self, tokens: Tensor, mask: Tensor, labels, config, guided: bool, decoder: DecoderPass | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         dtype = PRECISIONS[config.precision]
+        extra = {} if decoder is None else {"decoder": decoder}
         if dtype is None:
-            return self.conditions(tokens, mask, labels, guided)
+            return self.conditions(tokens, mask, labels, guided, **extra)
         with torch.autocast(device_type=tokens.device.type, dtype=dtype):
-            z, z_uncond = self.conditions(tokens, mask, labels, guided)
+            z, z_uncond = self.conditions(tokens, mask, labels, guided, **extra)
         return z.float(), None if z_uncond is None else z_uncond.float()
 
     def predict(self, tokens, mask, conditions, pos, cfg, config, steps: int) -> HeadChain:
-        z, z_uncond = self.guided_conditions(tokens, mask, conditions, config)
+        z, z_uncond = self.guided_conditions(tokens, mask, conditions, config, pos)
         if z_uncond is None:
             cond = HeadCondition(gather_rows(z, pos))
         else:

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from csd.family import FamilyTraits
 from csd.models.head import DiffusionHead
 from csd.models.mar.adapter import MaskedARFamily
+from csd.models.mar.token_cache import DecoderPass, run_decoder
 from csd.models.spec import SerialConfig
 from csd.models.transformer import Block
 
@@ -111,7 +112,7 @@ class MARConfig(SerialConfig):
         return self.token_channels * self.patch_size**2
 
     def traits(self) -> FamilyTraits:
-        return FamilyTraits("MAR", "classes", num_classes=self.class_num, caches_guidance=True)
+        return FamilyTraits("MAR", "classes", num_classes=self.class_num, caches_guidance=True, caches_tokens=True)
 
 
 def _vit(dim: int, depth: int, heads: int) -> dict:
@@ -310,8 +311,9 @@ class MAR(MaskedARFamily, nn.Module):
             x = block(x)
         return self.encoder_norm(x)
 
-    def forward_mae_decoder(self, x: Tensor, mask: Tensor) -> Tensor:
-        """Encoder output and mask -> per-position conditions z (B, N, dec)."""
+    def forward_mae_decoder(self, x: Tensor, mask: Tensor, decoder: DecoderPass | None = None) -> Tensor:
+        """Encoder output and mask -> per-position conditions z (B, N, dec). ``decoder``: this pass under
+        LazyMAR's token cache (:mod:`csd.models.mar.token_cache`)."""
         b = x.shape[0]
         x = self.decoder_embed(x)
         buf = self.config.buffer_size
@@ -320,22 +322,30 @@ class MAR(MaskedARFamily, nn.Module):
         full[keep] = x.reshape(-1, x.shape[-1])
         side = self._side(mask.unsqueeze(-1))
         x = full + resize_grid(self.decoder_pos_embed_learned, side, buf)
-        for block in self.decoder_blocks:
-            x = block(x)
+        if decoder is not None:
+            x = run_decoder(self.decoder_blocks, x, mask, buf, decoder)
+        else:
+            for block in self.decoder_blocks:
+                x = block(x)
         return self.decoder_norm(x)[:, buf:] + resize_grid(self.diffusion_pos_embed_learned, side, 0)
 
-    def backbone(self, tokens: Tensor, mask: Tensor, class_emb: Tensor) -> Tensor:
+    def backbone(self, tokens: Tensor, mask: Tensor, class_emb: Tensor, decoder: DecoderPass | None = None) -> Tensor:
         """One backbone pass (encoder then decoder): per-position conditions z (B, N, dec)."""
-        return self.forward_mae_decoder(self.forward_mae_encoder(tokens, mask, class_emb), mask)
+        return self.forward_mae_decoder(self.forward_mae_encoder(tokens, mask, class_emb), mask, decoder)
 
-    def conditions(self, tokens: Tensor, mask: Tensor, labels: Tensor, guided: bool) -> tuple[Tensor, Tensor | None]:
+    def conditions(
+        self, tokens: Tensor, mask: Tensor, labels: Tensor, guided: bool, decoder: DecoderPass | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """Conditional z and, when ``guided``, unconditional z from one doubled-batch pass."""
         b = tokens.shape[0]
         cond = self.class_embedding(labels)
         if not guided:
-            return self.backbone(tokens, mask, cond), None
+            return self.backbone(tokens, mask, cond, decoder), None
         z = self.backbone(
-            torch.cat([tokens, tokens]), torch.cat([mask, mask]), torch.cat([cond, self.class_embedding(None, b)])
+            torch.cat([tokens, tokens]),
+            torch.cat([mask, mask]),
+            torch.cat([cond, self.class_embedding(None, b)]),
+            decoder,
         )
         return z[:b], z[b:]
 
