@@ -62,3 +62,17 @@ def test_docs_results_holds_every_frontier_table_and_the_verdicts():
         assert frontier_markdown(r).strip() in block
     block = docs[docs.index("<!-- verdicts:start -->") : docs.index("<!-- verdicts:end -->")]
     assert verdict_table(RESULTS) in block
+
+
+def test_the_token_cache_run_is_on_the_shipped_class_pair_and_in_the_docs():
+    from csd.experiments.frontier import frontier_markdown
+    from visualize.report import token_cache_runs
+
+    runs = token_cache_runs(ROOT)
+    assert [r["batch"] for r in runs] == [1, 8]
+    docs = (ROOT / "docs" / "results.md").read_text()
+    block = docs[docs.index("<!-- token-cache:start -->") : docs.index("<!-- token-cache:end -->")]
+    for r in runs:
+        assert r["weights"] == file_digest(*PAIRS["MAR"]) and r["verdict"] == verdict(r["rows"])
+        assert {"target, LazyMAR token cache", "target, LazyMAR condition cache"} <= {x["method"] for x in r["rows"]}
+        assert frontier_markdown(r).strip() in block

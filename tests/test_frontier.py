@@ -291,3 +291,21 @@ def test_the_grid_never_holds_a_setting_the_decoder_refuses(criterion, fixed):
         c = point.csd
         if c is not None and c.draft_head_steps not in (None, 25):
             assert not c.needs_equal_chains(), point.name
+
+
+def test_the_full_grid_holds_lazymars_token_cache_where_the_family_takes_it():
+    from csd.experiments.frontier import select
+
+    s, c = SamplingConfig(num_steps=32, cfg_scale=3.0), CSDConfig()
+    assert not any(p.sampling.token_cache_keep for p in grid(s, c, 25, quick=False))
+    full = grid(s, c, 25, quick=False, caches_guidance=True, caches_tokens=True)
+    cached = [p for p in full if p.sampling.token_cache_keep is not None]
+    assert [(p.method, p.sampling.token_cache_start, p.sampling.token_cache_every) for p in cached] == [
+        ("target, LazyMAR token cache", 2, 4),
+        ("target, LazyMAR token cache", 2, 4),  # with the condition cache as well
+        ("CSD", 2, 4),
+    ]
+    assert cached[1].sampling.cond_cache_start == 2 and cached[0].sampling.token_cache_keep == 0.25
+    some = select(full, ["LazyMAR"])
+    assert some[0] == full[0] and all("LazyMAR" in p.name for p in some[1:]) and len(some) == 6
+    assert select(full, None) == full

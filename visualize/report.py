@@ -65,6 +65,16 @@ def update_verdicts(root: Path = ROOT) -> None:
     for r in results:
         block = f"{FRONTIER_PREFIX.get(r.get('family'), '')}frontier-b{r['batch']}"
         paste_block(root / "docs" / "results.md", block, frontier_markdown(r))
+    subsets = token_cache_runs(root)
+    if subsets:
+        text = "\n".join(f"Batch {r['batch']}:\n\n{frontier_markdown(r)}" for r in subsets)
+        paste_block(root / "docs" / "results.md", "token-cache", text)
+
+
+def token_cache_runs(root: Path = ROOT) -> list[dict]:
+    """The class pair's run of LazyMAR's settings (bench/results/lazymar/frontier_subset_b<batch>.json)."""
+    paths = sorted((root / "bench" / "results" / "lazymar").glob("frontier_subset_b*.json"))
+    return sorted((json.loads(p.read_text()) for p in paths), key=lambda r: int(r["batch"]))
 
 
 def report(path: Path, root: Path = ROOT) -> str:
