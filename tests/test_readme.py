@@ -67,18 +67,24 @@ def test_update_docs_rewrites_both_blocks_from_a_result(tmp_path):
         update_docs(result, root=tmp_path)
 
 
-def test_the_frontier_paragraph_quotes_the_frontier_run():
-    """The README's sentence on the frontier names figures of bench/results/frontier.json."""
-    rows = {r["name"]: r for r in json.loads((ROOT / "bench" / "results" / "frontier.json").read_text())["rows"]}
-    para = README[README.index("**Against the cheap alternatives**") :]
-    para = para[: para.index("![Quality against time]")]
-    sixteen, cheap = rows["target, 16 AR steps"], rows["target, 16 AR steps, head 12"]
-    csd4 = rows["CSD, gamma 4, tau_v 5"]
-    quoted = f"({sixteen['time']:.2f}, FD {sixteen['fd']:.1f} against CSD's {csd4['fd']:.1f} at {csd4['time']:.2f})"
-    assert quoted in para
-    assert f"({cheap['time']:.2f}, FD {cheap['fd']:.1f})" in para
-    on = [r for r in rows.values() if r["method"] == "CSD" and r["front_fd"]]
-    assert f"between {min(r['time'] for r in on):.2f} and\n{max(r['time'] for r in on):.2f}" in para
+def test_the_where_csd_pays_paragraph_quotes_the_committed_frontiers():
+    """Every "(time, FD x)" the README's reading of the verdicts quotes is a row of a committed frontier,
+    and its verdict table is theirs."""
+    import re
+
+    from csd.experiments.frontier import verdict_table
+    from visualize.report import committed_frontiers
+
+    results = committed_frontiers(ROOT)
+    para = README[README.index("**Where CSD pays**") :]
+    para = para[: para.index("![Quality against time")]
+    assert verdict_table(results) in para
+    reading = para[para.index("<!-- verdicts:end -->") :]
+    quoted = re.findall(r"\((\d\.\d\d), FD (\d+\.\d)\)", reading)
+    assert len(quoted) >= 2, reading
+    rows = {(f"{r['time']:.2f}", f"{r['fd']:.1f}") for res in results for r in res["rows"]}
+    for pair in quoted:
+        assert pair in rows, pair
 
 
 def test_the_text_pair_block_is_the_text_benchmark_run():
