@@ -529,6 +529,25 @@ def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out:
     return results
 
 
+def retime_frontier(target, draft, config: BenchConfig, args) -> dict:
+    """--retime FILE: the frontier in FILE timed again (same settings, models and batch), its quality kept,
+    written back to FILE with its .md."""
+    from csd.experiments import frontier
+
+    path = Path(args.retime)
+    result = json.loads(path.read_text())
+    if result.get("weights") != file_digest(Path(args.target), Path(args.draft)):
+        raise SystemExit(f"--retime {path}: measured on other weights than --target / --draft")
+    t0 = time.perf_counter()
+    out = frontier.retime(target, draft, result, config.repeats)
+    out["retime_minutes"] = round((time.perf_counter() - t0) / 60, 1)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    table = frontier.frontier_markdown(out)
+    path.with_suffix(".md").write_text(f"# Quality-time frontier, batch {out['batch']}\n\n" + table)
+    print(table)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m csd.experiments.bench", description=__doc__.split("\n")[0])
     add_setting_args(parser)
@@ -547,6 +566,11 @@ def main(argv: list[str] | None = None) -> dict:
         action="store_true",
         help="instead: the quality-time frontier of target-only and CSD settings, "
         "timed at every --batches (default 1 and 8): frontier_b<batch>.json and .md in --out",
+    )
+    parser.add_argument(
+        "--retime",
+        metavar="FRONTIER_JSON",
+        help="time a committed frontier again at its batch (same settings; quality kept) and rewrite it",
     )
     parser.add_argument(
         "--frontier-only",
@@ -572,6 +596,8 @@ def main(argv: list[str] | None = None) -> dict:
     config = replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in grid.items() if v is not None})
     sampling, csd = settings_from_args(args)
     target, draft = load_models(args.target, args.draft, torch.device(args.device))
+    if args.retime:
+        return retime_frontier(target, draft, config, args)
     if args.frontier:
         return write_frontier(target, draft, sampling, csd, config, args, Path(args.out))
     if args.compare:

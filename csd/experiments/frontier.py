@@ -367,6 +367,58 @@ def run_frontier(
     return results
 
 
+def points_of(result: dict) -> list[Point]:
+    """The settings of a frontier's rows, as they were run."""
+    return [
+        Point(r["name"], SamplingConfig(**r["sampling"]), None if r["csd"] is None else CSDConfig(**r["csd"]))
+        for r in result["rows"]
+    ]
+
+
+def retime(target, draft, result: dict, repeats: int) -> dict:
+    """A frontier timed again at its batch (a quieter machine, say), its quality kept: a setting's images
+    do not depend on when it is timed. Times, predictions, phases, fronts and verdict are this run's."""
+    points = points_of(result)
+    base_sampling = points[0].sampling
+    fewest = min((p.sampling.num_steps for p in points if p.csd is None), default=base_sampling.num_steps)
+    fewest_point = next(
+        (p.name for p in points if p.csd is None and p.sampling == replace(base_sampling, num_steps=fewest)), None
+    )
+    if fewest == base_sampling.num_steps:
+        fewest, fewest_point = None, None
+    extra = draft_runs(target, draft, base_sampling, fewest)
+    b = int(result["batch"])
+    timed = time_points(target, draft, points, b, repeats, extra)
+    base = timed[points[0].name].seconds
+    costs = pass_costs(timed, [points[0].name] + ([fewest_point] if fewest_point else []), list(extra))
+    rows = []
+    for p, row in zip(points, result["rows"], strict=True):
+        t = timed[p.name]
+        rows.append(
+            row
+            | {
+                "time": t.seconds / base,
+                "predicted": costs.predict(t.work) / base,
+                "phases": {k: v / base for k, v in sorted(t.times.items())},
+            }
+        )
+    mark_fronts(rows, result_metrics(result))
+    units = timed_units(b)
+    made = f"{units * b} images" + (f" as {units} generations of {b}" if units > 1 else f" at batch {b}")
+    out = dict(result) | {"rows": rows, "repeats": repeats, "verdict": verdict(rows)}
+    out["timing"] = (
+        f"median wall time of {made} over {repeats} interleaved repeats (timed again alone; quality from the first run)"
+    )
+    out["pass_costs"] = {
+        "seconds_target_only": base,
+        **{k: v / base for k, v in asdict(costs).items() if not isinstance(v, dict)},
+        "target_chain": {k: v / base for k, v in asdict(costs.target_chain).items()},
+        "draft_chain": {k: v / base for k, v in asdict(costs.draft_chain).items()},
+        "draft_only": {name: timed[name].seconds / base for name in extra},
+    }
+    return out
+
+
 def mark_fronts(rows: list[dict], metrics: Sequence[str]) -> None:
     """Set ``front_<metric>`` on every row: on the Pareto front of time against that metric."""
     times = [r["time"] for r in rows]
