@@ -504,7 +504,8 @@ def verdict_table(results: Sequence[dict]) -> str:
         for b in batches:
             mine = [r for r in results if r.get("family", "?") == fam and int(r["batch"]) == b]
             cells.append(verdict_cell(mine[0]) if mine else "not measured")
-        lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+        label = {"MAR": "MAR (class pair)", "Harmon": "Harmon (text pair)", "xAR": "xAR (cells pair)"}.get(fam, fam)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
