@@ -152,7 +152,7 @@ def test_generate_then_analysis_in_chromium(served, tmp_path):
         page.screenshot(path=shots / "screenshot.png", full_page=True)
         if application.committed_front(None, 8) is not None:  # the regime switch shows the other run
             page.locator("#frontier-regime").get_by_text("batch 8 (throughput)").click()
-            frontier_status.get_by_text("at batch 8", exact=False).wait_for(state="visible")
+            frontier_status.get_by_text("at batch 8:", exact=False).wait_for(state="visible")  # the verdict line
 
         # The frontier recomputed at one image: every setting runs, the front is drawn, a point's
         # setting shows on hover.
@@ -164,7 +164,10 @@ def test_generate_then_analysis_in_chromium(served, tmp_path):
         assert "Recomputed" in frontier_status.inner_text()
         plot = page.locator("#panel-frontier .js-plotly-plot")
         assert "Pareto front" in plot.inner_text()
-        point = page.locator("#panel-frontier .scatterlayer .trace").nth(2).locator(".point").first  # CSD
+        shown = application.committed_front(None, 8) or application.committed_front(None, 1)  # drawn under it
+        methods = [r["method"] for r in shown["rows"]] if shown else ["target", "cheaper head", "DiSA", "CSD"]
+        csd = list(dict.fromkeys(methods)).index("CSD")  # one series per method, in the rows' order
+        point = page.locator("#panel-frontier .scatterlayer .trace").nth(csd).locator(".point").first
         point.hover(force=True)
         page.locator("#panel-frontier .hoverlayer").get_by_text("gamma", exact=False).first.wait_for(state="visible")
 
