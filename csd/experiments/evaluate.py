@@ -202,14 +202,19 @@ def quality(
     images: Tensor, labels: Sequence[int], ref_feats: np.ndarray, classifier: ShapesClassifier
 ) -> tuple[dict[str, float], np.ndarray]:
     """Class accuracy and Frechet distance to the reference features; also returns the image features.
-    For prompts, the accuracy is that of the class each prompt names, and the colour accuracy is added."""
+    For prompts, the accuracy is that of the class each prompt names; the colour and background accuracies are added."""
     feats = features(images, classifier)
     fd = frechet_distance(feats, ref_feats)
     if labels and isinstance(labels[0], str):
         from csd.shapes.text import prompt_scores
 
         scores = prompt_scores(images, labels)
-        return {"accuracy": scores["class_accuracy"], "colour_accuracy": scores["colour_accuracy"], "fd": fd}, feats
+        return {
+            "accuracy": scores["class_accuracy"],
+            "colour_accuracy": scores["colour_accuracy"],
+            "background_accuracy": scores["background_accuracy"],
+            "fd": fd,
+        }, feats
     return {"accuracy": class_accuracy(images, labels, classifier), "fd": fd}, feats
 
 

@@ -114,11 +114,14 @@ def _check_range(name: str, value: float, lo: float, hi: float) -> None:
 
 @dataclass
 class ShapesDataset:
-    """Rendered images (N,3,H,W) float32 in [-1, 1], labels (N,) int64 and one caption per image."""
+    """Rendered images (N,3,H,W) float32 in [-1, 1], labels (N,) int64, one caption per image and the
+    shape's coverage of each pixel (N,H,W) uint8 (0: background, 255: shape), what a loss weighted toward
+    the shape's tokens reads."""
 
     images: torch.Tensor
     labels: torch.Tensor
     captions: list[str]
+    coverage: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -153,14 +156,17 @@ def make_dataset(
     if len(labels_arr) != n:
         raise ValueError(f"got {len(labels_arr)} labels for n={n}")
     config = config or ShapesConfig()
-    images = torch.empty((n, 3, config.image_size, config.image_size), dtype=torch.float32)
+    size = config.image_size
+    images = torch.empty((n, 3, size, size), dtype=torch.float32)
+    coverage = torch.empty((n, size, size), dtype=torch.uint8)
     captions: list[str] = []
-    step = max(1, _CHUNK_PIXELS // config.image_size**2)
+    step = max(1, _CHUNK_PIXELS // size**2)
     for start in range(0, n, step):
-        chunk, chunk_captions = render_batch(labels_arr[start : start + step], seed, config, start=start)
+        chunk, chunk_captions, chunk_coverage = _render(labels_arr[start : start + step], seed, config, start)
         images[start : start + len(chunk)] = chunk
+        coverage[start : start + len(chunk)] = torch.from_numpy(np.round(chunk_coverage * 255.0).astype(np.uint8))
         captions.extend(chunk_captions)
-    return ShapesDataset(images, torch.from_numpy(labels_arr.astype(np.int64)), captions)
+    return ShapesDataset(images, torch.from_numpy(labels_arr.astype(np.int64)), captions, coverage)
 
 
 def render_batch(
@@ -173,6 +179,14 @@ def render_batch(
 
     Returns images (B,3,H,W) float32 in [-1, 1] and their captions.
     """
+    images, captions, _ = _render(labels, seed, config, start)
+    return images, captions
+
+
+def _render(
+    labels: Sequence[int] | np.ndarray | torch.Tensor, seed: int, config: ShapesConfig | None, start: int
+) -> tuple[torch.Tensor, list[str], np.ndarray]:
+    """:func:`render_batch`, and the shape's coverage of each pixel (B,H,W) float64 in [0, 1]."""
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     config = config or ShapesConfig()
@@ -214,7 +228,7 @@ def render_batch(
 
     images = torch.from_numpy(np.clip(image * 2.0 - 1.0, -1.0, 1.0).astype(np.float32))
     captions = [_caption(int(cls), p, k, config) for k, cls in enumerate(labels_arr)]
-    return images, captions
+    return images, captions, coverage
 
 
 def _uniforms(seed: int, start: int, n: int, count: int) -> np.ndarray:

@@ -283,7 +283,7 @@ class Trainer:
         self.tokenizer = PixelTokenizer(patch_size=patch)
         data = make_dataset(cfg.data_size, cfg.data_seed, ShapesConfig(image_size=size))
         self.images, self.labels = data.images.to(self.device), data.labels.to(self.device)
-        self.captions = data.captions
+        self.captions, self.coverage = data.captions, data.coverage.to(self.device)
 
         self.teacher = None if cfg.distill_from is None else load_teacher(cfg.distill_from, self.model, self.device)
         # The teacher's path may not outlive the run (a copy, a renamed stage): its content hash names it for good.
@@ -328,13 +328,19 @@ class Trainer:
     def objective(self, tokens: Tensor, conditions) -> Tensor:
         return self.net(tokens, conditions, self.model_gen, self.teacher, self.cfg.distill_weight)
 
-    def batch(self) -> tuple[Tensor, object]:
-        """Tokens (B, N, d) and conditions of a batch drawn with replacement, optionally h-flipped."""
+    def draw(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """A batch drawn with replacement: indices (B,), images (B, 3, H, W) and, with ``hflip``, which of
+        them are flipped (B,) bool (None without)."""
         idx = torch.randint(0, len(self.labels), (self.cfg.batch_size,), generator=self.data_gen)
-        images = self.images[idx.to(self.device)]
+        images, flip = self.images[idx.to(self.device)], None
         if self.cfg.hflip:
             flip = (torch.rand(self.cfg.batch_size, generator=self.data_gen) < 0.5).to(self.device)
             images = torch.where(flip[:, None, None, None], images.flip(-1), images)
+        return idx, images, flip
+
+    def batch(self) -> tuple[Tensor, object]:
+        """Tokens (B, N, d) and conditions of a batch (:meth:`draw`)."""
+        idx, images, _ = self.draw()
         return self.tokenizer.encode(images), self.conditions(idx)
 
     def train_step(self) -> float:

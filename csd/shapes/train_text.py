@@ -18,10 +18,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from csd.models.harmon import Harmon, HarmonConfig
 from csd.models.registry import load_model
+from csd.models.tokenizer import patchify
 from csd.shapes.text import TEXT_CONFIGS, caption_tokenizer, text_config
 from csd.shapes.train import TrainConfig, Trainer, build_parser, run
 
@@ -34,6 +36,12 @@ class TextTrainConfig(TrainConfig):
     init_generator: str | None = None
     # The LLM's and the projections' LR as a multiple of the generator's (the schedule's) LR.
     cond_lr_mult: float = 1.0
+    # The share of each batch's rows with every token masked: only the prompt can tell them the shape's
+    # colour and the background (otherwise the first known shape token tells the colour).
+    prompt_only: float = 0.0
+    # A token's loss weight is 1 + (shape_weight - 1) x the share of its pixels the shape covers: the shape
+    # is a minority of the tokens, and the prompt decides its colour.
+    shape_weight: float = 1.0
 
     def _check_model(self) -> None:
         if self.config not in TEXT_CONFIGS:
@@ -47,6 +55,12 @@ class TextTrainConfig(TrainConfig):
         m = self.cond_lr_mult
         if not (isinstance(m, int | float) and not isinstance(m, bool) and math.isfinite(m) and m > 0):
             raise ValueError(f"TextTrainConfig.cond_lr_mult must be a finite number > 0, got {m!r}")
+        p = self.prompt_only
+        if not (isinstance(p, int | float) and not isinstance(p, bool) and 0.0 <= p <= 1.0):
+            raise ValueError(f"TextTrainConfig.prompt_only must be a number in [0, 1], got {p!r}")
+        w = self.shape_weight
+        if not (isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) and w > 0):
+            raise ValueError(f"TextTrainConfig.shape_weight must be a finite number > 0, got {w!r}")
         self.model_config()
 
     def model_config(self) -> HarmonConfig:
@@ -89,8 +103,24 @@ class TextTrainer(Trainer):
         captions = [self.captions[i] for i in idx.tolist()]
         return self.model.check_conditions(captions, len(captions), self.device)
 
+    def batch(self) -> tuple[Tensor, object]:
+        """Tokens (B, N, d), and as conditions the prompts and each token's loss weight (None: alike)."""
+        idx, images, flip = self.draw()
+        return self.tokenizer.encode(images), (self.conditions(idx), self.token_weight(idx, flip))
+
+    def token_weight(self, idx: Tensor, flip: Tensor | None) -> Tensor | None:
+        """(B, N): 1 + (shape_weight - 1) x the share of each token's pixels the shape covers."""
+        if self.cfg.shape_weight == 1.0:
+            return None
+        cover = self.coverage[idx.to(self.device)].float() / 255.0  # (B, H, W)
+        if flip is not None:
+            cover = torch.where(flip[:, None, None], cover.flip(-1), cover)
+        share = patchify(cover[:, None], self.tokenizer.patch_size).mean(-1)  # (B, N)
+        return 1.0 + (self.cfg.shape_weight - 1.0) * share
+
     def objective(self, tokens: Tensor, conditions) -> Tensor:
-        return self.net(tokens, conditions, self.model_gen)
+        prompts, weight = conditions
+        return self.net(tokens, prompts, self.model_gen, self.cfg.prompt_only, weight)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> TextTrainConfig:
@@ -98,6 +128,12 @@ def parse_args(argv: Sequence[str] | None = None) -> TextTrainConfig:
     p.add_argument("--init-generator", default=None, help="a shipped class-conditional MAR (.safetensors)")
     p.add_argument(
         "--cond-lr-mult", type=float, default=1.0, help="LR of the LLM and projections as a multiple of the generator's"
+    )
+    p.add_argument(
+        "--prompt-only", type=float, default=0.0, help="share of each batch's rows with every token masked"
+    )
+    p.add_argument(
+        "--shape-weight", type=float, default=1.0, help="loss weight of tokens the shape covers (1: all alike)"
     )
     return TextTrainConfig(**vars(p.parse_args(argv)))
 

@@ -244,12 +244,28 @@ class Harmon(MaskedARFamily, nn.Module):
 
     # --- training -----------------------------------------------------------------------------------
 
-    def forward(self, tokens: Tensor, prompts: Prompts, generator: torch.Generator | None = None) -> Tensor:
+    def forward(
+        self,
+        tokens: Tensor,
+        prompts: Prompts,
+        generator: torch.Generator | None = None,
+        prompt_only: float = 0.0,
+        token_weight: Tensor | None = None,
+    ) -> Tensor:
         """The training loss: MAR's random order and mask ratio, the null prompt for a
-        ``label_drop_prob`` fraction of the rows (for CFG), the diffusion loss on the masked tokens."""
+        ``label_drop_prob`` fraction of the rows (for CFG), the diffusion loss on the masked tokens.
+
+        ``prompt_only``: the share of rows (the first round(B x share); the batch is random) with every
+        token masked, where only the prompt can tell the shape's colour and the background; they run as a
+        backbone pass of their own, since the encoder needs as many known tokens in every row of a pass.
+        ``token_weight`` (B, N): each token's weight in the loss (:meth:`MAR.head_loss`)."""
         b, n, _ = tokens.shape
         mask = training_mask(self.config.mar, b, n, generator, tokens.device)
+        whole = round(b * prompt_only)
+        mask[:whole] = True
         drop = torch.rand((b, 1), generator=generator, device=tokens.device) < self.config.mar.label_drop_prob
         ids, attn, null_ids, null_attn = prompts.both(self.tokenizer.pad_token_id)
-        z = self.backbone(tokens, mask, torch.where(drop, null_ids, ids), torch.where(drop, null_attn, attn))
-        return self.mar.head_loss(tokens, z, mask, generator)
+        ids, attn = torch.where(drop, null_ids, ids), torch.where(drop, null_attn, attn)
+        parts = [slice(0, whole), slice(whole, b)] if 0 < whole < b else [slice(0, b)]
+        z = torch.cat([self.backbone(tokens[r], mask[r], ids[r], attn[r]) for r in parts])
+        return self.mar.head_loss(tokens, z, mask, generator, token_weight=token_weight)

@@ -387,13 +387,16 @@ class MAR(MaskedARFamily, nn.Module):
         generator: torch.Generator | None,
         reference: tuple[DiffusionHead, Tensor] | None = None,
         distill_weight: float = 1.0,
+        token_weight: Tensor | None = None,
     ) -> Tensor:
         """The diffusion loss of the masked tokens (B, N, d) given their conditions z (B, N, D), each row
-        repeated ``diffusion_batch_mul`` times; ``reference``: a teacher's head and its z, to match too."""
+        repeated ``diffusion_batch_mul`` times; ``reference``: a teacher's head and its z, to match too;
+        ``token_weight`` (B, N): each token's weight in the mean (None: all alike)."""
         b, n, _ = tokens.shape
         mul = self.config.diffusion_batch_mul
         rows = lambda a: a.reshape(b * n, -1).repeat(mul, 1)
-        weight = mask.reshape(b * n).repeat(mul).to(tokens.dtype)
+        weight = mask if token_weight is None else mask * token_weight
+        weight = weight.reshape(b * n).repeat(mul).to(tokens.dtype)
         if reference is not None:
             reference = (reference[0], rows(reference[1]))
         loss = self.diffloss.loss(rows(tokens), rows(z), generator, reference, distill_weight)

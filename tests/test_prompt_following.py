@@ -1,0 +1,145 @@
+"""What a text prompt asks for and how it is scored (class, shape colour, background), and the training
+options that make a text model follow it (prompt-only rows, a loss weighted toward the shape)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from csd.models.harmon import Harmon
+from csd.shapes.data import PALETTE, make_dataset
+from csd.shapes.text import (
+    BORDER_WIDTH,
+    background_matches,
+    border_colours,
+    caption_tokenizer,
+    prompt_background,
+    prompt_scores,
+    text_config,
+)
+
+
+def test_prompts_name_their_background_colours():
+    assert prompt_background("a large red circle on a plain white background") == ("white",)
+    assert prompt_background("a large red circle on a white background") == ("white",)
+    assert prompt_background("a small cyan ring on a textured black background") == ("black",)
+    assert prompt_background("a small red star on a blue to white gradient") == ("blue", "white")
+    assert prompt_background("a small red star on a blue gradient") == ("blue",)
+    assert prompt_background("a small red star on a blue to blue gradient") == ("blue",)
+    assert prompt_background("a small red star") is None
+    assert prompt_background("a red star on a blue") is None  # names no background
+
+
+def _flat(rgb, size=32) -> torch.Tensor:
+    return (torch.tensor(rgb, dtype=torch.float32)[:, None, None] * 2 - 1).expand(3, size, size).clone()
+
+
+def test_the_border_rule_reads_a_hand_made_background():
+    image = _flat(PALETTE["white"])
+    image[:, 8:24, 8:24] = _flat(PALETTE["red"])[:, :16, :16]  # a red square inside the ring
+    share = border_colours(image)
+    assert share[list(PALETTE).index("white")] == 1.0 and share.sum() == pytest.approx(1.0)
+    assert background_matches(image, ("white",)) and not background_matches(image, ("red",))
+    # A shape reaching into the ring on one side does not change the most common border colour.
+    image[:, :, :BORDER_WIDTH] = _flat(PALETTE["red"])[:, :, :BORDER_WIDTH]
+    assert background_matches(image, ("white",))
+    # Left half blue, right half white: a blue to white gradient's two ends, each on half the ring.
+    ramp = _flat(PALETTE["white"])
+    ramp[:, :, :16] = _flat(PALETTE["blue"])[:, :, :16]
+    assert background_matches(ramp, ("blue", "white")) and background_matches(ramp, ("white", "blue"))
+    assert not background_matches(ramp, ("red", "white"))
+
+
+def test_real_images_match_their_own_backgrounds_and_not_others():
+    data = make_dataset(400, seed=104)
+    wanted = [prompt_background(c) for c in data.captions]
+    assert all(w is not None for w in wanted)  # every caption names its background
+    own = np.mean([background_matches(img, w) for img, w in zip(data.images, wanted, strict=True)])
+    order = np.random.default_rng(0).permutation(len(wanted))
+    other = np.mean([background_matches(img, wanted[j]) for img, j in zip(data.images, order, strict=True)])
+    assert own >= 0.97  # measured 0.99 on 2000 held-out images
+    assert other <= 0.4  # measured 0.25: the background colours' own spread
+
+
+def test_prompt_scores_report_the_background():
+    data = make_dataset(80, seed=11)
+    scores = prompt_scores(data.images, data.captions)
+    assert scores["background_accuracy"] >= 0.95
+    assert prompt_scores(data.images, ["a red circle"] * 80)["background_accuracy"] is None  # none asked for
+
+
+def test_the_dataset_holds_the_shape_coverage_of_each_pixel():
+    data = make_dataset(20, seed=3)
+    assert data.coverage.shape == (20, 32, 32) and data.coverage.dtype == torch.uint8
+    inside, outside = data.coverage == 255, data.coverage == 0
+    assert inside.any(dim=(1, 2)).all() and outside.any(dim=(1, 2)).all()
+    # Uncovered pixels show the background: on a plain background they are all one colour.
+    for img, cov, cap in zip(data.images, data.coverage, data.captions, strict=True):
+        if " plain " in cap:
+            bg = img[:, cov == 0]
+            assert (bg - bg[:, :1]).abs().max() < 1e-6
+
+
+def _tiny_text_model() -> Harmon:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Harmon(text_config("random_text_target"), caption_tokenizer())
+
+
+def test_prompt_only_rows_have_every_token_masked(monkeypatch):
+    model = _tiny_text_model()
+    tokens = torch.zeros(8, model.seq_len, model.token_dim)
+    prompts = model.check_conditions(["a red circle on a plain white background"] * 8, 8, torch.device("cpu"))
+    seen = []
+    real = model.backbone
+    monkeypatch.setattr(model, "backbone", lambda t, m, *a: (seen.append(m.clone()), real(t, m, *a))[1])
+    model(tokens, prompts, torch.Generator().manual_seed(0), prompt_only=0.25)
+    assert len(seen) == 2 and seen[0].shape[0] == 2 and seen[0].all()  # round(8 x 0.25) rows, all masked
+    assert not seen[1].all(dim=1).all()  # the rest keep MAR's masks (some known tokens)
+    seen.clear()
+    model(tokens, prompts, torch.Generator().manual_seed(0))
+    assert len(seen) == 1 and seen[0].shape[0] == 8
+
+
+def test_without_the_options_the_loss_is_the_plain_one():
+    model = _tiny_text_model()
+    gen = lambda: torch.Generator().manual_seed(1)
+    tokens = torch.randn(4, model.seq_len, model.token_dim, generator=gen())
+    prompts = model.check_conditions(["a red circle"] * 4, 4, torch.device("cpu"))
+    plain = model(tokens, prompts, gen())
+    ones = model(tokens, prompts, gen(), 0.0, torch.ones(4, model.seq_len))
+    assert torch.equal(plain, ones)
+    heavy = torch.ones(4, model.seq_len)
+    heavy[:, 0] = 100.0
+    assert not torch.equal(plain, model(tokens, prompts, gen(), 0.0, heavy))
+
+
+def test_token_weights_follow_the_shape_and_the_flip(tmp_path):
+    from csd.shapes.train_text import TextTrainConfig, TextTrainer
+
+    cfg = TextTrainConfig(
+        config="random_text_target", out=str(tmp_path / "t"), data_size=8, batch_size=4, shape_weight=5.0, hflip=True
+    )
+    trainer = TextTrainer(cfg)
+    idx = torch.arange(4)
+    flip = torch.tensor([False, True, False, True])
+    weight = trainer.token_weight(idx, flip)  # (4, 64)
+    patch = trainer.tokenizer.patch_size
+    for k in range(4):
+        cover = trainer.coverage[k].float() / 255.0
+        cover = cover.flip(-1) if flip[k] else cover
+        share = cover.reshape(32 // patch, patch, 32 // patch, patch).mean(dim=(1, 3)).reshape(-1)
+        assert torch.allclose(weight[k], 1.0 + 4.0 * share)
+    assert weight.min() == 1.0 and weight.max() == 5.0  # background tokens 1, tokens inside the shape 5
+    assert TextTrainer(TextTrainConfig(config="random_text_target", out=str(tmp_path / "u"), data_size=8)).token_weight(
+        idx, None
+    ) is None
+
+
+@pytest.mark.parametrize(("field", "value"), [("prompt_only", 1.5), ("prompt_only", -0.1), ("shape_weight", 0.0)])
+def test_bad_training_options_name_themselves(tmp_path, field, value):
+    from csd.shapes.train_text import TextTrainConfig
+
+    with pytest.raises(ValueError, match=field):
+        TextTrainConfig(config="random_text_target", out=str(tmp_path / "t"), **{field: value})
