@@ -129,9 +129,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TextTrainConfig:
     p.add_argument(
         "--cond-lr-mult", type=float, default=1.0, help="LR of the LLM and projections as a multiple of the generator's"
     )
-    p.add_argument(
-        "--prompt-only", type=float, default=0.0, help="share of each batch's rows with every token masked"
-    )
+    p.add_argument("--prompt-only", type=float, default=0.0, help="share of each batch's rows with every token masked")
     p.add_argument(
         "--shape-weight", type=float, default=1.0, help="loss weight of tokens the shape covers (1: all alike)"
     )
