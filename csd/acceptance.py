@@ -1,10 +1,11 @@
 """Acceptance criteria for a drafted continuous token (DESIGN.md sections 3 and 4).
 
-The math is pure functions of trajectories. Each criterion is also an object with two steps, in the
+The math is pure functions of trajectories. Each criterion is also an object with three steps, in the
 spirit of a diffusers scheduler's ``step()``: :meth:`Criterion.verdict` (log r, split into a trajectory
 term and a final-step term so the UI can show which one decides, and the tokens an accepted row
-commits) and :meth:`Criterion.resample` (rejected rows redrawn from max(0, p - q) / Z). A token is
-accepted with probability min(1, r). :class:`PerToken` tests the tokens of a multi-token row alone.
+commits), :meth:`Criterion.resample` (rejected rows redrawn from max(0, p - q) / Z) and
+:meth:`Criterion.rows` (the :class:`Decision` per row, as the trace records it). A token is accepted with
+probability min(1, r). :class:`PerToken` tests the tokens of a multi-token row alone.
 """
 
 from __future__ import annotations
@@ -117,8 +118,26 @@ class RowDraws(Protocol):
     def uniform(self, pending: Tensor, *shape: int) -> Tensor: ...
 
 
+@dataclass(frozen=True)
+class Decision:
+    """A block's verification, one entry per tested unit (a row, or each token of it under :class:`PerToken`),
+    image-major: the values committed, log r, the uniform u each unit was tested with (u < min(1, r)
+    accepts; NaN where a row's tokens were tested alone), whether it was accepted, the rejected units'
+    indices and how the resampler redrew them. ``unit_accepted`` (rows,): the fraction of each row's
+    tokens accepted when they were tested alone; None when rows were tested whole."""
+
+    x: Tensor  # (units, d)
+    verdict: Verdict
+    draws: Tensor  # (units,)
+    accepted: Tensor  # (units,) bool
+    rejected: Tensor  # (m,) indices
+    resampled: Resampled | None
+    unit_accepted: Tensor | None = None
+
+
 class Criterion(Protocol):
-    """An acceptance test and its resampler. ``units``: tokens tested per row (1: whole rows)."""
+    """An acceptance test, its resampler and its results per row. ``units``: tokens tested per row (1: whole
+    rows)."""
 
     units: int
 
@@ -128,9 +147,19 @@ class Criterion(Protocol):
     def resample(self, p: Proposal, verdict: Verdict, rejected: Tensor, draws: RowDraws) -> Resampled:
         """Redraw the ``rejected`` rows (indices) from max(0, p - q) / Z; a capped row takes the target's own sample."""
 
+    def rows(self, decision: Decision) -> Decision:
+        """The decision with one entry per row of the block (what the trace records)."""
+
+
+class WholeRows:
+    """A criterion that tests whole rows: its decision is already one per row."""
+
+    def rows(self, decision: Decision) -> Decision:
+        return decision
+
 
 @dataclass(frozen=True)
-class AlignedCriterion:
+class AlignedCriterion(WholeRows):
     """Criterion (a), the paper's approximation; the resampler draws from the final Gaussians, q weighted
     by the trajectory term (both widened by ``widening``)."""
 
@@ -158,7 +187,7 @@ class AlignedCriterion:
 
 
 @dataclass(frozen=True)
-class ExactCriterion:
+class ExactCriterion(WholeRows):
     """Criterion (b), speculative sampling on paths: the target's transitions on the draft path; the
     resampler proposes whole target paths and keeps them with probability max(0, 1 - q/p)."""
 
@@ -205,23 +234,30 @@ class PerToken:
     def resample(self, p: Proposal, verdict: Verdict, rejected: Tensor, draws: RowDraws) -> Resampled:
         return self.inner.resample(self._split(p), verdict, rejected, draws)
 
-    def rows(
-        self, verdict: Verdict, accepted: Tensor, rejected: Tensor, resampled: Resampled | None
-    ) -> tuple[Verdict, Tensor, Tensor, Resampled, Tensor]:
-        """Per-token results as per-row ones: log r summed over a row's tokens, a row accepted when all of
-        its tokens are, its tries summed and capped when any token was; and each row's accepted fraction."""
+    def rows(self, decision: Decision) -> Decision:
+        """Per-token results as per-row ones: the row's tokens side by side, log r summed over them, a row
+        accepted when all of its tokens are, its tries summed and capped when any token was, no single
+        draw (NaN); and each row's accepted fraction."""
+        d = decision
         by_row = lambda a: a.reshape(-1, self.units)
-        tries = torch.zeros(accepted.shape, dtype=torch.long, device=accepted.device)
-        capped = torch.zeros(accepted.shape, dtype=torch.bool, device=accepted.device)
-        if resampled is not None:
-            tries[rejected], capped[rejected] = resampled.tries.long(), resampled.capped
-        row_ok = by_row(accepted).all(1)
+        tries = torch.zeros(d.accepted.shape, dtype=torch.long, device=d.accepted.device)
+        capped = torch.zeros(d.accepted.shape, dtype=torch.bool, device=d.accepted.device)
+        if d.resampled is not None:
+            tries[d.rejected], capped[d.rejected] = d.resampled.tries.long(), d.resampled.capped
+        row_ok = by_row(d.accepted).all(1)
         row_rejected = (~row_ok).nonzero().squeeze(-1)
         per_row = Resampled(
             x=None, tries=by_row(tries).sum(1)[row_rejected], capped=by_row(capped).any(1)[row_rejected]
         )
-        row_verdict = Verdict(by_row(verdict.trajectory).sum(1), by_row(verdict.final).sum(1))
-        return row_verdict, row_ok, row_rejected, per_row, by_row(accepted).float().mean(1)
+        return Decision(
+            x=d.x.reshape(row_ok.shape[0], -1),
+            verdict=Verdict(by_row(d.verdict.trajectory).sum(1), by_row(d.verdict.final).sum(1)),
+            draws=torch.full(row_ok.shape, float("nan"), dtype=d.draws.dtype, device=d.draws.device),
+            accepted=row_ok,
+            rejected=row_rejected,
+            resampled=per_row,
+            unit_accepted=by_row(d.accepted).float().mean(1),
+        )
 
 
 def criterion_of(csd: CSDConfig, tokens_per_row: int = 1) -> Criterion:

@@ -3,16 +3,17 @@
 A family makes an image in AR steps. Each step, the backbone reads the tokens made so far (the
 *context*) and the image's *condition* (a class label, a prompt, ...), and a Gaussian chain turns
 explicit noise into the step's tokens (or cells), one Gaussian transition at a time. The samplers
-only ever see four things:
+see five things (and the small helpers :meth:`~ModelFamily.head_steps`, :meth:`~ModelFamily.join`
+and :meth:`~ModelFamily.check_draft`):
 
 * :attr:`ModelFamily.traits`: the typed facts about the family that decoders and experiments read
   (:class:`FamilyTraits`: conditions, fixed AR steps, what a row is, what verification costs);
 * :meth:`ModelFamily.plan`: which positions each AR step makes, for given seeds;
 * :meth:`ModelFamily.check_conditions`: the batch's conditions, validated, in the family's form;
 * :meth:`ModelFamily.predict`: one AR step from a context, as chains bound to their conditions;
-* :meth:`ModelFamily.verify`: the target's chains for a whole drafted block, from the context
-  before the block, in one pass (MAR: one backbone pass; xAR: one pass per flow step with a
-  block-causal mask; the decoder does not care which).
+* :meth:`ModelFamily.verify`: the target's chains for a whole drafted block at once (MAR: one
+  backbone pass over the context before the block; xAR: one pass per flow step with a block-causal
+  mask, each drafted cell given the cells drafted before it; the decoder does not care which).
 
 Chains come back as a :class:`TokenChain`: noise in, a :class:`~csd.chain.Trajectory` (tokens,
 states, per-step means and stds) out, and the same chains evaluated along any other path. That is

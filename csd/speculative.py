@@ -1,8 +1,10 @@
 """Continuous speculative decoding with block verification (DESIGN.md section 2).
 
-pre-fill (target alone) -> repeat { draft gamma AR steps -> one target backbone pass over the
-context before the block -> target head chains (shared noise when aligned) -> accept or resample
-every drafted token -> commit the block }.
+pre-fill (target alone) -> repeat { draft gamma AR steps -> the target's chains for the whole block
+at once (:meth:`csd.family.ModelFamily.verify`: a masked family's one backbone pass over the context
+before the block; xAR's flow chain over the block's cells, each given the cells drafted before it)
+-> run them (shared noise when aligned) -> accept or resample every drafted row -> commit the block }.
+The loop does not know the criterion: each one answers verdict, resample and rows alike.
 """
 
 from __future__ import annotations
@@ -13,12 +15,11 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from csd.acceptance import Criterion, PerToken, Proposal, Verdict, accept, criterion_of
+from csd.acceptance import Criterion, Decision, Proposal, accept, criterion_of
 from csd.chain import ChainNoise, Trajectory, cat_rows
 from csd.config import CSDConfig, SamplingConfig
 from csd.decoding import Generation, PhaseTimer, StepCallback, commit, draw_chain_noise, model_device, predict_step
 from csd.family import ModelFamily, Plan, TokenChain
-from csd.resample import Resampled
 from csd.rng import ImageStreams, check_seeds
 from csd.schedule import head_step_schedule
 from csd.trace import Maker, Trace
@@ -66,7 +67,7 @@ def speculative_generate(
     s = run.prefill()  # 1. the target alone until a fraction rho of the tokens exists
     for block_id, steps in enumerate(run.blocks(s)):
         block = run.draft_block(steps)  # 2. gamma AR steps of the draft, on its own tokens
-        check = run.verify(block)  # 3. one target pass over the context before the block
+        check = run.verify(block)  # 3. the target's chains for the whole block at once
         decision = run.accept_or_resample(block, check)  # 4. min(1, r), else a draw from max(0, p - q)
         run.commit_block(block, block_id, decision)  # 5. the block's tokens join the context
     return run.finish()
@@ -92,15 +93,6 @@ class _Check:
 
     chain_p: TokenChain
     target: Trajectory
-
-
-@dataclass
-class _Decision:
-    x: Tensor  # (rows, d) the block's tokens after verification
-    verdict: Verdict
-    accepted: Tensor  # (rows,) bool
-    rejected: Tensor  # (m,) row indices
-    resampled: Resampled | None
 
 
 @dataclass(frozen=True)
@@ -252,8 +244,8 @@ class _Decoding:
         return block
 
     def verify(self, block: _Block) -> _Check:
-        """The target's chains for the block from one pass over the context before it; the draft-target
-        distances (both noise choices with ``counterfactual``) go to the trace."""
+        """The target's chains for the whole block from one verification (one counted target pass); the
+        draft-target distances (both noise choices with ``counterfactual``) go to the trace."""
         with self.timer("target_backbone"):
             cfg = self._cfg_rows(block.steps)
             args = (self.conditions, block.pos, cfg, self.sampling, block.t_p)
@@ -270,17 +262,15 @@ class _Decoding:
             self.trace.record_distance(block.pos, (block.draft.x - other.x).norm(dim=-1), not aligned)
         return _Check(chain_p, target)
 
-    def accept_or_resample(self, block: _Block, check: _Check) -> _Decision:
-        """The acceptance test for every drafted row (every token of it under PerToken); rejected ones are
-        redrawn from max(0, p - q)."""
+    def accept_or_resample(self, block: _Block, check: _Check) -> Decision:
+        """The criterion's test for every unit it tests (a row, or each token of it); rejected ones are redrawn
+        from max(0, p - q); the decision per row goes to the trace."""
         crit, per_image = self.criterion, block.pos.shape[1] * self.criterion.units
         proposal = Proposal(block.draft, check.target, block.chain_q, check.chain_p)
         with self.timer("verify"):
             verdict, x = crit.verdict(proposal)
             uniforms = self.streams["accept"].rand(per_image).reshape(-1)
             accepted = accept(verdict, uniforms)
-        if crit.units == 1:
-            self.trace.record_accept_draw(block.pos, uniforms)
         with self.timer("resample"):
             rejected = (~accepted).nonzero().squeeze(-1)
             resampled = None
@@ -288,13 +278,12 @@ class _Decoding:
                 draws = _RowDraws(self.streams["resample"], rejected, per_image, self.batch)
                 resampled = crit.resample(proposal, verdict, rejected, draws)
                 x[rejected] = resampled.x
-        if isinstance(crit, PerToken):  # a row's result aggregates its tokens'
-            verdict, accepted, rejected, resampled, fraction = crit.rows(verdict, accepted, rejected, resampled)
-            self.trace.record_unit_acceptance(block.pos, fraction)
-            x = x.reshape(-1, block.draft.x.shape[-1])
-        return _Decision(x, verdict, accepted, rejected, resampled)
+        decision = crit.rows(Decision(x, verdict, uniforms, accepted, rejected, resampled))
+        self.trace.record_accept_draw(block.pos, decision.draws)
+        self.trace.record_unit_acceptance(block.pos, decision.unit_accepted)
+        return decision
 
-    def commit_block(self, block: _Block, block_id: int, decision: _Decision) -> None:
+    def commit_block(self, block: _Block, block_id: int, decision: Decision) -> None:
         commit(self.tokens, self.mask, block.pos, decision.x)
         maker = torch.full_like(decision.accepted, int(Maker.ACCEPTED), dtype=torch.int8)
         tries = torch.zeros_like(decision.accepted, dtype=torch.int32)

@@ -70,7 +70,9 @@ class Trace:
     distance_aligned: np.ndarray  # float32, ||x^q - x^p|| with shared noise
     distance_independent: np.ndarray  # float32, ||x^q - x^p|| with independent noise
     step_sizes: list[int]
-    target_passes: int = 0  # backbone passes (a CFG pass over a doubled batch counts once)
+    # Target passes: one per AR step or verified block; a backbone pass (MAR, Harmon) or a whole flow chain
+    # (xAR, whose backbone runs once per flow step). A CFG pass over a doubled batch counts once.
+    target_passes: int = 0
     draft_passes: int = 0
     times: dict[str, float] = field(default_factory=dict)  # seconds per phase
     work: dict[str, dict[str, int]] = field(default_factory=dict)  # per phase: calls, steps, token_steps
@@ -105,7 +107,7 @@ class Trace:
             _put(self.maker, pos, int(maker))
 
     def record_pass(self, model: str) -> None:
-        """One backbone pass of the "target" or the "draft" (a CFG pass over a doubled batch counts once)."""
+        """One pass of the "target" or the "draft": an AR step's or a verified block's (see ``target_passes``)."""
         if model == "target":
             self.target_passes += 1
         elif model == "draft":
@@ -169,8 +171,11 @@ class Trace:
         _put(self.log_ratio_final, pos, log_ratio_final)
         _put(self.resample_tries, pos, resample_tries)
 
-    def record_unit_acceptance(self, pos: Tensor, fraction: Tensor) -> None:
-        """Under acceptance_unit "token": the fraction of the tokens of each row at ``pos`` accepted."""
+    def record_unit_acceptance(self, pos: Tensor, fraction: Tensor | None) -> None:
+        """Under acceptance_unit "token": the fraction of the tokens of each row at ``pos`` accepted (None: the
+        rows were tested whole, nothing to record)."""
+        if fraction is None:
+            return
         if self.unit_accepted is None:
             self.unit_accepted = np.full(self.maker.shape, np.nan, dtype=np.float32)
         _put(self.unit_accepted, pos, fraction)
