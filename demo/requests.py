@@ -21,7 +21,7 @@ from demo.controls import Control, refuse_invalid, take
 from demo.errors import refuse, short
 
 # Library knobs whose errors a control answers for (its field's name starts the library's message).
-FAMILY_RULES = {"num_steps": "ar_steps", "cfg_schedule": "cfg_schedule", "head_steps": "ar_steps"}
+FAMILY_RULES = {"num_steps": "ar_steps", "cfg_schedule": "cfg_schedule"}
 
 
 @contextmanager

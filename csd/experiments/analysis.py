@@ -93,10 +93,6 @@ def _num(v) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _nums(values) -> list[float | None]:
-    return [_num(v) for v in values]
-
-
 @dataclass
 class Spread:
     """A quantity per x value: mean, median and interquartile band (over images or tokens)."""

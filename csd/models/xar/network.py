@@ -324,13 +324,6 @@ class XAR(XARFamily, nn.Module):
         self._network(clean, labels, t, torch.arange(n, device=clean.device), self.mask[..., :n, :n], None, record)
         return record
 
-    def cell_velocity(self, x: Tensor, labels: Tensor, t: Tensor, cell: int, cache) -> Tensor:
-        """The velocity of cell ``cell`` at noisy tokens x (B, cell_len, d) and times t (B,), attending
-        to the cached context cells (all earlier) and to itself."""
-        cl = self.config.cell_len
-        positions = torch.arange(cell * cl, (cell + 1) * cl, device=x.device)
-        return self._network(x, labels, t[:, None], positions, None, cache)
-
     def forward(self, tokens: Tensor, labels: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Noisy-context flow matching: every cell its own time t from a logit-normal, x_t = (1 - t) x +
         t eps, target v = eps - x, MSE over all cells at once under the block-causal mask; labels
