@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import torch
 
-from csd.experiments.analysis import Panels
 from csd.experiments.jobs import Job, Step, Stopped
 from csd.experiments.pairs import ModelPair, PairStore
+from csd.panels import Panels
 from demo.controls import declare_controls
 from demo.errors import refuse
 from demo.estimate import HEADROOM, Rates, calibrate, words

@@ -22,8 +22,8 @@ import gradio as gr
 import torch
 from starlette.middleware import Middleware
 
-from csd.experiments.analysis import Panels
 from csd.experiments.pairs import RANDOM_SOURCE, PairStore, discover, fetch_official
+from csd.panels import Panels
 from demo import limits as limits_module
 from demo.cards import card_markdown
 from demo.core import DEVICE, App

@@ -9,23 +9,21 @@ import math
 import numpy as np
 import torch
 
-from csd.experiments import frontier
-from csd.experiments.analysis import Panels, Run, cost_model
+from csd.experiments.analysis import Run, cost_model
 from csd.experiments.pairs import ModelPair
+from csd.panels import Panels, json_float
 from csd.trace import Maker
+from csd.verdict import METRICS, result_metrics, verdict_line
 from demo.requests import Request
 from visualize.frontier import frontier_chart
 from visualize.images import display_grid, upscale
 from visualize.panels import analysis_charts, time_breakdown
 from visualize.render import to_plotly
+from visualize.report import frontier_markdown
 
 
 def image_grid(pair: ModelPair, run: Run) -> np.ndarray:
     return display_grid(pair.images(run.generation.tokens).numpy())
-
-
-def json_float(v: float) -> float | None:
-    return float(v) if np.isfinite(v) else None
 
 
 def run_summary(r: Request, target: Run, spec: Run, draft: Run) -> dict:
@@ -219,12 +217,12 @@ def frontier_status(
         return f"No precomputed frontier for these models{where}: press **Recompute frontier**."
     steps = result["rows"][0]["sampling"]["num_steps"]
     what = "Recomputed" if recomputed else "Precomputed (default setting, `python -m csd.experiments.bench --frontier`)"
-    key = frontier.result_metrics(result)[0]
+    key = result_metrics(result)[0]
     on = [r["name"] for r in result["rows"] if r["method"] == "CSD" and r[f"front_{key}"]]
     front = (
-        f"CSD on the front ({frontier.METRICS[key][0]}): {', '.join(on)}."
+        f"CSD on the front ({METRICS[key][0]}): {', '.join(on)}."
         if on
-        else (f"No CSD setting is on the front ({frontier.METRICS[key][0]}).")
+        else (f"No CSD setting is on the front ({METRICS[key][0]}).")
     )
     name = result.get("pair", pair)
     where = f" on *{name}*" if name else ""
@@ -233,7 +231,7 @@ def frontier_status(
         f"{result['n']} images each; time: {result['timing']}. {front}"
     )
     if not recomputed and "verdict" in result:
-        line += f"\n\n**Verdict:** {frontier.verdict_line(result)}"
+        line += f"\n\n**Verdict:** {verdict_line(result)}"
     if committed is not None:
         line += f" Drawn in grey over the benchmark's frontier at batch {committed['batch']} ({committed['n']} images)."
     return line
@@ -247,7 +245,7 @@ def frontier_outputs(result: dict | None, committed: dict | None = None) -> list
         chart = frontier_chart(committed, overlay=result)
     else:
         chart = frontier_chart(result)
-    return [to_plotly(chart), frontier.frontier_markdown(result), result]
+    return [to_plotly(chart), frontier_markdown(result), result]
 
 
 def side_by_side(images: list[np.ndarray], gap: int = 8) -> np.ndarray:

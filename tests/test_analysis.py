@@ -9,15 +9,8 @@ import pytest
 
 from csd.config import CSDConfig, SamplingConfig
 from csd.cost import csd_passes, prefill_steps, simple_bound, speedup_bound
-from csd.experiments.analysis import (
-    Analysis,
-    AnalysisSettings,
-    Histogram,
-    Panels,
-    Spread,
-    cost_model,
-    step_costs,
-)
+from csd.experiments.analysis import Analysis, AnalysisSettings, cost_model, step_costs
+from csd.panels import Histogram, Panels, Spread
 from csd.trace import Trace
 
 SETTINGS = AnalysisSettings(

@@ -17,9 +17,9 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError, ValidationError
 
 from csd.config import CSDConfig
-from csd.experiments.analysis import Panels
-from csd.experiments.frontier import verdict as frontier_verdict
 from csd.experiments.pairs import RANDOM_SOURCE, PairStore
+from csd.panels import Panels
+from csd.verdict import verdict as frontier_verdict
 from demo import server
 from demo.core import App
 from demo.limits import Limits
@@ -259,9 +259,10 @@ def test_inspect_rejects_a_token_off_the_grid_naming_it(served):
 
 @pytest.fixture(scope="module")
 def served_text():
-    from csd.experiments.pairs import RANDOM_TEXT_SOURCE
+    from csd.experiments.pairs import random_source, random_spec
 
-    application = App(PairStore([RANDOM_TEXT_SOURCE, RANDOM_SOURCE], torch.device("cpu")), LIMITS)
+    text_source = random_source(random_spec("harmon"))
+    application = App(PairStore([text_source, RANDOM_SOURCE], torch.device("cpu")), LIMITS)
     demo = server.build(application)
     url = server.serve(demo, LIMITS, "127.0.0.1", None, block=False)
     yield application, Client(url, verbose=False)
@@ -300,9 +301,10 @@ def test_bad_prompts_are_named_errors(served_text, prompt, named):
 
 
 def test_an_xar_pair_generates_and_names_its_fixed_ar_steps():
-    from csd.experiments.pairs import RANDOM_XAR_SOURCE
+    from csd.experiments.pairs import random_source, random_spec
 
-    application = App(PairStore([RANDOM_XAR_SOURCE], torch.device("cpu")), Limits(max_batch=2))
+    xar_source = random_source(random_spec("xar"))
+    application = App(PairStore([xar_source], torch.device("cpu")), Limits(max_batch=2))
     values = {**application.default_controls(), "batch_size": 1, "ar_steps": 16, "cfg_schedule": "linear"}
     kind, done = list(compare(application, lambda *a, **k: None, **values))[-1]
     summary = done.summary
@@ -314,7 +316,7 @@ def test_an_xar_pair_generates_and_names_its_fixed_ar_steps():
     tab = GenerateTab(application)
     with gr.Blocks():
         tab.build({})
-    update = tab.pair_changed(RANDOM_XAR_SOURCE.name, 32, "constant", None)
+    update = tab.pair_changed(xar_source.name, 32, "constant", None)
     steps, schedule = update[tab.controls["ar_steps"]], update[tab.controls["cfg_schedule"]]
     assert steps["value"] == 16 and schedule["value"] == "linear"  # choosing the pair sets them,
     assert steps["interactive"] is False and schedule["interactive"] is False  # and locks them
@@ -322,13 +324,14 @@ def test_an_xar_pair_generates_and_names_its_fixed_ar_steps():
 
 
 def test_leaving_a_pair_with_fixed_steps_restores_the_visitors_own():
-    from csd.experiments.pairs import RANDOM_XAR_SOURCE
+    from csd.experiments.pairs import random_source, random_spec
 
-    application = App(PairStore([RANDOM_SOURCE, RANDOM_XAR_SOURCE], torch.device("cpu")), Limits(max_batch=2))
+    xar_source = random_source(random_spec("xar"))
+    application = App(PairStore([RANDOM_SOURCE, xar_source], torch.device("cpu")), Limits(max_batch=2))
     tab = GenerateTab(application)
     with gr.Blocks():
         tab.build({})
-    there = tab.pair_changed(RANDOM_XAR_SOURCE.name, 24, "constant", None)
+    there = tab.pair_changed(xar_source.name, 24, "constant", None)
     back = tab.pair_changed(RANDOM_SOURCE.name, 16, "linear", there[tab.saved])
     steps, schedule = back[tab.controls["ar_steps"]], back[tab.controls["cfg_schedule"]]
     assert (steps["value"], schedule["value"]) == (24, "constant") and steps["interactive"] is True

@@ -14,8 +14,8 @@ import torch
 
 from csd.config import CSDConfig, SamplingConfig
 from csd.cost import StepCosts, csd_passes, prefill_steps, sequential_passes, simple_bound, speedup_bound
-from csd.experiments import bench, defaults
-from csd.experiments.bench import BenchConfig, compare_settings, headline_markdown, main, parse_setting
+from csd.experiments import defaults
+from csd.experiments.bench import BenchConfig, compare_settings, main, parse_setting
 from csd.experiments.evaluate import eval_labels_seeds, generate_images, load_models, quality
 from csd.experiments.pairs import image_tokenizer
 from csd.experiments.timing import alternate
@@ -25,6 +25,7 @@ from csd.schedule import step_sizes
 from csd.shapes.metrics import REFERENCE_SEED, load_classifier, reference_features
 from csd.speculative import speculative_generate
 from tests.helpers import LinearGaussianChain, ToyARModel, save_tiny_pixel_pair, save_tiny_xar_pair
+from visualize.report import docs_prefix, headline_markdown, write_tables
 
 COSTS = StepCosts(target_backbone=10.0, target_head=2.0, draft_backbone=1.0, draft_head=0.5)
 
@@ -199,7 +200,8 @@ def test_quick_bench_writes_every_key_and_a_table(tmp_path, restore_threads):
     assert {(r["batch"], r["gamma"]) for r in result["rows"]} == {(b, g) for b in (1, 2) for g in (4, 8)}
     assert result["cost"]["batch"] == 2  # the grid's batch closest to the default 8
     assert sum(result["cost"]["fractions_of_csd_time"].values()) == pytest.approx(1.0)
-    table = (tmp_path / "out" / "bench.md").read_text()
+    assert not (tmp_path / "out" / "bench.md").exists()  # the measurement writes JSON; the report its tables
+    table = write_tables(tmp_path / "out" / "bench.json").read_text()
     assert "| batch | gamma |" in table and "draft only" in table
 
 
@@ -221,9 +223,9 @@ def test_quick_bench_on_an_xar_pair_cuts_flow_steps_and_scores_cells_and_tokens(
     assert row["fewer_head_steps"] == round(8 * passes / 16)
     for key in ("acceptance_token_aligned", "acceptance_token_unaligned", "acceptance_aligned"):
         assert 0.0 <= result[key] <= 1.0, key
-    assert "acceptance per token" in (out / "bench.md").read_text()
+    assert "acceptance per token" in write_tables(out / "bench.json").read_text()
     assert "| target, 2 flow steps |" in headline_markdown(result)
-    assert bench.docs_prefix(result) == "xar-"
+    assert docs_prefix(result) == "xar-"
 
     target, draft = load_models(target_path, draft_path, torch.device("cpu"))
     sampling = SamplingConfig(**result["settings"]["sampling"])
@@ -257,7 +259,7 @@ def test_quality_by_gamma_scores_images_made_with_that_gamma(tmp_path, restore_t
     scores, _ = quality(images, labels, reference_features(30, REFERENCE_SEED, classifier), classifier)
     assert rows[3]["fd"] == pytest.approx(scores["fd"]) and rows[3]["accuracy"] == scores["accuracy"]
     assert rows[1]["fd"] != rows[3]["fd"]
-    table = (out / "bench.md").read_text()
+    table = write_tables(out / "bench.json").read_text()
     assert "CSD against draft length" in table and "| 3 | " in table
 
 
@@ -285,4 +287,4 @@ def test_quick_bench_command_runs_on_the_shipped_pair(tmp_path):
     # Seeded, so these are fixed numbers of the shipped weights; the margins between them are wide.
     assert result["fd_target"] < result["fd_fewer"] and result["accuracy_target"] > 0.2
     assert result["distance_aligned"] < result["distance_unaligned"]
-    assert (out / "bench.md").read_text().startswith("# CSD benchmark")
+    assert write_tables(out / "bench.json").read_text().startswith("# CSD benchmark")

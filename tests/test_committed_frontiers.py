@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from csd.experiments.frontier import SLACK, verdict, verdict_table
 from csd.models.checkpoint import file_digest
-from visualize.report import committed_frontiers
+from csd.verdict import SLACK, verdict
+from visualize.report import committed_frontiers, verdict_table
 
 ROOT = Path(__file__).resolve().parents[1]
 M = ROOT / "assets" / "models"
@@ -59,8 +59,7 @@ def test_the_readme_verdict_table_is_that_of_the_committed_frontiers():
 
 
 def test_docs_results_holds_every_frontier_table_and_the_verdicts():
-    from csd.experiments.frontier import frontier_markdown
-    from visualize.report import FRONTIER_PREFIX
+    from visualize.report import FRONTIER_PREFIX, frontier_markdown
 
     docs = (ROOT / "docs" / "results.md").read_text()
     for r in RESULTS:
@@ -72,8 +71,7 @@ def test_docs_results_holds_every_frontier_table_and_the_verdicts():
 
 
 def test_the_token_cache_run_is_on_the_shipped_class_pair_and_in_the_docs():
-    from csd.experiments.frontier import frontier_markdown
-    from visualize.report import token_cache_runs
+    from visualize.report import frontier_markdown, token_cache_runs
 
     runs = token_cache_runs(ROOT)
     assert [r["batch"] for r in runs] == [1, 8]

@@ -7,19 +7,12 @@ import numpy as np
 import pytest
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.experiments.frontier import (
-    METRICS,
-    Point,
-    SmallFrontier,
-    frontier_markdown,
-    grid,
-    image_scores,
-    pareto,
-    run_frontier,
-)
+from csd.experiments.frontier import Point, SmallFrontier, grid, image_scores, pareto, run_frontier
 from csd.shapes.metrics import load_classifier, reference_features
+from csd.verdict import METRICS
 from tests.helpers import save_tiny_pixel_pair
 from visualize.frontier import frontier_chart
+from visualize.report import frontier_markdown
 
 
 def test_pareto_keeps_the_points_nothing_beats_on_both_time_and_quality():
@@ -146,10 +139,10 @@ def test_the_bench_writes_a_frontier_per_batch_and_the_report_its_plots(tmp_path
         assert [r["name"] for r in saved["rows"]] == [r["name"] for r in results[b]["rows"]]
         assert saved["rows"][0]["name"].startswith("target-only (6 AR steps") and saved["batch"] == b
         assert saved["minutes"] >= 0 and saved["settings"]["batches"] == [1, 2]
-        md = (tmp_path / "out" / f"frontier_b{b}.md").read_text()
-        assert md.startswith(f"# Quality-time frontier, batch {b}")
-    assert not list((tmp_path / "out").glob("*.png"))  # measurements write no figures
+    written = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert written == ["frontier_b1.json", "frontier_b2.json"]  # measurements write JSON only: no tables, no figures
     report([str(tmp_path / "out" / "frontier_b1.json")])
+    assert (tmp_path / "out" / "frontier_b1.md").read_text().startswith("# Quality-time frontier, batch 1")
     assert (tmp_path / "out" / "frontier_b1.png").stat().st_size > 1000
     assert (tmp_path / "out" / "frontier_b1_cost.png").stat().st_size > 1000
 

@@ -6,14 +6,8 @@ import pytest
 import torch
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.experiments.inspection import (
-    DRAFTED,
-    UNKNOWN,
-    artifact_hints,
-    inspect_token,
-    replay_frames,
-    token_index,
-)
+from csd.experiments.inspection import artifact_hints, inspect_token, token_index
+from csd.replay import DRAFTED, UNKNOWN, replay_frames
 from csd.sampling import generate
 from csd.speculative import speculative_generate
 from csd.trace import Maker

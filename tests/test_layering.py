@@ -14,7 +14,10 @@ PACKAGES = ("csd", "visualize", "demo")
 LAYERS = (
     ("core math", ("csd.checks", "csd.rng", "csd.gaussian", "csd.schedule")),
     ("chains and settings", ("csd.chain", "csd.config")),
-    ("family interface and records", ("csd.family", "csd.trace", "csd.cost", "csd.resample", "csd.toy")),
+    (
+        "family interface and records",
+        ("csd.family", "csd.trace", "csd.cost", "csd.resample", "csd.toy", "csd.panels", "csd.replay", "csd.verdict"),
+    ),
     ("decoder pieces", ("csd.acceptance", "csd.decoding")),
     ("decoders", ("csd.sampling", "csd.speculative", "csd")),
     ("model families", ("csd.models",)),
@@ -98,3 +101,16 @@ def test_the_import_graph_has_no_cycles():
         if node not in state:
             visit(node, [node])
     assert not cycles, "\n".join(cycles)
+
+
+def test_figures_import_nothing_from_the_experiments():
+    """A figure builder draws records (the trace's layer: csd.panels, csd.replay, csd.verdict); loading one
+    must not load the pair loader, the model registry or any runner of csd.experiments."""
+    found = [
+        f"{m} imports {d}"
+        for m, deps in graph().items()
+        if m == "visualize" or m.startswith("visualize.")
+        for d in deps
+        if d == "csd.experiments" or d.startswith("csd.experiments.")
+    ]
+    assert not found, "\n".join(found)

@@ -103,7 +103,7 @@ def test_the_presets_are_the_shipped_architectures(name):
 
 def test_shipped_analysis_panels_were_made_from_the_shipped_weights():
     """The Analysis tab's precomputed panels must describe the embedded models in this commit."""
-    from csd.experiments.analysis import Panels
+    from csd.panels import Panels
 
     panels = Panels.load(MODELS.parent / "analysis_default.json")
     assert panels.weights == file_digest(defaults.TARGET_PATH, defaults.DRAFT_PATH), (

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from csd.experiments.bench import headline_markdown
+from visualize.report import headline_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -51,8 +51,7 @@ def test_the_front_page_is_short():
 
 
 def test_update_docs_rewrites_both_blocks_from_a_result(tmp_path):
-    from csd.experiments.bench import markdown
-    from visualize.report import update_docs
+    from visualize.report import bench_markdown, update_docs
 
     result = json.loads((ROOT / "bench" / "results" / "bench.json").read_text())
     (tmp_path / "docs").mkdir()
@@ -60,7 +59,7 @@ def test_update_docs_rewrites_both_blocks_from_a_result(tmp_path):
     (tmp_path / "README.md").write_text("<!-- headline:start -->\nold\n<!-- headline:end -->\n")
     update_docs(result, root=tmp_path)
     assert (tmp_path / "docs" / "results.md").read_text().startswith("a\n<!-- bench:start -->\nS = 32 AR steps")
-    assert markdown(result).split("\n", 2)[2].strip() in (tmp_path / "docs" / "results.md").read_text()
+    assert bench_markdown(result).split("\n", 2)[2].strip() in (tmp_path / "docs" / "results.md").read_text()
     assert headline_markdown(result) in (tmp_path / "README.md").read_text()
     (tmp_path / "README.md").write_text("no markers\n")
     with pytest.raises(ValueError, match="expected one <!-- headline:start -->"):
@@ -72,8 +71,7 @@ def test_the_where_csd_pays_paragraph_quotes_the_committed_frontiers():
     and its verdict table is theirs."""
     import re
 
-    from csd.experiments.frontier import verdict_table
-    from visualize.report import committed_frontiers
+    from visualize.report import committed_frontiers, verdict_table
 
     results = committed_frontiers(ROOT)
     para = README[README.index("**Where CSD pays**") :]
@@ -89,8 +87,6 @@ def test_the_where_csd_pays_paragraph_quotes_the_committed_frontiers():
 
 def test_the_text_pair_block_is_the_text_benchmark_run():
     """The README's text-pair table is headline_markdown of bench/results/text/bench.json."""
-    from csd.experiments.bench import headline_markdown
-
     result = json.loads((ROOT / "bench" / "results" / "text" / "bench.json").read_text())
     block = README[README.index("<!-- text-headline:start -->") : README.index("<!-- text-headline:end -->")]
     assert headline_markdown(result) in block

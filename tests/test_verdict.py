@@ -5,7 +5,7 @@ import math
 import pytest
 
 from csd.cost import ChainCost, PassCosts, fit_chain, fit_pass
-from csd.experiments.frontier import margins, verdict, verdict_line
+from csd.verdict import margins, verdict, verdict_line
 
 
 def row(name, method, time, fd, fd_se=1.0):

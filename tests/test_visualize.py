@@ -6,7 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from csd.experiments.analysis import (
+from csd.panels import (
     DistancePanel,
     Histogram,
     LogRatioPanel,

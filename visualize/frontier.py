@@ -1,8 +1,8 @@
-"""The quality-time frontier as a chart (data from csd.experiments.frontier)."""
+"""The quality-time frontier as a chart (a result of csd.experiments.frontier; its metrics: csd.verdict)."""
 
 from __future__ import annotations
 
-from csd.experiments.frontier import METRICS, result_metrics
+from csd.verdict import METRICS, result_metrics
 from visualize.chart import Chart, Series
 
 

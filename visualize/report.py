@@ -1,10 +1,12 @@
-"""Benchmark results into the repository: each frontier's chart beside its JSON, each benchmark's tables
-into docs/results.md and its headline into the README (the class pair's blocks, or the text and xAR
-pairs' own: ``text-bench`` / ``xar-bench``, ``text-headline`` / ``xar-headline``).
+"""Benchmark results into the repository: each result's tables (Markdown) and each frontier's charts beside
+its JSON, each benchmark's tables into docs/results.md and its headline into the README (the class
+pair's blocks, or the text and xAR pairs' own: ``text-bench`` / ``xar-bench``, ``text-headline`` /
+``xar-headline``).
 
     python -m visualize.report bench/results/bench.json bench/results/frontier_b1.json [...]
 
-The measurements themselves (``python -m csd.experiments.bench``) only write JSON and Markdown.
+The measurements themselves (``python -m csd.experiments.bench``) only write JSON; the verdict rule is
+:mod:`csd.verdict`'s.
 """
 
 from __future__ import annotations
@@ -15,12 +17,268 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from csd.experiments.bench import docs_prefix, headline_markdown, markdown
-from csd.experiments.frontier import frontier_markdown, verdict_table
+from csd.verdict import METRICS, result_metrics, verdict, verdict_line
 from visualize.frontier import cost_chart, frontier_chart
 from visualize.render import save_png
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- a benchmark's tables -----------------------------------------------------------------------------
+
+
+def _f(v: float, digits: int = 2) -> str:
+    return "nan" if v != v else f"{v:.{digits}f}"
+
+
+def bench_markdown(result: dict) -> str:
+    """A benchmark's tables (bench.md): the speed-up grid, quality per sampler, alignment, where the time goes."""
+    s = result["settings"]
+    sampling = s["sampling"]
+    criterion, term = s["csd"]["criterion"], s["csd"]["trajectory_term"]
+    non_default = "" if (criterion, term) == ("aligned", "derived") else f", criterion {criterion}"
+    if non_default and criterion == "aligned":
+        non_default += f" (trajectory term {term})"
+    lines = [
+        "# CSD benchmark",
+        "",
+        f"S = {sampling['num_steps']} AR steps, cfg {sampling['cfg_scale']} ({sampling['cfg_schedule']}), "
+        f"prefill {s['csd']['prefill']}, tau_v {s['csd']['tau_v']}{non_default}; "
+        f"{s['device']}, {s['threads']} threads, "
+        f"{s['bench']['repeats']} interleaved repeats. Times are ratios to target-only with the same S.",
+        "",
+        "| batch | gamma | target passes | speedup (min-max) | bound | simple bound | fewer-steps time | acceptance |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['batch']} | {r['gamma']} | {r['target_passes']} | {_f(r['speedup'])}x "
+            f"({_f(r['speedup_min'])}-{_f(r['speedup_max'])}) | {_f(r['speedup_bound'])}x | "
+            f"{_f(r['speedup_bound_simple'])}x | {_f(r['fewer_steps_time'])} | {_f(r['acceptance'])} |"
+        )
+    n = s["bench"]["n"]
+    lines += [
+        "",
+        f"Quality at batch {s['default_batch']}, gamma {s['csd']['gamma']}: {n} images per sampler, Frechet distance "
+        f"to {s['bench']['n_ref']} held-out real images (two real sets of {n}: {_f(result['fd_real'])}).",
+        "",
+        "| sampler | time vs target | class accuracy |"
+        + (" colour accuracy |" if _colours(result) else "")
+        + " Frechet distance |",
+        "| --- | --- | --- | --- |" + (" --- |" if _colours(result) else ""),
+    ]
+    for key, name, rel_time in (
+        ("target", "target only", 1.0),
+        ("csd", "CSD", 1.0 / result["speedup"]),
+        ("csd_unaligned", "CSD without alignment", float("nan")),
+        ("fewer", f"target, {_fewer(result)}", result["fewer_steps_time"]),
+        ("draft", "draft only", result["draft_time"]),
+    ):
+        acc, fd = result[f"accuracy_{key}"], result[f"fd_{key}"]
+        colour = f" {_f(result[f'colour_accuracy_{key}'], 3)} |" if _colours(result) else ""
+        lines.append(f"| {name} | {_f(rel_time)} | {_f(acc, 3)} |{colour} {_f(fd)} |")
+    by_gamma = result.get("quality_by_gamma", [])
+    if len(by_gamma) > 1:
+        lines += [
+            "",
+            f"CSD against draft length, same labels and seeds (speedup at batch {s['default_batch']} where the grid "
+            "timed that gamma):",
+            "",
+            "| gamma | target passes | speedup | acceptance | class accuracy | Frechet distance | FD to target-only |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+            f"| target only | {sampling['num_steps']} | 1.00x | | {_f(result['accuracy_target'], 3)} | "
+            f"{_f(result['fd_target'])} | 0 |",
+        ]
+        lines += [
+            f"| {q['gamma']} | {q['target_passes']} | {_f(q['speedup'])}x | {_f(q['acceptance'], 3)} | "
+            f"{_f(q['accuracy'], 3)} | {_f(q['fd'])} | {_f(q['fd_vs_target'])} |"
+            for q in by_gamma
+        ]
+    lines += [
+        "",
+        f"Frechet distance CSD vs target-only images: {_f(result['fd_csd_vs_target'])}.",
+        "",
+        "| | aligned | unaligned |",
+        "| --- | --- | --- |",
+        f"| acceptance | {_f(result['acceptance_aligned'], 3)} | {_f(result['acceptance_unaligned'], 3)} |",
+        f"| mean draft-target distance | {_f(result['distance_aligned'], 3)} | {_f(result['distance_unaligned'], 3)} |",
+        f"| mean resampler tries | {_f(result['resample_tries_aligned'])} | {_f(result['resample_tries_unaligned'])} |",
+        f"| cap hits | {result['cap_hits_aligned']} | {result['cap_hits_unaligned']} |",
+    ]
+    if "acceptance_token_aligned" in result:
+        lines.append(
+            f"| acceptance per token (each token of a cell tested alone) | "
+            f"{_f(result['acceptance_token_aligned'], 3)} | {_f(result['acceptance_token_unaligned'], 3)} |"
+        )
+    lines += [
+        "",
+        f"Where CSD's time goes (batch {result['cost']['batch']}, gamma {result['cost']['gamma']}):",
+        "",
+        "| phase | share |",
+        "| --- | --- |",
+    ]
+    lines += [f"| {k} | {_f(100 * v, 1)}% |" for k, v in result["cost"]["fractions_of_csd_time"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _fewer(result: dict) -> str:
+    """The cheap baseline at the headline gamma: fewer AR steps, or (xAR, one AR step per cell) fewer
+    flow steps."""
+    s = result["settings"]
+    row = next(r for r in result["rows"] if r["batch"] == s["default_batch"] and r["gamma"] == s["csd"]["gamma"])
+    if str(s.get("family")).lower() == "xar":
+        return f"{row.get('fewer_head_steps', '?')} flow steps"
+    return f"{row['target_passes']} AR steps"
+
+
+def _colours(result: dict) -> bool:
+    """Whether a result scored prompts (a text pair): it then has colour accuracies too."""
+    return "colour_accuracy_target" in result
+
+
+def headline_markdown(result: dict) -> str:
+    """The README's table: every sampler of the quality section at the default batch, time as a speed-up
+    (and the colour accuracy of what the prompts asked, for a text pair)."""
+    s = result["settings"]
+    colour = lambda key: f" {_f(result[f'colour_accuracy_{key}'], 3)} |" if _colours(result) else ""
+    lines = [
+        f"| {s['sampling']['num_steps']} AR steps, batch {s['default_batch']}, {s['bench']['n']} images "
+        "| speed-up | target passes | acceptance | class accuracy |"
+        + (" colour accuracy |" if _colours(result) else "")
+        + " Frechet distance |",
+        "| --- | --- | --- | --- | --- |" + (" --- |" if _colours(result) else "") + " --- |",
+        f"| target only | 1.00x | {s['sampling']['num_steps']} | | {_f(result['accuracy_target'], 3)} |"
+        f"{colour('target')} {_f(result['fd_target'], 1)} |",
+    ]
+    by_gamma = {q["gamma"]: q for q in result.get("quality_by_gamma", [])}
+    main_row = next(r for r in result["rows"] if r["batch"] == s["default_batch"] and r["gamma"] == s["csd"]["gamma"])
+    by_gamma[s["csd"]["gamma"]] = {
+        "speedup": result["speedup"],
+        "target_passes": main_row["target_passes"],
+        "acceptance": result["acceptance_aligned"],
+        "accuracy": result["accuracy_csd"],
+        "fd": result["fd_csd"],
+        "colour": colour("csd"),
+    }
+    for g, q in sorted(by_gamma.items()):
+        default = " (default)" if g == s["csd"]["gamma"] else ""
+        lines.append(
+            f"| CSD, gamma {g}{default} | {_f(q['speedup'])}x | {q['target_passes']} | {_f(q['acceptance'], 2)} "
+            f"| {_f(q['accuracy'], 3)} |{q.get('colour', ' |' if _colours(result) else '')} {_f(q['fd'], 1)} |"
+        )
+    lines += [
+        f"| target, {_fewer(result)} | {_f(1 / result['fewer_steps_time'])}x "
+        f"| {main_row['target_passes']} | | {_f(result['accuracy_fewer'], 3)} |{colour('fewer')} "
+        f"{_f(result['fd_fewer'], 1)} |",
+        f"| draft only | {_f(1 / result['draft_time'])}x | 0 | | {_f(result['accuracy_draft'], 3)} |"
+        f"{colour('draft')} {_f(result['fd_draft'], 1)} |",
+    ]
+    if docs_prefix(result):  # the text and xAR pairs' blocks also say what the speed-up is measured against
+        lines += [
+            "",
+            f"Cost-model bound of the same run: {_f(result['speedup_bound'])}x; acceptance with alignment "
+            f"{_f(result['acceptance_aligned'], 3)}, without {_f(result['acceptance_unaligned'], 3)}"
+            + (
+                f" (per cell; per token, each tested alone: {_f(result['acceptance_token_aligned'], 3)} / "
+                f"{_f(result['acceptance_token_unaligned'], 3)})"
+                if "acceptance_token_aligned" in result
+                else ""
+            )
+            + ".",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def docs_prefix(result: dict) -> str:
+    """The docs blocks of a result: the class pair's, the text pair's ("text-") or xAR's ("xar-")."""
+    if str(result["settings"].get("family")).lower() == "xar":
+        return "xar-"
+    return "text-" if _colours(result) else ""
+
+
+# --- a frontier's table and the verdicts ------------------------------------------------------------------
+
+
+def verdict_cell(result: dict) -> str:
+    """A verdict table's cell: the verdict, CSD's best setting and its rival, the margin in SEs."""
+    v = result.get("verdict") or verdict(result["rows"])
+    if v["best"] is None:
+        return "unrated (no alternative as fast)"
+    b = v["best"]
+    return (
+        f"**{v['verdict']}** ({b['margin']:+.1f} SE): {b['name']} ({b['time']:.2f}, FD {b[v['metric']]:.1f}) "
+        f"vs {b['rival']} ({b['rival_time']:.2f}, FD {b['rival_value']:.1f})"
+    )
+
+
+def verdict_table(results: Sequence[dict]) -> str:
+    """Markdown: one row per family, one column per batch, each cell :func:`verdict_cell`."""
+    families = list(dict.fromkeys(r.get("family", "?") for r in results))
+    batches = sorted({int(r["batch"]) for r in results})
+    regime = {1: "latency", 8: "throughput"}
+    heads = [f"batch {b}" + (f" ({regime[b]})" if b in regime else "") for b in batches]
+    lines = ["| family | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(batches)]
+    for fam in families:
+        cells = []
+        for b in batches:
+            mine = [r for r in results if r.get("family", "?") == fam and int(r["batch"]) == b]
+            cells.append(verdict_cell(mine[0]) if mine else "not measured")
+        label = {"MAR": "MAR (class pair)", "Harmon": "Harmon (text pair)", "xAR": "xAR (cells pair)"}.get(fam, fam)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _digits(key: str) -> int:
+    return 1 if key == "fd" else 3
+
+
+def frontier_markdown(result: dict) -> str:
+    """A frontier's table: every setting's time (and predicted time), quality and fronts, with its verdict."""
+    metrics = result_metrics(result)
+    timing = result.get("timing", f"median wall time at batch {result.get('batch')}")
+    short = {"fd": "FD", "accuracy": "accuracy", "rms": "RMS distance"}
+    predicted = all("predicted" in r for r in result["rows"])
+    lines = [
+        f"Time: {timing}, as a ratio to the first row"
+        + ("; predicted: the cost model's time from per-pass costs measured in the same run" if predicted else "")
+        + f". Quality over {result['n']} images (same labels and "
+        f"seeds), +- one standard error. Front: no other setting is at most as slow and at least as good "
+        f"({' / '.join(short[m] for m in metrics)}).",
+        "",
+    ]
+    if "verdict" in result:
+        lines += [verdict_line(result), ""]
+    lines += [
+        "| setting | time | "
+        + ("predicted | " if predicted else "")
+        + " | ".join(METRICS[m][0] for m in metrics)
+        + " | "
+        + " | ".join(f"front ({short[m]})" for m in metrics)
+        + " |",
+        "| --- | --- |" + (" --- |" if predicted else "") + " --- |" * (2 * len(metrics)),
+    ]
+    for r in sorted(result["rows"], key=lambda r: r["time"]):
+        values = [f"{r[m]:.{_digits(m)}f} +- {r[f'{m}_se']:.{_digits(m)}f}" for m in metrics]
+        fronts = ["yes" if r[f"front_{m}"] else "" for m in metrics]
+        pred = f"{r['predicted']:.2f} | " if predicted else ""
+        lines.append(f"| {r['name']} | {r['time']:.2f} | {pred}" + " | ".join(values + fronts) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(path: Path) -> Path:
+    """A result's Markdown beside its JSON: bench.md for a benchmark, frontier_b8.md for frontier_b8.json."""
+    path = Path(path)
+    result = json.loads(path.read_text())
+    if "metrics" in result:  # a frontier (csd.experiments.frontier.run_frontier)
+        out = path.with_suffix(".md")
+        out.write_text(f"# Quality-time frontier, batch {result['batch']}\n\n" + frontier_markdown(result))
+    else:
+        out = path.with_name("bench.md")
+        out.write_text(bench_markdown(result))
+    return out
+
+
+# --- into the repository ----------------------------------------------------------------------------------
 
 
 def paste_block(path: Path, marker: str, text: str) -> None:
@@ -39,7 +297,7 @@ def paste_block(path: Path, marker: str, text: str) -> None:
 def update_docs(result: dict, root: Path = ROOT) -> None:
     """A benchmark's Markdown into docs/results.md and its headline table into the README."""
     prefix = docs_prefix(result)
-    paste_block(root / "docs" / "results.md", f"{prefix}bench", markdown(result).split("\n", 2)[2])
+    paste_block(root / "docs" / "results.md", f"{prefix}bench", bench_markdown(result).split("\n", 2)[2])
     paste_block(root / "README.md", f"{prefix}headline", headline_markdown(result))
 
 
@@ -78,9 +336,10 @@ def token_cache_runs(root: Path = ROOT) -> list[dict]:
 
 
 def report(path: Path, root: Path = ROOT) -> str:
-    """One result file: a frontier gets its charts (``frontier_b8.png`` and ``frontier_b8_cost.png`` beside
-    ``frontier_b8.json``), a benchmark its docs blocks."""
+    """One result file: its tables (:func:`write_tables`); a frontier also gets its charts
+    (``frontier_b8.png`` and ``frontier_b8_cost.png`` beside ``frontier_b8.json``), a benchmark its docs blocks."""
     result = json.loads(Path(path).read_text())
+    table = write_tables(path)
     if "metrics" in result:  # a frontier (csd.experiments.frontier.run_frontier)
         out = Path(path).with_suffix(".png")
         save_png(frontier_chart(result), out)
@@ -89,11 +348,11 @@ def report(path: Path, root: Path = ROOT) -> str:
             save_png(cost_chart(result), cost)
             if (root / "bench" / "results").resolve() in Path(path).resolve().parents:  # a committed one
                 update_verdicts(root)
-                return f"wrote {out} and {cost}; the README's verdict table from every committed frontier"
-            return f"wrote {out} and {cost}"
-        return f"wrote {out}"
+                return f"wrote {table}, {out} and {cost}; the README's verdict table from every committed frontier"
+            return f"wrote {table}, {out} and {cost}"
+        return f"wrote {table} and {out}"
     update_docs(result, root)
-    return f"pasted {path} into docs/results.md and README.md"
+    return f"wrote {table}; pasted {path} into docs/results.md and README.md"
 
 
 def main(argv: Sequence[str] | None = None) -> None:

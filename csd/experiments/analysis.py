@@ -1,8 +1,8 @@
 """Running a model pair over settings and turning the traces into panel data.
 
-The app's analysis tab and ``assets/analysis_default.json`` come from here. Panel data is plain
-dataclasses of lists, dicts and floats (NaN stored as None), so it round-trips through JSON;
-the figure builders in :mod:`visualize` draw it without running a model.
+The app's analysis tab and ``assets/analysis_default.json`` come from here. The panel data are the
+records of :mod:`csd.panels` (they round-trip through JSON); the figure builders in :mod:`visualize`
+draw them without running a model.
 
     python -m csd.experiments.analysis --out assets/analysis_default.json --threads 1
 """
@@ -10,11 +10,9 @@ the figure builders in :mod:`visualize` draw it without running a model.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +24,22 @@ from csd.cost import StepCosts, prefill_steps, simple_bound, speedup_bound
 from csd.decoding import Generation, StepCallback
 from csd.experiments import defaults
 from csd.experiments.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover
+from csd.panels import (
+    DistancePanel,
+    Histogram,
+    LogRatioPanel,
+    Panels,
+    PrefillPanel,
+    ResamplerPanel,
+    Spread,
+    Sweep,
+    TimePanel,
+    json_float,
+)
 from csd.sampling import generate
 from csd.speculative import speculative_generate
 from csd.trace import Maker, Trace
 
-HIST_BINS = 30
 MAX_TRIES_BINS = 50  # resampler tries above this share the last bin
 
 
@@ -82,166 +91,6 @@ def run_csd(
     return _timed_run(
         lambda: speculative_generate(pair.target, pair.draft, labels, seeds, sampling, csd, on_step, keep_details)
     )
-
-
-# --- panel data ------------------------------------------------------------------------------
-
-
-def _num(v) -> float | None:
-    """A JSON-safe float: NaN and infinities become None."""
-    v = float(v)
-    return v if math.isfinite(v) else None
-
-
-@dataclass
-class Spread:
-    """A quantity per x value: mean, median and interquartile band (over images or tokens)."""
-
-    x: list[float]
-    mean: list[float | None]
-    median: list[float | None]
-    q25: list[float | None]
-    q75: list[float | None]
-
-    @classmethod
-    def of(cls, x: Sequence[float], groups: Sequence[np.ndarray]) -> Spread:
-        stats = {k: [] for k in ("mean", "median", "q25", "q75")}
-        for g in groups:
-            g = np.asarray(g, dtype=np.float64)
-            g = g[np.isfinite(g)]
-            empty = g.size == 0
-            stats["mean"].append(None if empty else _num(g.mean()))
-            for key, q in (("median", 50), ("q25", 25), ("q75", 75)):
-                stats[key].append(None if empty else _num(np.percentile(g, q)))
-        return cls(x=[float(v) for v in x], **stats)
-
-
-@dataclass
-class Histogram:
-    """Counts of several named series over shared bin edges."""
-
-    edges: list[float]
-    counts: dict[str, list[int]]
-
-    @classmethod
-    def of(cls, series: dict[str, np.ndarray], bins: int = HIST_BINS, clip: float = 1.0) -> Histogram:
-        """Bins span the [clip, 100 - clip] percentiles of all series; outliers go to the end bins."""
-        finite = {k: np.asarray(v, dtype=np.float64)[np.isfinite(v)] for k, v in series.items()}
-        pooled = np.concatenate([v for v in finite.values()] + [np.zeros(0)])
-        if pooled.size == 0:
-            return cls(edges=[], counts={k: [] for k in series})
-        lo, hi = np.percentile(pooled, [clip, 100 - clip])
-        hi = hi if hi > lo else lo + 1.0
-        edges = np.linspace(lo, hi, bins + 1)
-        counts = {k: np.histogram(np.clip(v, lo, hi), edges)[0].tolist() for k, v in finite.items()}
-        return cls(edges=edges.tolist(), counts=counts)
-
-
-@dataclass
-class Sweep:
-    """Acceptance and resampler statistics of CSD runs that differ in one knob."""
-
-    knob: str
-    values: list[float]
-    acceptance: list[float | None]
-    mean_accept_prob: list[float | None]
-    mean_tries: list[float | None]
-    capped: list[int]
-    seconds: list[float]
-
-
-@dataclass
-class DistancePanel:
-    """||x^q - x^p|| with shared (aligned) and independent noise, and the acceptance of each choice."""
-
-    per_step: dict[str, Spread]
-    overall: Histogram
-    mean: dict[str, float | None]
-    acceptance: dict[str, float | None]
-
-
-@dataclass
-class PrefillPanel:
-    """Acceptance per AR step (spread over images) for several pre-fill ratios."""
-
-    per_step: dict[str, Spread]
-    acceptance: dict[str, float | None]
-
-
-@dataclass
-class ResamplerPanel:
-    """Tries of the acceptance-rejection resampler at the chosen setting."""
-
-    tries: Histogram
-    mean_tries: float | None
-    capped: int
-    resampled: int
-    max_tries: int
-
-
-@dataclass
-class LogRatioPanel:
-    """log r = trajectory term + final-step term, per verified token."""
-
-    terms: Histogram
-    mean: dict[str, float | None]
-    std: dict[str, float | None]
-    trajectory_dominates: float | None  # fraction of tokens where |trajectory| > |final|
-
-
-@dataclass
-class TimePanel:
-    """Where the time goes, with the cost model of DESIGN.md section 6."""
-
-    phases: dict[str, dict[str, float]]  # method -> phase -> seconds
-    wall: dict[str, float]
-    speedup: float | None
-    cost_model: float | None  # predicted from measured per-pass costs
-    bound: float | None  # C_p / (C_q + C_p / gamma): heads free
-    costs: dict[str, float]  # seconds per AR step: C_p, H_p (target), C_q, H_q (draft)
-    gamma: int
-
-
-@dataclass
-class Panels:
-    pair: str
-    weights: str  # ModelPair.weights: which weights the panels were computed with
-    n_images: int
-    settings: dict
-    distance: DistancePanel
-    prefill: PrefillPanel
-    resampler: ResamplerPanel
-    sweeps: dict[str, Sweep]
-    log_ratio: LogRatioPanel
-    time: TimePanel
-    created: float = field(default_factory=time.time)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), allow_nan=False)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Panels:
-        spreads = lambda m: {k: Spread(**v) for k, v in m.items()}
-        dist, pre, res, lr = d["distance"], d["prefill"], d["resampler"], d["log_ratio"]
-        return cls(
-            pair=d["pair"],
-            weights=d["weights"],
-            n_images=d["n_images"],
-            settings=d["settings"],
-            distance=DistancePanel(
-                spreads(dist["per_step"]), Histogram(**dist["overall"]), dist["mean"], dist["acceptance"]
-            ),
-            prefill=PrefillPanel(spreads(pre["per_step"]), pre["acceptance"]),
-            resampler=ResamplerPanel(**{**res, "tries": Histogram(**res["tries"])}),
-            sweeps={k: Sweep(**v) for k, v in d["sweeps"].items()},
-            log_ratio=LogRatioPanel(**{**lr, "terms": Histogram(**lr["terms"])}),
-            time=TimePanel(**d["time"]),
-            created=d.get("created", 0.0),
-        )
-
-    @classmethod
-    def load(cls, path: str | Path) -> Panels:
-        return cls.from_dict(json.loads(Path(path).read_text()))
 
 
 # --- the analysis ----------------------------------------------------------------------------
@@ -379,8 +228,11 @@ class Analysis:
         return DistancePanel(
             per_step={k: Spread.of(steps, [v[t.ar_step == s] for s in steps]) for k, v in dists.items()},
             overall=Histogram.of({k: v[t.verified] for k, v in dists.items()}),
-            mean={k: _num(np.nanmean(v)) if np.isfinite(v).any() else None for k, v in dists.items()},
-            acceptance={"aligned": _num(t.acceptance_rate), "independent": _num(independent.trace.acceptance_rate)},
+            mean={k: json_float(np.nanmean(v)) if np.isfinite(v).any() else None for k, v in dists.items()},
+            acceptance={
+                "aligned": json_float(t.acceptance_rate),
+                "independent": json_float(independent.trace.acceptance_rate),
+            },
         )
 
     def _prefill(self) -> PrefillPanel:
@@ -390,7 +242,7 @@ class Analysis:
             t = self.run(s, replace(c, prefill=p)).trace
             acc = t.acceptance_per_step()  # (B, S)
             per_step[_pct(p)] = Spread.of(range(acc.shape[1]), list(acc.T))
-            acceptance[_pct(p)] = _num(t.acceptance_rate)
+            acceptance[_pct(p)] = json_float(t.acceptance_rate)
         return PrefillPanel(per_step, acceptance)
 
     def _sweeps(self) -> dict[str, Sweep]:
@@ -411,9 +263,9 @@ def _sweep(knob: str, values: Sequence[float], runs: list[Run]) -> Sweep:
     for r in runs:
         t = r.trace
         summary = t.summary()
-        out.acceptance.append(_num(t.acceptance_rate))
-        out.mean_accept_prob.append(_num(t.mean_accept_prob))
-        out.mean_tries.append(_num(summary["mean_resample_tries"]))
+        out.acceptance.append(json_float(t.acceptance_rate))
+        out.mean_accept_prob.append(json_float(t.mean_accept_prob))
+        out.mean_tries.append(json_float(summary["mean_resample_tries"]))
         out.capped.append(t.count(Maker.CAPPED))
         out.seconds.append(r.seconds)
     return out
@@ -425,7 +277,7 @@ def _resampler(t: Trace, max_tries: int) -> ResamplerPanel:
     counts = np.bincount(np.minimum(tries, top), minlength=top + 1)[1:]
     return ResamplerPanel(
         tries=Histogram(edges=[k + 0.5 for k in range(top + 1)], counts={"tokens": counts.tolist()}),
-        mean_tries=_num(tries.mean()) if tries.size else None,
+        mean_tries=json_float(tries.mean()) if tries.size else None,
         capped=t.count(Maker.CAPPED),
         resampled=t.count(Maker.RESAMPLED),
         max_tries=max_tries,
@@ -443,9 +295,9 @@ def _log_ratio(t: Trace) -> LogRatioPanel:
     both = np.isfinite(terms["trajectory"]) & np.isfinite(terms["final"])
     return LogRatioPanel(
         terms=Histogram.of(terms),
-        mean={k: _num(x.mean()) if x.size else None for k, x in finite.items()},
-        std={k: _num(x.std()) if x.size else None for k, x in finite.items()},
-        trajectory_dominates=_num(np.mean(np.abs(terms["trajectory"][both]) > np.abs(terms["final"][both])))
+        mean={k: json_float(x.mean()) if x.size else None for k, x in finite.items()},
+        std={k: json_float(x.std()) if x.size else None for k, x in finite.items()},
+        trajectory_dominates=json_float(np.mean(np.abs(terms["trajectory"][both]) > np.abs(terms["final"][both])))
         if both.any()
         else None,
     )
@@ -483,9 +335,9 @@ def _time(target: Run, csd: Run, config: CSDConfig, per_block: bool) -> TimePane
             "CSD": {k: v for k, v in csd.trace.times.items() if k != "counterfactual"},
         },
         wall={"target-only": target.seconds, "CSD": csd.seconds},
-        speedup=_num(target.seconds / csd.seconds),
-        cost_model=_num(model),
-        bound=_num(bound),
+        speedup=json_float(target.seconds / csd.seconds),
+        cost_model=json_float(model),
+        bound=json_float(bound),
         costs={
             "C_p": costs.target_backbone,
             "H_p": costs.target_head,

@@ -14,7 +14,8 @@ One run measures everything and reports ratios (absolute times depend on the mac
 * optionally (``--quality-gammas``) CSD's quality at other draft lengths, on the same labels and seeds:
   the quality side of the speed-quality trade-off that gamma sets.
 
-Writes ``bench.json`` and ``bench.md`` to ``--out``.
+Writes ``bench.json`` to ``--out``; ``python -m visualize.report`` writes its tables (``bench.md``) beside it
+and pastes them into the docs.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from csd.schedule import step_sizes
 from csd.shapes.metrics import REFERENCE_SEED, frechet_distance, load_classifier, reference_features
 from csd.speculative import speculative_generate
 from csd.trace import Maker
+from csd.verdict import verdict_line
 
 REAL_SEED = REFERENCE_SEED + 1  # a second real set: the Frechet distance a perfect sampler would get at this n
 
@@ -254,167 +256,6 @@ def run_bench(target, draft, sampling: SamplingConfig, csd: CSDConfig, config: B
     return result
 
 
-def _f(v: float, digits: int = 2) -> str:
-    return "nan" if v != v else f"{v:.{digits}f}"
-
-
-def markdown(result: dict) -> str:
-    s = result["settings"]
-    sampling = s["sampling"]
-    criterion, term = s["csd"]["criterion"], s["csd"]["trajectory_term"]
-    non_default = "" if (criterion, term) == ("aligned", "derived") else f", criterion {criterion}"
-    if non_default and criterion == "aligned":
-        non_default += f" (trajectory term {term})"
-    lines = [
-        "# CSD benchmark",
-        "",
-        f"S = {sampling['num_steps']} AR steps, cfg {sampling['cfg_scale']} ({sampling['cfg_schedule']}), "
-        f"prefill {s['csd']['prefill']}, tau_v {s['csd']['tau_v']}{non_default}; "
-        f"{s['device']}, {s['threads']} threads, "
-        f"{s['bench']['repeats']} interleaved repeats. Times are ratios to target-only with the same S.",
-        "",
-        "| batch | gamma | target passes | speedup (min-max) | bound | simple bound | fewer-steps time | acceptance |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['batch']} | {r['gamma']} | {r['target_passes']} | {_f(r['speedup'])}x "
-            f"({_f(r['speedup_min'])}-{_f(r['speedup_max'])}) | {_f(r['speedup_bound'])}x | "
-            f"{_f(r['speedup_bound_simple'])}x | {_f(r['fewer_steps_time'])} | {_f(r['acceptance'])} |"
-        )
-    n = s["bench"]["n"]
-    lines += [
-        "",
-        f"Quality at batch {s['default_batch']}, gamma {s['csd']['gamma']}: {n} images per sampler, Frechet distance "
-        f"to {s['bench']['n_ref']} held-out real images (two real sets of {n}: {_f(result['fd_real'])}).",
-        "",
-        "| sampler | time vs target | class accuracy |"
-        + (" colour accuracy |" if _colours(result) else "")
-        + " Frechet distance |",
-        "| --- | --- | --- | --- |" + (" --- |" if _colours(result) else ""),
-    ]
-    for key, name, rel_time in (
-        ("target", "target only", 1.0),
-        ("csd", "CSD", 1.0 / result["speedup"]),
-        ("csd_unaligned", "CSD without alignment", float("nan")),
-        ("fewer", f"target, {_fewer(result)}", result["fewer_steps_time"]),
-        ("draft", "draft only", result["draft_time"]),
-    ):
-        acc, fd = result[f"accuracy_{key}"], result[f"fd_{key}"]
-        colour = f" {_f(result[f'colour_accuracy_{key}'], 3)} |" if _colours(result) else ""
-        lines.append(f"| {name} | {_f(rel_time)} | {_f(acc, 3)} |{colour} {_f(fd)} |")
-    by_gamma = result.get("quality_by_gamma", [])
-    if len(by_gamma) > 1:
-        lines += [
-            "",
-            f"CSD against draft length, same labels and seeds (speedup at batch {s['default_batch']} where the grid "
-            "timed that gamma):",
-            "",
-            "| gamma | target passes | speedup | acceptance | class accuracy | Frechet distance | FD to target-only |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
-            f"| target only | {sampling['num_steps']} | 1.00x | | {_f(result['accuracy_target'], 3)} | "
-            f"{_f(result['fd_target'])} | 0 |",
-        ]
-        lines += [
-            f"| {q['gamma']} | {q['target_passes']} | {_f(q['speedup'])}x | {_f(q['acceptance'], 3)} | "
-            f"{_f(q['accuracy'], 3)} | {_f(q['fd'])} | {_f(q['fd_vs_target'])} |"
-            for q in by_gamma
-        ]
-    lines += [
-        "",
-        f"Frechet distance CSD vs target-only images: {_f(result['fd_csd_vs_target'])}.",
-        "",
-        "| | aligned | unaligned |",
-        "| --- | --- | --- |",
-        f"| acceptance | {_f(result['acceptance_aligned'], 3)} | {_f(result['acceptance_unaligned'], 3)} |",
-        f"| mean draft-target distance | {_f(result['distance_aligned'], 3)} | {_f(result['distance_unaligned'], 3)} |",
-        f"| mean resampler tries | {_f(result['resample_tries_aligned'])} | {_f(result['resample_tries_unaligned'])} |",
-        f"| cap hits | {result['cap_hits_aligned']} | {result['cap_hits_unaligned']} |",
-    ]
-    if "acceptance_token_aligned" in result:
-        lines.append(
-            f"| acceptance per token (each token of a cell tested alone) | "
-            f"{_f(result['acceptance_token_aligned'], 3)} | {_f(result['acceptance_token_unaligned'], 3)} |"
-        )
-    lines += [
-        "",
-        f"Where CSD's time goes (batch {result['cost']['batch']}, gamma {result['cost']['gamma']}):",
-        "",
-        "| phase | share |",
-        "| --- | --- |",
-    ]
-    lines += [f"| {k} | {_f(100 * v, 1)}% |" for k, v in result["cost"]["fractions_of_csd_time"].items()]
-    return "\n".join(lines) + "\n"
-
-
-def _fewer(result: dict) -> str:
-    """The cheap baseline at the headline gamma: fewer AR steps, or (xAR, one AR step per cell) fewer
-    flow steps."""
-    s = result["settings"]
-    row = next(r for r in result["rows"] if r["batch"] == s["default_batch"] and r["gamma"] == s["csd"]["gamma"])
-    if str(s.get("family")).lower() == "xar":
-        return f"{row.get('fewer_head_steps', '?')} flow steps"
-    return f"{row['target_passes']} AR steps"
-
-
-def _colours(result: dict) -> bool:
-    """Whether a result scored prompts (a text pair): it then has colour accuracies too."""
-    return "colour_accuracy_target" in result
-
-
-def headline_markdown(result: dict) -> str:
-    """The README's table: every sampler of the quality section at the default batch, time as a speed-up
-    (and the colour accuracy of what the prompts asked, for a text pair)."""
-    s = result["settings"]
-    colour = lambda key: f" {_f(result[f'colour_accuracy_{key}'], 3)} |" if _colours(result) else ""
-    lines = [
-        f"| {s['sampling']['num_steps']} AR steps, batch {s['default_batch']}, {s['bench']['n']} images "
-        "| speed-up | target passes | acceptance | class accuracy |"
-        + (" colour accuracy |" if _colours(result) else "")
-        + " Frechet distance |",
-        "| --- | --- | --- | --- | --- |" + (" --- |" if _colours(result) else "") + " --- |",
-        f"| target only | 1.00x | {s['sampling']['num_steps']} | | {_f(result['accuracy_target'], 3)} |"
-        f"{colour('target')} {_f(result['fd_target'], 1)} |",
-    ]
-    by_gamma = {q["gamma"]: q for q in result.get("quality_by_gamma", [])}
-    main_row = next(r for r in result["rows"] if r["batch"] == s["default_batch"] and r["gamma"] == s["csd"]["gamma"])
-    by_gamma[s["csd"]["gamma"]] = {
-        "speedup": result["speedup"],
-        "target_passes": main_row["target_passes"],
-        "acceptance": result["acceptance_aligned"],
-        "accuracy": result["accuracy_csd"],
-        "fd": result["fd_csd"],
-        "colour": colour("csd"),
-    }
-    for g, q in sorted(by_gamma.items()):
-        default = " (default)" if g == s["csd"]["gamma"] else ""
-        lines.append(
-            f"| CSD, gamma {g}{default} | {_f(q['speedup'])}x | {q['target_passes']} | {_f(q['acceptance'], 2)} "
-            f"| {_f(q['accuracy'], 3)} |{q.get('colour', ' |' if _colours(result) else '')} {_f(q['fd'], 1)} |"
-        )
-    lines += [
-        f"| target, {_fewer(result)} | {_f(1 / result['fewer_steps_time'])}x "
-        f"| {main_row['target_passes']} | | {_f(result['accuracy_fewer'], 3)} |{colour('fewer')} "
-        f"{_f(result['fd_fewer'], 1)} |",
-        f"| draft only | {_f(1 / result['draft_time'])}x | 0 | | {_f(result['accuracy_draft'], 3)} |"
-        f"{colour('draft')} {_f(result['fd_draft'], 1)} |",
-    ]
-    if docs_prefix(result):  # the text and xAR pairs' blocks also say what the speed-up is measured against
-        lines += [
-            "",
-            f"Cost-model bound of the same run: {_f(result['speedup_bound'])}x; acceptance with alignment "
-            f"{_f(result['acceptance_aligned'], 3)}, without {_f(result['acceptance_unaligned'], 3)}"
-            + (
-                f" (per cell; per token, each tested alone: {_f(result['acceptance_token_aligned'], 3)} / "
-                f"{_f(result['acceptance_token_unaligned'], 3)})"
-                if "acceptance_token_aligned" in result
-                else ""
-            )
-            + ".",
-        ]
-    return "\n".join(lines) + "\n"
-
-
 def parse_setting(spec: str, base: CSDConfig) -> CSDConfig:
     """A CSD setting from ``key=value`` pairs over ``base``: "gamma=4,tau_v=5", "gamma_schedule=2:2:4:4";
     errors name the key and its valid values."""
@@ -471,13 +312,6 @@ def recorded_models(target, draft) -> dict:
     return {"target": recorded_path(target), "draft": recorded_path(draft)}
 
 
-def docs_prefix(result: dict) -> str:
-    """The docs blocks of a result: the class pair's, the text pair's ("text-") or xAR's ("xar-")."""
-    if str(result["settings"].get("family")).lower() == "xar":
-        return "xar-"
-    return "text-" if _colours(result) else ""
-
-
 def single_batch(config: BenchConfig, batches: list[int] | None) -> int:
     """The batch of a one-batch mode (--compare, --frontier): the first --batches, else the grid's largest."""
     return config.batches[-1] if batches is None else batches[0]
@@ -489,7 +323,7 @@ def frontier_batches(batches: list[int] | None) -> tuple[int, ...]:
 
 
 def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out: Path) -> dict[int, dict]:
-    """The frontier at every batch of --batches (default 1 and 8), one run: frontier_b<batch>.json and .md
+    """The frontier at every batch of --batches (default 1 and 8), one run: frontier_b<batch>.json
     (frontier_subset_b<batch> for a run of some settings, --frontier-only)."""
     from csd.experiments import frontier
 
@@ -522,16 +356,13 @@ def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out:
         result["family"] = target.traits.family
         path = out / (f"frontier_subset_b{b}.json" if args.frontier_only else f"frontier_b{b}.json")
         path.write_text(json.dumps(result, indent=2) + "\n")
-        table = frontier.frontier_markdown(result)
-        path.with_suffix(".md").write_text(f"# Quality-time frontier, batch {b}\n\n" + table)
-        print(table)
-        print(f"wrote {path} and its .md; its chart: python -m visualize.report {path}")
+        print(f"{verdict_line(result)}\nwrote {path}; its table (.md) and charts: python -m visualize.report {path}")
     return results
 
 
 def retime_frontier(target, draft, config: BenchConfig, args) -> dict:
     """--retime FILE: the frontier in FILE timed again (same settings, models and batch), its quality kept,
-    written back to FILE with its .md."""
+    written back to FILE."""
     from csd.experiments import frontier
 
     path = Path(args.retime)
@@ -542,9 +373,7 @@ def retime_frontier(target, draft, config: BenchConfig, args) -> dict:
     out = frontier.retime(target, draft, result, config.repeats)
     out["retime_minutes"] = round((time.perf_counter() - t0) / 60, 1)
     path.write_text(json.dumps(out, indent=2) + "\n")
-    table = frontier.frontier_markdown(out)
-    path.with_suffix(".md").write_text(f"# Quality-time frontier, batch {out['batch']}\n\n" + table)
-    print(table)
+    print(f"{verdict_line(out)}\nwrote {path}; its table (.md) and charts: python -m visualize.report {path}")
     return out
 
 
@@ -552,7 +381,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m csd.experiments.bench", description=__doc__.split("\n")[0])
     add_setting_args(parser)
     parser.add_argument("--quick", action="store_true", help="reduced grid and sample sizes (minutes on a CPU)")
-    parser.add_argument("--out", default="bench/results", help="folder for bench.json and bench.md")
+    parser.add_argument(
+        "--out", default="bench/results", help="folder for bench.json (frontier_b<batch>.json with --frontier)"
+    )
     parser.add_argument("--gammas", type=int, nargs="+", help="override the grid's draft lengths")
     parser.add_argument("--batches", type=int, nargs="+", help="override the grid's batch sizes")
     parser.add_argument("--repeats", type=int)
@@ -565,7 +396,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--frontier",
         action="store_true",
         help="instead: the quality-time frontier of target-only and CSD settings, "
-        "timed at every --batches (default 1 and 8): frontier_b<batch>.json and .md in --out",
+        "timed at every --batches (default 1 and 8): frontier_b<batch>.json in --out",
     )
     parser.add_argument(
         "--retime",
@@ -614,10 +445,10 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    (out / "bench.md").write_text(table)
-    print(table)
-    print(f"wrote {out / 'bench.json'} and bench.md; into the docs: python -m visualize.report {out / 'bench.json'}")
+    print(
+        f"speedup {result['speedup']:.2f}x, acceptance {result['acceptance_aligned']:.3f}; wrote {out / 'bench.json'}; "
+        f"its tables (bench.md) and the docs blocks: python -m visualize.report {out / 'bench.json'}"
+    )
     return result
 
 

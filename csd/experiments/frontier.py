@@ -40,14 +40,9 @@ from csd.shapes.metrics import DEFAULT_CLASSIFIER, frechet_distance, load_classi
 from csd.shapes.text import prompt_class
 from csd.speculative import speculative_generate
 from csd.trace import Maker
+from csd.verdict import METRICS, result_metrics, verdict
 
 BOOTSTRAP = 20  # resamples for the Frechet distance's standard error
-
-METRICS = {  # key -> (label, higher is better)
-    "fd": ("Frechet distance", False),
-    "accuracy": ("class accuracy (shapes classifier)", True),
-    "rms": ("RMS token distance to target-only", False),
-}
 
 
 @dataclass(frozen=True)
@@ -425,129 +420,6 @@ def mark_fronts(rows: list[dict], metrics: Sequence[str]) -> None:
     for key in metrics:
         for r, on in zip(rows, pareto(times, [r[key] for r in rows], METRICS[key][1]), strict=True):
             r[f"front_{key}"] = on
-
-
-SLACK = 0.05  # an alternative counts against a CSD setting up to this much slower (time ratio)
-CLEAR = 2.0  # standard errors (combined) by which "clearly" ahead or behind is meant
-
-
-def margins(rows: list[dict], metric: str = "fd", slack: float = SLACK) -> list[dict]:
-    """Per CSD row: its ``metric`` against the best non-CSD alternative measured at no more than its
-    time + ``slack``, as a margin in combined standard errors (positive: CSD better). Rows without
-    such an alternative get margin None."""
-    better_high = METRICS[metric][1]
-    out = []
-    for r in rows:
-        if r["method"] != "CSD":
-            continue
-        rivals = [a for a in rows if a["method"] != "CSD" and a["time"] <= r["time"] + slack]
-        entry = {"name": r["name"], "time": r["time"], metric: r[metric], "rival": None, "margin": None}
-        if rivals:
-            sign = 1.0 if better_high else -1.0
-            best = max(rivals, key=lambda a: sign * a[metric])
-            se = math.hypot(r[f"{metric}_se"], best[f"{metric}_se"])
-            diff = sign * (r[metric] - best[metric])
-            entry |= {"rival": best["name"], "rival_time": best["time"], "rival_value": best[metric]}
-            entry["margin"] = diff / se if se > 0 else (math.inf if diff > 0 else -math.inf if diff < 0 else 0.0)
-        out.append(entry)
-    return out
-
-
-def verdict(rows: list[dict], metric: str = "fd", slack: float = SLACK, clear: float = CLEAR) -> dict:
-    """The frontier's one-line answer for CSD, by the stated rule: *clearly ahead* where a CSD
-    setting's ``metric`` beats every alternative at no more than its time (+ ``slack``) by more than
-    ``clear`` combined standard errors; *on par* where its best margin is within +-``clear``; *behind*
-    where every CSD setting is beaten by more. The CSD setting with the largest margin decides."""
-    rated = [m for m in margins(rows, metric, slack) if m["margin"] is not None]
-    if not rated:
-        return {"verdict": "unrated", "metric": metric, "slack": slack, "clear": clear, "best": None}
-    best = max(rated, key=lambda m: m["margin"])
-    word = "clearly ahead" if best["margin"] > clear else "on par" if best["margin"] >= -clear else "behind"
-    return {"verdict": word, "metric": metric, "slack": slack, "clear": clear, "best": best}
-
-
-def verdict_line(result: dict) -> str:
-    """The verdict as a sentence with its margin."""
-    v = result.get("verdict") or verdict(result["rows"])
-    if v["best"] is None:
-        return "CSD unrated: no alternative was measured at or below any CSD setting's time."
-    b, name = v["best"], METRICS[v["metric"]][0]
-    return (
-        f"CSD is {v['verdict']} at batch {result['batch']}: its best setting, {b['name']} (time "
-        f"{b['time']:.2f}, {name} {b[v['metric']]:.1f}), against the best alternative at no more than its "
-        f"time + {v['slack']:g}, {b['rival']} ({b['rival_time']:.2f}, {b['rival_value']:.1f}): "
-        f"{b['margin']:+.1f} combined standard errors."
-    )
-
-
-def verdict_cell(result: dict) -> str:
-    """A verdict table's cell: the verdict, CSD's best setting and its rival, the margin in SEs."""
-    v = result.get("verdict") or verdict(result["rows"])
-    if v["best"] is None:
-        return "unrated (no alternative as fast)"
-    b = v["best"]
-    return (
-        f"**{v['verdict']}** ({b['margin']:+.1f} SE): {b['name']} ({b['time']:.2f}, FD {b[v['metric']]:.1f}) "
-        f"vs {b['rival']} ({b['rival_time']:.2f}, FD {b['rival_value']:.1f})"
-    )
-
-
-def verdict_table(results: Sequence[dict]) -> str:
-    """Markdown: one row per family, one column per batch, each cell :func:`verdict_cell`."""
-    families = list(dict.fromkeys(r.get("family", "?") for r in results))
-    batches = sorted({int(r["batch"]) for r in results})
-    regime = {1: "latency", 8: "throughput"}
-    heads = [f"batch {b}" + (f" ({regime[b]})" if b in regime else "") for b in batches]
-    lines = ["| family | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(batches)]
-    for fam in families:
-        cells = []
-        for b in batches:
-            mine = [r for r in results if r.get("family", "?") == fam and int(r["batch"]) == b]
-            cells.append(verdict_cell(mine[0]) if mine else "not measured")
-        label = {"MAR": "MAR (class pair)", "Harmon": "Harmon (text pair)", "xAR": "xAR (cells pair)"}.get(fam, fam)
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def result_metrics(result: dict) -> list[str]:
-    """The metrics a result holds, the one to plot first (results from before the key: FD and accuracy)."""
-    return list(result.get("metrics", ["fd", "accuracy"]))
-
-
-def _digits(key: str) -> int:
-    return 1 if key == "fd" else 3
-
-
-def frontier_markdown(result: dict) -> str:
-    metrics = result_metrics(result)
-    timing = result.get("timing", f"median wall time at batch {result.get('batch')}")
-    short = {"fd": "FD", "accuracy": "accuracy", "rms": "RMS distance"}
-    predicted = all("predicted" in r for r in result["rows"])
-    lines = [
-        f"Time: {timing}, as a ratio to the first row"
-        + ("; predicted: the cost model's time from per-pass costs measured in the same run" if predicted else "")
-        + f". Quality over {result['n']} images (same labels and "
-        f"seeds), +- one standard error. Front: no other setting is at most as slow and at least as good "
-        f"({' / '.join(short[m] for m in metrics)}).",
-        "",
-    ]
-    if "verdict" in result:
-        lines += [verdict_line(result), ""]
-    lines += [
-        "| setting | time | "
-        + ("predicted | " if predicted else "")
-        + " | ".join(METRICS[m][0] for m in metrics)
-        + " | "
-        + " | ".join(f"front ({short[m]})" for m in metrics)
-        + " |",
-        "| --- | --- |" + (" --- |" if predicted else "") + " --- |" * (2 * len(metrics)),
-    ]
-    for r in sorted(result["rows"], key=lambda r: r["time"]):
-        values = [f"{r[m]:.{_digits(m)}f} +- {r[f'{m}_se']:.{_digits(m)}f}" for m in metrics]
-        fronts = ["yes" if r[f"front_{m}"] else "" for m in metrics]
-        pred = f"{r['predicted']:.2f} | " if predicted else ""
-        lines.append(f"| {r['name']} | {r['time']:.2f} | {pred}" + " | ".join(values + fronts) + " |")
-    return "\n".join(lines) + "\n"
 
 
 # --- the app's recompute: a few images, run by run ----------------------------------------------

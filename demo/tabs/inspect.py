@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import gradio as gr
 
 from csd.experiments.analysis import Run, run_csd, run_single
-from csd.experiments.inspection import Frame, artifact_hints, inspect_token, replay_frames, token_index
+from csd.experiments.inspection import artifact_hints, inspect_token, token_index
 from csd.experiments.jobs import Job
+from csd.replay import Frame, replay_frames
 from demo.controls import named, refuse_invalid, take
 from demo.core import App
 from demo.errors import refuse, short

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import gradio as gr
 
+from csd.panels import json_float
 from csd.toy import speculative_sample, total_variation
 from demo.controls import MAX_SEED, named, refuse_invalid, take
 from demo.requests import library_errors
-from demo.views import json_float
 from visualize.render import to_plotly
 from visualize.toy import toy_chart
 
