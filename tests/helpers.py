@@ -89,20 +89,27 @@ def save_tiny_pixel_pair(folder, seed: int = 0) -> tuple[str, str]:
     return paths[0], paths[1]
 
 
+def pair_name(family: str, kind: str) -> str:
+    """The name of a family's pair of one kind ("embedded", "official", "random"), from its row."""
+    from csd.models.registry import FAMILIES
+
+    return next(p.name for p in FAMILIES[family].pairs if p.kind == kind)
+
+
 def save_tiny_text_pair(folder) -> tuple[str, str]:
     """The untrained text pair of csd.experiments.pairs (Harmon layout) saved in the project format."""
-    from csd.experiments.pairs import random_text_pair
+    from csd.experiments.pairs import random_pair
     from csd.models.registry import save_model
 
-    pair = random_text_pair()
+    pair = random_pair(family="harmon")
     return str(save_model(pair.target, f"{folder}/text_target")), str(save_model(pair.draft, f"{folder}/text_draft"))
 
 
 def save_tiny_xar_pair(folder) -> tuple[str, str]:
     """The untrained xAR pair of csd.experiments.pairs (16 cells on the embedded layout) saved in the
     project format."""
-    from csd.experiments.pairs import random_xar_pair
+    from csd.experiments.pairs import random_pair
     from csd.models.registry import save_model
 
-    pair = random_xar_pair()
+    pair = random_pair(family="xar")
     return str(save_model(pair.target, f"{folder}/xar_target")), str(save_model(pair.draft, f"{folder}/xar_draft"))

@@ -18,6 +18,7 @@ import torch
 
 from demo import server
 from demo.limits import Limits
+from tests.helpers import pair_name
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -175,7 +176,9 @@ def test_generate_then_analysis_in_chromium(served, tmp_path):
 @pytest.mark.browser
 def test_a_prompt_run_on_the_text_pair_in_chromium(served, tmp_path):
     """Choose the text pair, pick an example prompt, generate; a word outside the vocabulary is refused."""
-    from csd.experiments.pairs import EXAMPLE_PROMPTS, TEXT_NAME
+    from csd.experiments.pairs import EXAMPLE_PROMPTS
+
+    TEXT_NAME = pair_name("harmon", "embedded")
 
     application, url = served
     assert TEXT_NAME in application.store.names, "the embedded text pair ships in assets/models"
@@ -201,7 +204,7 @@ def test_a_prompt_run_on_the_text_pair_in_chromium(served, tmp_path):
 def test_choosing_the_xar_pair_sets_and_locks_its_controls_and_leaving_it_restores_them(served, tmp_path):
     """The xAR pair takes one AR step per cell and its CFG ramp: choosing it sets both and locks them;
     generating shows the per-cell map; choosing the class pair again gives back the visitor's own values."""
-    from csd.experiments.pairs import EMBEDDED_NAME, XAR_NAME
+    EMBEDDED_NAME, XAR_NAME = pair_name("mar", "embedded"), pair_name("xar", "embedded")
 
     application, url = served
     assert XAR_NAME in application.store.names, "the embedded xAR pair ships in assets/models"

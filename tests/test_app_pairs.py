@@ -4,18 +4,18 @@ import pytest
 import torch
 
 from csd.experiments.pairs import (
-    EMBEDDED_NAME,
-    OFFICIAL_PAIRS,
     RANDOM_SOURCE,
     PairSource,
     PairStore,
     discover,
+    pair_specs,
     random_pair,
 )
 from csd.models.mar import MAR, tiny_pixel_config
 from csd.models.registry import save_model
 from csd.models.tokenizer import pixel_tokenizer
 from csd.shapes.data import CLASS_NAMES
+from tests.helpers import pair_name
 
 
 def test_nothing_is_discovered_in_an_empty_directory(tmp_path):
@@ -27,7 +27,7 @@ def test_embedded_pair_is_discovered_and_loads_as_pixel_models(tmp_path):
     save_model(MAR(tiny_pixel_config(32, 1)), tmp_path / "shapes_target.safetensors")
     save_model(MAR(tiny_pixel_config(32, 1)), tmp_path / "shapes_draft.safetensors")
     (source,) = discover(None, embedded_dir=tmp_path)
-    assert source.name == EMBEDDED_NAME and source.class_names == CLASS_NAMES
+    assert source.name == pair_name("mar", "embedded") and source.class_names == CLASS_NAMES
     pair = source.load(torch.device("cpu"))
     assert pair.weights == source.weights and pair.weights.startswith("sha256:")
     assert pair.num_tokens == 64 and pair.tokenizer.patch_size == 4
@@ -40,7 +40,7 @@ def test_official_pairs_need_the_draft_the_tokenizer_and_their_target(tmp_path):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).touch()
     names = [s.name for s in discover(tmp_path, embedded_dir=tmp_path / "none")]
-    assert names == [s.name for s in OFFICIAL_PAIRS if s.target == "mar_large"]
+    assert names == [s.name for s in pair_specs("official") if s.target == "mar_large"]
     (tmp_path / "vae/kl16.ckpt").unlink()
     assert discover(tmp_path, embedded_dir=tmp_path / "none") == []
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from csd.experiments.pairs import EMBEDDED_NAME, TEXT_NAME, XAR_NAME, discover
+from csd.experiments.pairs import discover, pair_specs
 from demo.cards import BENCH, card_markdown, model_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,10 +18,10 @@ def sources():
     return {s.name: s for s in discover(None)}
 
 
-@pytest.mark.parametrize("name", [EMBEDDED_NAME, TEXT_NAME, XAR_NAME])
-def test_the_line_quotes_the_committed_benchmark_and_the_files_sizes(sources, name):
-    bench = json.loads((ROOT / BENCH[name] / "bench.json").read_text())
-    line = model_line(sources[name])
+@pytest.mark.parametrize("spec", pair_specs("embedded"), ids=lambda s: s.target)
+def test_the_line_quotes_the_committed_benchmark_and_the_files_sizes(sources, spec):
+    bench = json.loads((ROOT / BENCH[spec.target] / "bench.json").read_text())
+    line = model_line(sources[spec.name])
     assert f"target-only class accuracy {bench['accuracy_target']:.2f}" in line
     assert f"(draft {bench['accuracy_draft']:.2f})" in line
     assert line.startswith("*32 x 32 px") and "M parameters" in line and "?" not in line

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.experiments.pairs import RANDOM_PAIRS, random_spec_pair
+from csd.experiments.pairs import random_spec, random_spec_pair
 from csd.sampling import generate
 from csd.speculative import speculative_generate
 
@@ -20,7 +20,7 @@ PLAIN = SamplingConfig(num_steps=6, cfg_scale=3.0, head_steps=4)
 
 @pytest.fixture(scope="module", params=["mar", "harmon"])
 def pair(request):
-    spec = next(s for s in RANDOM_PAIRS if s.family == request.param)
+    spec = random_spec(request.param)
     return random_spec_pair(spec)
 
 
@@ -93,7 +93,7 @@ def test_under_csd_each_model_keeps_its_own_cache(pair):
 
 
 def test_the_cache_is_refused_by_name_where_it_does_not_apply():
-    xar = random_spec_pair(next(s for s in RANDOM_PAIRS if s.family == "xar"))
+    xar = random_spec_pair(random_spec("xar"))
     s = replace(xar.traits.cheapest(), cond_cache_start=2)
     with pytest.raises(ValueError, match="cond_cache_start must be None for this xAR model"):
         generate(xar.target, [0], [0], s)

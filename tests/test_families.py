@@ -1,8 +1,10 @@
-"""Conformance: every registered model family (csd.models.registry.FAMILIES) behaves as the samplers
-assume, checked on its untrained pair (csd.experiments.pairs.RANDOM_PAIRS). A family added to the table
-without an untrained pair fails here by name."""
+"""Conformance: every registered model family (csd.models.registry.FAMILIES) and every family defined in the
+tests (tests/families/) behaves as the samplers assume, checked on its untrained pair (the "random" PairSpec
+of its row). A family added to the table without an untrained pair fails here by name."""
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import pytest
@@ -11,20 +13,25 @@ import torch
 from csd.chain import ChainNoise, Trajectory, cat_rows
 from csd.config import CSDConfig, SamplingConfig
 from csd.decoding import commit
-from csd.experiments.pairs import RANDOM_PAIRS, random_spec_pair
+from csd.experiments.pairs import random_spec, random_spec_pair
 from csd.models.registry import FAMILIES, family_of, load_model, save_model
 from csd.sampling import generate
 from csd.speculative import speculative_generate
 from csd.trace import Maker
+from tests.families import defined_families, registered
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+TEST_FAMILIES = defined_families()
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+@pytest.fixture(scope="module", params=sorted(FAMILIES) + sorted(TEST_FAMILIES))
 def family_pair(request):
-    spec = next((s for s in RANDOM_PAIRS if s.family == request.param), None)
-    assert spec is not None, f"family {request.param!r} has no untrained pair in csd.experiments.pairs.RANDOM_PAIRS"
-    return request.param, random_spec_pair(spec)
+    """A family's untrained pair, the family registered while its tests run (a test family only then)."""
+    arch = request.param
+    with registered(TEST_FAMILIES[arch]) if arch in TEST_FAMILIES else contextlib.nullcontext():
+        kinds = [p.kind for p in FAMILIES[arch].pairs]
+        assert "random" in kinds, f"family {arch!r} has no untrained pair (a PairSpec of kind 'random' in its row)"
+        yield arch, random_spec_pair(random_spec(arch))
 
 
 def conditions(pair, n: int) -> list:

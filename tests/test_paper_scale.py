@@ -13,7 +13,8 @@ import torch
 
 from csd import SamplingConfig
 from csd.cost import StepCosts, speedup_bound
-from csd.experiments import paper_scale as ps
+from csd.experiments.paper_scale import command, estimate, grid, models, run, timing
+from csd.models.registry import FAMILIES
 
 FAMILY_PAIRS = {"mar": {"MAR-H / MAR-B", "MAR-L / MAR-B"}, "xar": {"xAR-H / xAR-B", "xAR-L / xAR-B"}}
 FAMILY_PAIRS["harmon"] = {"Harmon-1.5B / Harmon-0.5B"}
@@ -37,7 +38,7 @@ def tiny_run(tmp_path_factory):
     threads, stdout = torch.get_num_threads(), io.StringIO()
     try:
         with contextlib.redirect_stdout(stdout):
-            result = ps.main(["--tiny", "--threads", "1", "--repeats", "2", "--out", str(out)])
+            result = command.main(["--tiny", "--threads", "1", "--repeats", "2", "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
     (out / "stdout.txt").write_text(stdout.getvalue())
@@ -107,27 +108,25 @@ def test_xar_rows_draft_at_most_the_cells_left_after_the_prefilled_one(tiny_run)
 
 def test_runs_are_autocast_where_the_library_does_not_apply_the_precision_itself():
     cpu, bf16, fp32 = torch.device("cpu"), SamplingConfig(num_steps=4, precision="bfloat16"), SamplingConfig()
-    for family, sampling, heads, expected in [
-        ("xar", bf16, "float32", False),  # the library runs xAR's network at SamplingConfig.precision itself
-        ("xar", fp32, "float32", False),
-        ("mar", bf16, "float32", False),  # MAR autocasts its backbone itself and keeps its heads float32
-        ("harmon", bf16, "float32", False),
-        ("mar", fp32, "bfloat16", True),  # --heads bfloat16: the whole sampler, as the published code
+    for sampling, heads, expected in [
+        (bf16, "float32", False),  # every family runs its backbone at SamplingConfig.precision itself
+        (fp32, "float32", False),  # and keeps its heads float32
+        (fp32, "bfloat16", True),  # --heads bfloat16: the whole sampler, as the published code
     ]:
-        with ps.autocast_for(family, sampling, cpu, heads):
-            assert torch.is_autocast_enabled("cpu") is expected, (family, sampling.precision, heads)
+        with timing.autocast_for(sampling, cpu, heads):
+            assert torch.is_autocast_enabled("cpu") is expected, (sampling.precision, heads)
 
 
 def test_an_xar_draft_runs_on_its_targets_flow_steps():
-    pair = next(p for p in ps.PAIRS if p.family == "xar" and p.key == "H/B")
-    loaded = ps.load_pair(pair, torch.device("cpu"), 0, True, None)
-    assert ps.xar_cfg(pair.draft, True).flow_steps != loaded.target.config.flow_steps  # they would differ
+    pair = next(p for p in grid.paper_pairs() if p.family == "xar" and p.key == "H/B")
+    loaded = models.load_pair(pair, torch.device("cpu"), 0, True, None)
+    assert grid.model_config("xar", pair.draft, True).flow_steps != loaded.target.config.flow_steps  # would differ
     assert loaded.draft.config.flow_steps == loaded.target.config.flow_steps
 
 
 def test_random_weights_are_seeded_and_no_parameter_is_left_all_zero():
-    a, b = (ps.random_model("mar", "mar_base", 3, True) for _ in range(2))
-    c = ps.random_model("mar", "mar_base", 4, True)
+    a, b = (models.random_model("mar", "mar_base", 3, True) for _ in range(2))
+    c = models.random_model("mar", "mar_base", 4, True)
     for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb), name
         assert pa.any(), name  # zero-initialised layers (the head's output) are redrawn
@@ -135,32 +134,32 @@ def test_random_weights_are_seeded_and_no_parameter_is_left_all_zero():
 
 
 def test_conditions_and_seeds_are_deterministic():
-    model = ps.random_model("mar", "mar_base", 0, True)
-    first, again, other = (ps.conditions_for(model, "mar", 8, s, 0) for s in (5, 5, 6))
+    model = models.random_model("mar", "mar_base", 0, True)
+    first, again, other = (models.conditions_for(model, 8, s, 0) for s in (5, 5, 6))
     assert first == again and first != other
     assert first[1] == list(range(5, 13)) and all(0 <= label < 1000 for label in first[0])
 
 
 def test_pairs_use_official_checkpoints_where_all_their_files_exist(tmp_path, monkeypatch):
-    pair = next(p for p in ps.PAIRS if p.name == "MAR-H / MAR-B")
-    files = ps.checkpoint_files(pair, tmp_path)
+    pair = next(p for p in grid.paper_pairs() if p.paper_name == "MAR-H / MAR-B")
+    files = [tmp_path / f for c in (pair.target, pair.draft) for f in FAMILIES["mar"].official_files[c]]
     assert files == [tmp_path / "mar" / c / "checkpoint-last.pth" for c in ("mar_huge", "mar_base")]
-    tiny = lambda *_: (ps.random_model("mar", "mar_huge", 0, True), ps.random_model("mar", "mar_base", 1, True))
-    monkeypatch.setattr(ps, "official_pair", tiny)
+    tiny = lambda *_: (models.random_model("mar", "mar_huge", 0, True), models.random_model("mar", "mar_base", 1, True))
+    monkeypatch.setattr(models, "official_pair", tiny)
     files[0].parent.mkdir(parents=True)
     files[0].touch()  # the draft's file is missing: random weights, said so
-    assert ps.load_pair(pair, torch.device("cpu"), 0, True, tmp_path).weights == "random (seed 0)"
+    assert models.load_pair(pair, torch.device("cpu"), 0, True, tmp_path).weights == "random (seed 0)"
     files[1].parent.mkdir(parents=True)
     files[1].touch()
-    assert ps.load_pair(pair, torch.device("cpu"), 0, True, tmp_path).weights == "official"
+    assert models.load_pair(pair, torch.device("cpu"), 0, True, tmp_path).weights == "official"
 
 
 def test_a_pair_that_cannot_be_built_is_skipped_by_name_with_the_reason(tmp_path, monkeypatch, keep_threads):
     def fail(family, *args, **kwargs):
         raise ImportError("no module named 'transformers'")
 
-    monkeypatch.setattr(ps, "random_model", fail)
-    result = ps.main(["--tiny", "--families", "harmon", "--threads", "1", "--out", str(tmp_path)])
+    monkeypatch.setattr(models, "random_model", fail)
+    result = command.main(["--tiny", "--families", "harmon", "--threads", "1", "--out", str(tmp_path)])
     (pair,) = result["pairs"]
     assert pair["pair"] == "Harmon-1.5B / Harmon-0.5B" and "transformers" in pair["skipped"]
     assert "Skipped: ImportError: no module named 'transformers'" in (tmp_path / "paper_scale_tiny.md").read_text()
@@ -168,14 +167,14 @@ def test_a_pair_that_cannot_be_built_is_skipped_by_name_with_the_reason(tmp_path
 
 def test_cells_that_do_not_fit_the_budget_are_skipped_and_named(tmp_path, keep_threads):
     argv = ["--tiny", "--families", "mar", "--pairs", "L/B", "--threads", "1", "--budget-s", "1e-6"]
-    result = ps.main([*argv, "--out", str(tmp_path)])
+    result = command.main([*argv, "--out", str(tmp_path)])
     (pair,) = result["pairs"]
     assert [r["batch"] for r in pair["rows"]] == [1, 2]
     assert all("--budget-s" in r["skipped"] for r in pair["rows"])
 
 
 def test_the_budget_guard_scales_the_estimate_by_what_the_cells_so_far_took():
-    ctx = ps.RunContext(ps.GridConfig(tiny=True), torch.device("cpu"), None, {}, None)
+    ctx = run.RunContext(grid.GridConfig(tiny=True), torch.device("cpu"), None, {}, None)
     assert ctx.predicted_s(10.0) == 10.0  # nothing timed yet: the estimate
     ctx.done.extend([(3.0, 1.0), (5.0, 3.0)])
     assert ctx.predicted_s(10.0) == pytest.approx(20.0)  # 8 s measured for 4 s estimated
@@ -183,10 +182,10 @@ def test_the_budget_guard_scales_the_estimate_by_what_the_cells_so_far_took():
 
 def test_the_dry_run_prints_every_cell_and_an_estimate_without_building_a_model(capsys, monkeypatch):
     built = lambda *a, **k: pytest.fail("the dry run built a model")
-    monkeypatch.setattr(ps, "random_model", built)
-    monkeypatch.setattr(ps, "load_pair", built)
+    monkeypatch.setattr(models, "random_model", built)
+    monkeypatch.setattr(run, "load_pair", built)
     t0 = time.perf_counter()
-    result = ps.main(["--dry-run", "--families", "mar", "xar", "--estimate-device", "h200", "--budget-s", "60"])
+    result = command.main(["--dry-run", "--families", "mar", "xar", "--estimate-device", "h200", "--budget-s", "60"])
     assert time.perf_counter() - t0 < 20
     out = capsys.readouterr().out
     assert len(result["plan"]) == 4 * 4  # 4 pairs x batches 1, 8, 64, 256
@@ -209,17 +208,17 @@ def test_the_dry_run_prints_every_cell_and_an_estimate_without_building_a_model(
 
 
 def test_the_estimate_is_the_largest_of_compute_weight_reads_and_kernel_launches():
-    rates = ps.Rates(ps.PROFILES["h200"], backbone_bf16=True)
-    p = ps.PROFILES["h200"]
+    rates = estimate.Rates(estimate.PROFILES["h200"], backbone_bf16=True)
+    p = estimate.PROFILES["h200"]
     assert rates.seconds(1e9, 10, 10) == pytest.approx(10 * p.kernel_s)  # launch-bound
     assert rates.seconds(4e15, 10, 10) == pytest.approx(4e15 / p.bf16_flops)  # compute-bound
     assert rates.seconds(1e3, 10**10, 10) == pytest.approx(8 * 10**10 / p.bandwidth)  # autocast weight reads
     assert rates.seconds(4e15, 10, 10, head=True) == pytest.approx(4e15 / p.fp32_flops)  # float32 heads
-    cells = ps.plan_cells(ps.GridConfig(families=("mar",), pairs=("H/B",), gammas=(32,)), "bfloat16")
-    grid, times = ps.GridConfig(), []
-    costs = [ps.model_cost("mar", c, False, 0) for c in ("mar_huge", "mar_base")]
+    cells = grid.plan_cells(grid.GridConfig(families=("mar",), pairs=("H/B",), gammas=(32,)), "bfloat16")
+    prefill, times = grid.GridConfig().prefill, []
+    costs = [estimate.model_cost("mar", c, False, 0) for c in ("mar_huge", "mar_base")]
     for cell in cells:
-        times.append(ps.estimate_generations(*costs, cell, grid.prefill, rates))
+        times.append(estimate.estimate_generations(*costs, cell, prefill, rates))
     target = [t["target"] for t in times]
     assert target == sorted(target) and target[-1] > 4 * target[0]  # batch 256 is compute-bound, batch 1 not
     assert all(t["csd/32"] < t["target"] for t in times[:1])  # at batch 1 CSD saves launches
@@ -243,7 +242,7 @@ def test_the_estimate_is_the_largest_of_compute_weight_reads_and_kernel_launches
 )
 def test_bad_arguments_name_the_parameter_and_its_valid_range(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        ps.main([*argv, "--dry-run"])
+        command.main([*argv, "--dry-run"])
     assert exit_info.value.code == 2
     assert re.search(message, capsys.readouterr().err)
 
@@ -251,7 +250,7 @@ def test_bad_arguments_name_the_parameter_and_its_valid_range(argv, message, cap
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for a machine without CUDA")
 def test_asking_for_cuda_without_it_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
-        ps.main(["--device", "cuda", "--dry-run"])
+        command.main(["--device", "cuda", "--dry-run"])
     assert "--device cuda: CUDA is not available" in capsys.readouterr().err
 
 
@@ -269,7 +268,7 @@ def test_asking_for_cuda_without_it_is_a_clear_error(capsys):
 def test_the_official_configurations_have_the_published_parameter_counts(family, name, count, published):
     # Counted on the meta device. MAR: the exact counts of the official classes (tests/test_official.py), within
     # 0.2% of the README's 208M / 479M / 943M; xAR: its README's 172.6M / 608.4M / 1186.0M to 0.1M.
-    n = ps.parameter_count(family, name)
+    n = models.parameter_count(family, name)
     if count is not None:
         assert n == count and abs(n - published) / published < 2e-3
     else:
@@ -277,6 +276,6 @@ def test_the_official_configurations_have_the_published_parameter_counts(family,
 
 
 def test_the_tiny_configs_are_the_official_ones_shrunk():
-    assert ps.parameter_count("mar", "mar_huge", tiny=True) < 1e6 < ps.parameter_count("mar", "mar_base")
-    tiny, full = ps.mar_cfg("mar_huge", True), ps.mar_cfg("mar_huge", False)
+    assert models.parameter_count("mar", "mar_huge", tiny=True) < 1e6 < models.parameter_count("mar", "mar_base")
+    tiny, full = grid.model_config("mar", "mar_huge", True), grid.model_config("mar", "mar_huge", False)
     assert (tiny.class_num, tiny.token_dim, tiny.num_sampling_steps) == (full.class_num, full.token_dim, 100)

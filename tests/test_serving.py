@@ -15,7 +15,7 @@ pytest.importorskip("gradio_client")
 from gradio_client import Client
 
 from csd.experiments import pairs
-from csd.experiments.pairs import HUB_FILES, RANDOM_NAME, PairSource, PairStore, discover, fetch_official
+from csd.experiments.pairs import HUB_FILES, PairSource, PairStore, discover, fetch_official
 from demo import server
 from demo.core import App
 from demo.limits import Limits
@@ -35,6 +35,7 @@ def _slow_pair(device):
     return pair
 
 
+RANDOM_NAME = pairs.RANDOM_SOURCE.name
 SLOW_SOURCE = PairSource(RANDOM_NAME, pairs.CLASS_NAMES, "random:0", _slow_pair, pairs.RANDOM_SOURCE.traits)
 LIMITS = Limits(max_batch=2, max_steps=64, max_images=2)
 
@@ -103,7 +104,7 @@ def test_fetch_official_takes_only_the_official_files_and_skips_those_present(tm
         requests.clear()
         fetch_official("org/mar", tmp_path, lines.append, endpoint=url)
         assert "all present" in lines[1] and not any("/resolve/" in r for r in requests)
-    mar_pairs = [s.name for s in pairs.OFFICIAL_PAIRS if s.family == "mar"]
+    mar_pairs = [s.name for s in pairs.pair_specs("official") if s.family == "mar"]
     assert [s.name for s in discover(tmp_path, embedded_dir=tmp_path)] == mar_pairs
 
 
@@ -335,11 +336,11 @@ def test_expected_refusals_are_one_log_line_without_a_traceback(caplog):
 def test_a_chosen_pair_starts_its_recomputes_at_the_images_its_own_rates_fit():
     """Choosing a pair sets Images (n) to the most its measured rates fit (xAR's runs cost more than the
     class pair's): a recompute at the page's n is never refused for time."""
-    from csd.experiments.pairs import RANDOM_PAIRS, PairStore, random_source
+    from csd.experiments.pairs import PairStore, pair_specs, random_source
     from demo.estimate import Rates
     from demo.tabs.analysis import AnalysisTab, check_analysis
 
-    store = PairStore([random_source(s) for s in RANDOM_PAIRS], torch.device("cpu"))
+    store = PairStore([random_source(s) for s in pair_specs("random")], torch.device("cpu"))
     application = App(store, Limits(max_seconds=75.0))
     tab = AnalysisTab(application)
     mar, xar = (next(n for n in store.names if store.source(n).traits.family == f) for f in ("MAR", "xAR"))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.experiments.pairs import RANDOM_PAIRS, random_spec_pair
+from csd.experiments.pairs import random_spec, random_spec_pair
 from csd.models.mar import token_cache as tc
 from csd.sampling import generate
 from csd.speculative import speculative_generate
@@ -22,7 +22,7 @@ CACHED = replace(PLAIN, token_cache_keep=0.3, token_cache_start=1, token_cache_e
 
 @pytest.fixture(scope="module", params=["mar", "harmon"])
 def pair(request):
-    spec = next(s for s in RANDOM_PAIRS if s.family == request.param)
+    spec = random_spec(request.param)
     return random_spec_pair(spec)
 
 
@@ -85,7 +85,7 @@ def test_kept_rows_take_every_forced_row_then_the_most_changed():
 
 
 def test_the_cache_is_refused_by_name_where_it_does_not_apply():
-    spec = next(s for s in RANDOM_PAIRS if s.family == "xar")
+    spec = random_spec("xar")
     xar = random_spec_pair(spec)
     with pytest.raises(ValueError, match="token_cache_keep must be None for this xAR model"):
         generate(xar.target, [0], [0], replace(CACHED, num_steps=xar.traits.fixed_num_steps, cfg_schedule="linear"))

@@ -1,18 +1,16 @@
 """Target/draft model pairs: where they are on disk, loading them once, and decoding their tokens.
 
-Pairs the app and the analysis can run, each a row of a table below:
+Every pair is a :class:`~csd.models.spec.PairSpec` in its family's row (:data:`csd.models.registry.FAMILIES`):
 
-* the embedded pairs (:data:`EMBEDDED_PAIRS`) in ``assets/models``: the class-conditional MAR pair on
-  pixel patches, the text pair in the Harmon layout (prompts over the caption vocabulary) and the xAR
-  pair (cells of pixel patches);
-* official pairs (:data:`OFFICIAL_PAIRS`: MAR-H or MAR-L drafted by MAR-B, xAR-H or xAR-L drafted by
-  xAR-B, Harmon-1.5B drafted by Harmon-0.5B) when a checkpoint directory holds both models' files in
-  the official layout (each family's ``official.py``) and the KL-16 tokenizer ``vae/kl16.ckpt``;
-* small random (untrained) pairs of each family (:data:`RANDOM_PAIRS`), for tests and when nothing
-  else is installed.
+* embedded pairs in ``assets/models`` (the class-conditional MAR pair on pixel patches, the text pair in
+  the Harmon layout, the xAR pair on cells of pixel patches): offered where both files exist;
+* official pairs (MAR-H or MAR-L drafted by MAR-B, xAR-H or xAR-L drafted by xAR-B, Harmon-1.5B drafted by
+  Harmon-0.5B) when a checkpoint directory holds both models' files in the official layout (each family's
+  ``official.py``) and the KL-16 tokenizer ``vae/kl16.ckpt``;
+* small random (untrained) pairs of each family, for tests and when nothing else is installed.
 
-Nothing here knows a family by its class: the registry builds and loads models, and each model's
-``traits`` and ``token_layout`` say what a pair needs. Loaded models are shared read-only between
+Nothing here knows a family: the registry builds and loads models, the rows list the pairs, and each
+model's ``traits`` and ``token_layout`` say what a pair needs. Loaded models are shared read-only between
 requests: eval mode, no gradients, never mutated.
 """
 
@@ -31,7 +29,8 @@ from torch import Tensor, nn
 from csd.family import FamilyTraits
 from csd.models import vae
 from csd.models.checkpoint import file_digest
-from csd.models.registry import FAMILIES, load_model, read_traits
+from csd.models.registry import FAMILIES, load_model, preset, read_traits
+from csd.models.spec import PairSpec
 from csd.models.tokenizer import LatentTokenizer, pixel_tokenizer, to_uint8
 from csd.sampling import generate
 from csd.shapes.data import CLASS_NAMES
@@ -39,13 +38,6 @@ from csd.shapes.text import TEXT_CONFIGS, caption_tokenizer
 from csd.speculative import check_pair
 
 EMBEDDED_DIR = Path(__file__).resolve().parents[2] / "assets" / "models"
-EMBEDDED_NAME = "shapes (embedded)"
-TEXT_NAME = "shapes, text prompts (embedded, Harmon layout)"
-XAR_NAME = "shapes, next-cell flow (embedded xAR)"
-RANDOM_NAME = "random (untrained)"
-RANDOM_TEXT_NAME = "random text (untrained)"
-RANDOM_XAR_NAME = "random xAR (untrained)"
-HARMON_NAME = "Harmon-1.5B / Harmon-0.5B (text)"
 VAE_FILE = "vae/kl16.ckpt"  # MAR's KL-16 tokenizer, relative to a checkpoint directory: every official pair's
 # A few prompts one click away in the app: captions the embedded text models were trained on.
 EXAMPLE_PROMPTS = (
@@ -55,42 +47,29 @@ EXAMPLE_PROMPTS = (
     "a large purple stripes pattern on a plain black background",
     "a large orange triangle on a gray gradient",
 )
-HARMON_PROMPTS = ("a red fox in the snow", "a lighthouse at dusk, oil painting", "a bowl of ramen, top view")
 IMAGENET_NAMES = tuple(f"imagenet {i}" for i in range(1000))  # ids; names are not shipped
 
 
-@dataclass(frozen=True)
-class PairSpec:
-    """A pair the project knows: its name, the family and the target's and draft's names (preset names
-    for official and random pairs, file stems in ``assets/models`` for embedded ones), and the classes
-    (or example prompts) a visitor chooses among."""
-
-    name: str
-    family: str
-    target: str
-    draft: str
-    class_names: tuple[str, ...] = ()
-    prompts: tuple[str, ...] = ()
+def pair_specs(kind: str) -> list[PairSpec]:
+    """Every registered family's pairs of one kind ("embedded", "official", "random"), in the table's order."""
+    return [pair for family in FAMILIES.values() for pair in family.pairs if pair.kind == kind]
 
 
-EMBEDDED_PAIRS = (
-    PairSpec(EMBEDDED_NAME, "mar", "shapes_target", "shapes_draft", CLASS_NAMES),
-    PairSpec(XAR_NAME, "xar", "shapes_xar_target", "shapes_xar_draft", CLASS_NAMES),
-    PairSpec(TEXT_NAME, "harmon", "shapes_text_target", "shapes_text_draft", prompts=EXAMPLE_PROMPTS),
-)
-# Official targets paired with their family's base model as the draft, as in the paper.
-OFFICIAL_PAIRS = (
-    PairSpec("MAR-H / MAR-B (ImageNet)", "mar", "mar_huge", "mar_base", IMAGENET_NAMES),
-    PairSpec("MAR-L / MAR-B (ImageNet)", "mar", "mar_large", "mar_base", IMAGENET_NAMES),
-    PairSpec("xAR-H / xAR-B (ImageNet)", "xar", "xar_huge", "xar_base", IMAGENET_NAMES),
-    PairSpec("xAR-L / xAR-B (ImageNet)", "xar", "xar_large", "xar_base", IMAGENET_NAMES),
-    PairSpec(HARMON_NAME, "harmon", "harmon_1.5b", "harmon_0.5b", prompts=HARMON_PROMPTS),
-)
-RANDOM_PAIRS = (
-    PairSpec(RANDOM_NAME, "mar", "random_target", "random_draft", CLASS_NAMES),
-    PairSpec(RANDOM_TEXT_NAME, "harmon", "random_text_target", "random_text_draft", prompts=EXAMPLE_PROMPTS),
-    PairSpec(RANDOM_XAR_NAME, "xar", "random_xar_target", "random_xar_draft", CLASS_NAMES),
-)
+def random_spec(family: str | None = None) -> PairSpec:
+    """The untrained pair of a family (by its arch; None: the table's first family)."""
+    arch = family or next(iter(FAMILIES))
+    spec = next((p for p in pair_specs("random") if p.family == arch), None)
+    if spec is None:
+        raise ValueError(f"family {arch!r} has no untrained pair (a PairSpec of kind 'random' in its row)")
+    return spec
+
+
+def choices(spec: PairSpec, traits: FamilyTraits) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What a visitor chooses among on a pair: (class names, example prompts). An official pair's classes
+    are ImageNet's and its prompts its own; the others draw the shapes, so the shapes classes or captions."""
+    if traits.conditions == "prompts":
+        return (), spec.prompts or EXAMPLE_PROMPTS
+    return (IMAGENET_NAMES if spec.kind == "official" else CLASS_NAMES), ()
 
 
 @dataclass(frozen=True)
@@ -139,9 +118,10 @@ def image_tokenizer(model):
 def _pair(spec: PairSpec, target: nn.Module, draft: nn.Module, tokenizer, weights: str, device) -> ModelPair:
     check_pair(target, draft)
     target, draft = _frozen(target, device), _frozen(draft, device)
-    pair = ModelPair(spec.name, target, draft, tokenizer, spec.class_names, weights, spec.prompts)
+    class_names, prompts = choices(spec, target.traits)
+    pair = ModelPair(spec.name, target, draft, tokenizer, class_names, weights, prompts)
     for model in (target, draft):  # one cheap run each: the first timed request pays no lazy initialisation
-        generate(model, list(spec.prompts[:1] or [0]), [0], model.traits.cheapest())
+        generate(model, list(prompts[:1] or [0]), [0], model.traits.cheapest())
     return pair
 
 
@@ -157,10 +137,11 @@ def load_embedded(directory: Path, spec: PairSpec, device: torch.device) -> Mode
 
 
 def embedded_pair(name: str, device: torch.device | str = "cpu", directory: Path = EMBEDDED_DIR) -> ModelPair:
-    """The embedded pair called ``name`` (one of :data:`EMBEDDED_PAIRS`)."""
-    spec = next((s for s in EMBEDDED_PAIRS if s.name == name), None)
+    """The embedded pair called ``name`` (a pair of kind "embedded" in a family's row)."""
+    specs = pair_specs("embedded")
+    spec = next((s for s in specs if s.name == name), None)
     if spec is None:
-        raise ValueError(f"embedded pair must be one of {[s.name for s in EMBEDDED_PAIRS]}, got {name!r}")
+        raise ValueError(f"embedded pair must be one of {[s.name for s in specs]}, got {name!r}")
     return load_embedded(directory, spec, torch.device(device))
 
 
@@ -180,8 +161,10 @@ def _untrained_config(spec: PairSpec, name: str):
 
 
 def _random_model(spec: PairSpec, name: str) -> nn.Module:
-    meta = {"tokenizer": caption_tokenizer().to_dict()} if spec.prompts else {}  # text models read the captions
-    return FAMILIES[spec.family].make(_untrained_config(spec, name), meta)
+    family, config = FAMILIES[spec.family], _untrained_config(spec, name)
+    text = family.traits(config).conditions == "prompts"
+    meta = {"tokenizer": caption_tokenizer().to_dict()} if text else {}  # text models read the captions
+    return family.make(config, meta)
 
 
 def random_spec_pair(spec: PairSpec, device: torch.device | str = "cpu", seed: int = 0) -> ModelPair:
@@ -193,14 +176,13 @@ def random_spec_pair(spec: PairSpec, device: torch.device | str = "cpu", seed: i
         with torch.no_grad():
             for p in (*target.parameters(), *draft.parameters()):
                 p.add_(0.05 * torch.randn_like(p))
-    weights = f"{_RANDOM_TAGS[spec.name]}:{seed}"
+    weights = f"{spec.tag}:{seed}"
     return _pair(spec, target, draft, image_tokenizer(target), weights, torch.device(device))
 
 
-_RANDOM_TAGS = {RANDOM_NAME: "random", RANDOM_TEXT_NAME: "random-text", RANDOM_XAR_NAME: "random-xar"}
-random_pair = partial(random_spec_pair, RANDOM_PAIRS[0])
-random_text_pair = partial(random_spec_pair, RANDOM_PAIRS[1])
-random_xar_pair = partial(random_spec_pair, RANDOM_PAIRS[2])
+def random_pair(device: torch.device | str = "cpu", seed: int = 0, family: str | None = None) -> ModelPair:
+    """The untrained pair of a family (None: the table's first)."""
+    return random_spec_pair(random_spec(family), device, seed)
 
 
 @dataclass(frozen=True)
@@ -221,27 +203,28 @@ class PairSource:
 
 
 def _source(spec: PairSpec, weights: str, load, traits: FamilyTraits) -> PairSource:
-    return PairSource(spec.name, spec.class_names, weights, load, traits, spec.prompts)
+    class_names, prompts = choices(spec, traits)
+    return PairSource(spec.name, class_names, weights, load, traits, prompts)
 
 
 def random_source(spec: PairSpec) -> PairSource:
     traits = FAMILIES[spec.family].traits(_untrained_config(spec, spec.target))
-    return _source(spec, f"{_RANDOM_TAGS[spec.name]}:0", partial(random_spec_pair, spec), traits)
+    return _source(spec, f"{spec.tag}:0", partial(random_spec_pair, spec), traits)
 
 
-RANDOM_SOURCE, RANDOM_TEXT_SOURCE, RANDOM_XAR_SOURCE = (random_source(s) for s in RANDOM_PAIRS)
+RANDOM_SOURCE = random_source(random_spec())  # what a server with nothing installed serves
 
 
 def discover(checkpoints: Path | None, embedded_dir: Path = EMBEDDED_DIR) -> list[PairSource]:
     """Every pair whose files exist (nothing is loaded here): embedded first, then official ones."""
     found = []
-    for spec in EMBEDDED_PAIRS:
+    for spec in pair_specs("embedded"):
         files = _embedded_files(embedded_dir, spec)
         if all(f.is_file() for f in files):
             load = partial(load_embedded, embedded_dir, spec)
             found.append(_source(spec, file_digest(*files), load, read_traits(files[0])))
     if checkpoints is not None and (checkpoints / VAE_FILE).is_file():
-        for spec in OFFICIAL_PAIRS:
+        for spec in pair_specs("official"):
             family = FAMILIES[spec.family]
             if family.has_official(checkpoints, spec.target) and family.has_official(checkpoints, spec.draft):
                 load = partial(load_official, checkpoints, spec)
@@ -250,9 +233,9 @@ def discover(checkpoints: Path | None, embedded_dir: Path = EMBEDDED_DIR) -> lis
     return found
 
 
-# What --hub-repo fetches: the tokenizer and the official MAR pairs, in the official layout.
-_MAR_FILES = FAMILIES["mar"].official_files
-HUB_FILES = (VAE_FILE, *(f for name in ("mar_base", "mar_large", "mar_huge") for f in _MAR_FILES[name]))
+# What --hub-repo fetches: the tokenizer and the official MAR pairs (draft first), in the official layout.
+HUB_PRESETS = ("mar_base", "mar_large", "mar_huge")
+HUB_FILES = (VAE_FILE, *(f for name in HUB_PRESETS for f in preset(name)[0].official_files[name]))
 DISK_MARGIN = 1 << 30  # free bytes left over after a fetch
 
 

@@ -1,8 +1,10 @@
 """The model families, registered in one table, and the project's own model files.
 
 :data:`FAMILIES` has one row per family (:class:`csd.models.spec.Family`): its network, config and
-presets, its traits, how its files are built, and its official checkpoints. Nothing outside
-``csd/models/`` needs to know which family a model belongs to: it reads the model's ``traits``.
+presets, its traits, how its files are built, its official checkpoints, its pairs and how it runs at the
+published sizes. Nothing outside ``csd/models/`` needs to know which family a model belongs to: it reads
+the model's ``traits`` and its family's row. :func:`register` adds a row (a family defined elsewhere, e.g.
+in the tests), :func:`unregister` removes it.
 
 A project file is ``name.safetensors`` (weights) + ``name.json``: ``{"arch": "mar", "config":
 MARConfig.to_dict(), ...}`` (a text family adds its tokenizer); anything else in it (how the model
@@ -26,9 +28,31 @@ from csd.models import harmon, mar, xar
 from csd.models.checkpoint import CheckpointError, load_state_strict, read_safetensors, save_safetensors
 from csd.models.spec import Family
 
-FAMILIES: dict[str, Family] = {f.arch: f for f in (mar.FAMILY, harmon.FAMILY, xar.FAMILY)}
-ARCHS = tuple(FAMILIES)
+FAMILIES: dict[str, Family] = {}
 SUFFIX = ".safetensors"
+
+
+def register(family: Family) -> Family:
+    """Add a family's row to the table (an arch already there is an error naming it)."""
+    if family.arch in FAMILIES:
+        raise ValueError(f"family {family.arch!r} is registered already")
+    FAMILIES[family.arch] = family
+    return family
+
+
+def unregister(arch: str) -> None:
+    """Remove a family's row (a family registered for a while, e.g. by a test)."""
+    if arch not in FAMILIES:
+        raise ValueError(f"family {arch!r} is not registered; registered: {archs()}")
+    del FAMILIES[arch]
+
+
+def archs() -> tuple[str, ...]:
+    return tuple(FAMILIES)
+
+
+for _family in (mar.FAMILY, xar.FAMILY, harmon.FAMILY):
+    register(_family)
 
 
 def family_of(model: nn.Module) -> Family:
@@ -36,7 +60,7 @@ def family_of(model: nn.Module) -> Family:
     for family in FAMILIES.values():
         if type(model) is family.model:
             return family
-    raise ValueError(f"{type(model).__name__} is not a registered model family ({', '.join(ARCHS)})")
+    raise ValueError(f"{type(model).__name__} is not a registered model family ({', '.join(archs())})")
 
 
 def preset(name: str):
@@ -48,13 +72,22 @@ def preset(name: str):
     raise ValueError(f"unknown model config {name!r}; choose from {names}")
 
 
-def build_model(name: str, **overrides) -> nn.Module:
-    """A freshly initialised model of a named config (official sizes with random weights, for timing).
-    A text family's presets need a tokenizer and cannot be built by name alone."""
+def family_named(name: str) -> Family | None:
+    """The row of a family named as results record it: its ``arch`` or its traits' name ("xAR")."""
+    for family in FAMILIES.values():
+        if name == family.arch or any(family.traits(c).family == name for c in list(family.presets.values())[:1]):
+            return family
+    return None
+
+
+def build_model(name: str, meta: Mapping | None = None, **overrides) -> nn.Module:
+    """A freshly initialised model of a named config, with ``overrides`` (official sizes with random
+    weights, for timing). A text family's presets need a tokenizer: ``meta`` holds it, as a project file's
+    JSON does."""
     family, config = preset(name)
-    if family.build is not None:
-        raise ValueError(f"{name!r} is a {family.arch} config: build it with its tokenizer")
-    return family.make(replace(config, **overrides) if overrides else config)
+    if family.build is not None and not meta:
+        raise ValueError(f"{name!r} is a {family.arch} config: build it with its tokenizer (meta)")
+    return family.make(replace(config, **overrides) if overrides else config, meta)
 
 
 def weights_path(path: str | Path) -> Path:
@@ -85,7 +118,7 @@ def save_model(model, path: str | Path, extra: Mapping | None = None) -> Path:
 def _family_and_config(meta, json_path: Path):
     arch = meta.get("arch") if isinstance(meta, dict) else type(meta).__name__
     if arch not in FAMILIES:
-        raise CheckpointError(f'{json_path}: expected "arch" to be one of {ARCHS}, got {arch!r}')
+        raise CheckpointError(f'{json_path}: expected "arch" to be one of {archs()}, got {arch!r}')
     if not isinstance(meta.get("config"), dict):
         raise CheckpointError(f'{json_path}: missing the "config" object')
     family = FAMILIES[arch]

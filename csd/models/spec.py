@@ -2,8 +2,10 @@
 (de)serialisation every family's config shares.
 
 A row names the family's network class, its config class and named presets, how its project files are
-built and written, and where its official checkpoints live and how they load. Adding a family is one
-folder under ``csd/models/`` (network, adapter, official loader) and one row.
+built and written, where its official checkpoints live and how they load, the pairs it offers
+(:class:`PairSpec`: embedded, official, untrained) and how it runs at the published sizes
+(:class:`PaperScale`). Adding a family is one folder under ``csd/models/`` (network, adapter, official
+loader) and one row; nothing outside the row names it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from csd.checks import check_choice
 from csd.family import FamilyTraits
+
+PAIR_KINDS = ("embedded", "official", "random")
+# --tiny paper-scale configs: widths by size name (depth 1, a 4 x 4 token grid), shared by every family.
+TINY_WIDTHS = {"huge": 64, "large": 48, "base": 32}
 
 
 class SerialConfig:
@@ -37,6 +44,125 @@ class SerialConfig:
 
 
 @dataclass(frozen=True)
+class PairSpec:
+    """A target/draft pair a family offers: its name (as the app lists it), the family's ``arch``, the
+    target's and the draft's names, and its kind:
+
+    * "embedded": project files ``<target>.safetensors`` / ``<draft>.safetensors`` in ``assets/models``;
+    * "official": presets loaded from official checkpoints (the app) or built at the published sizes
+      (:mod:`csd.experiments.paper_scale`): ``key`` says which of the paper's pairs ("H/B": the huge target,
+      "L/B": the large one, both drafted by the base model), ``paper_name`` is its name in the paper-scale
+      report, ``published`` the paper's speed-ups, ``prompts`` a text pair's example prompts;
+    * "random": untrained presets, for tests and for a server with nothing installed.
+    """
+
+    name: str
+    family: str
+    target: str
+    draft: str
+    kind: str
+    key: str = ""
+    paper_name: str = ""
+    published: str = ""
+    prompts: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_choice("PairSpec.kind", self.kind, PAIR_KINDS)
+
+    @property
+    def tag(self) -> str:
+        """How an untrained pair's weights are recorded (with their seed): its name without "(untrained)",
+        hyphenated ("random xAR (untrained)" -> "random-xar")."""
+        return self.name.removesuffix(" (untrained)").lower().replace(" ", "-")
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Transformer layers applied to every token: their parameters, count, width and kernels per layer."""
+
+    params: int
+    layers: int
+    width: int
+    layer_kernels: int
+
+    def flops(self, queries: int, keys: int) -> float:
+        """2 FLOPs per parameter per token, plus attention's two L_q x L_k x width products."""
+        return 2.0 * self.params * queries + 4.0 * self.layers * queries * keys * self.width
+
+
+def stack(modules, width: int, layer_kernels: int) -> Stack:
+    """The :class:`Stack` of some layers (parameters counted, on any device, the meta one included)."""
+    return Stack(sum(p.numel() for m in modules for p in m.parameters()), len(modules), width, layer_kernels)
+
+
+@dataclass(frozen=True)
+class CostShape:
+    """What a pass of one model reads and computes, for the paper-scale run-time estimate: ``encoder`` runs
+    over the buffer and the context, ``decoder`` over the buffer and every position, ``llm`` over the prompt
+    and the context; the head has ``head_params`` in ``head_blocks`` blocks. ``flow``: the chain's steps are
+    backbone passes over a block's cells (xAR: ``encoder`` holds every block, ``cell_len`` tokens a cell)."""
+
+    params: int  # all of the model's
+    encoder: Stack
+    decoder: Stack | None = None
+    llm: Stack | None = None
+    head_params: int = 0
+    head_blocks: int = 0
+    tokens: int = 0  # tokens of an image
+    buffer: int = 0
+    prompt: int = 0
+    flow: bool = False
+    cell_len: int = 0
+
+    @property
+    def stacks(self) -> list[Stack]:
+        return [s for s in (self.encoder, self.decoder, self.llm) if s is not None]
+
+
+@dataclass(frozen=True)
+class PaperScale:
+    """How a family runs at the published sizes (:mod:`csd.experiments.paper_scale`): the published sampler,
+    the configs it builds (official sizes with random weights, or shrunk by ``--tiny``) and the cost shape of
+    the run-time estimate.
+
+    cfg: the published CFG scale per config name (a pair runs with its target's). num_steps: the published
+    AR steps (None: the family's fixed ones). head_steps: the published head steps (None: the model's own).
+    tiny_steps: (AR steps, head steps) under --tiny, None as above. overrides(name, tiny): a preset's changes
+    for the run (under --tiny, its shrunk form). meta(tiny): the project-file JSON its models build with (a
+    text family's stand-in tokenizer). match_draft(target): the draft's config changes to run beside that
+    target (xAR: its flow steps). layout(config, head_steps): (AR tokens of an image, head steps) of a config.
+    cost(model, prompt_tokens): its :class:`CostShape` (built on the meta device). head_name: what a chain's
+    step is called in the report; note: a sentence the report adds about the family. A text family also
+    gives prompt_tokens ((prompt, null prompt) tokens of the official template; tiny_prompt_tokens under
+    --tiny), stand_in_prompts(generator, batch, words) for random weights, prompt (what an official model is
+    prompted with) and prompt_length(model, prompt) (tokens as the model encodes it).
+    """
+
+    cfg: Mapping[str, float]
+    cfg_schedule: str
+    num_steps: int | None
+    head_steps: int | None
+    tiny_steps: tuple[int | None, int | None]
+    overrides: Callable[[str, bool], dict]
+    layout: Callable[[Any, int | None], tuple[int, int]]
+    cost: Callable[[nn.Module, int], CostShape]
+    temperature: float = 1.0
+    meta: Callable[[bool], Mapping] = field(default=lambda tiny: {})
+    match_draft: Callable[[nn.Module], dict] = field(default=lambda target: {})
+    head_name: str = "head"
+    note: str = ""
+    prompt_tokens: tuple[int, int] = (0, 0)
+    tiny_prompt_tokens: tuple[int, int] = (0, 0)
+    stand_in_prompts: Callable[[Any, int, int], list[str]] | None = None
+    prompt: str = ""
+    prompt_length: Callable[[nn.Module, str], int] | None = None
+
+    def prompt_shape(self, tiny: bool) -> tuple[int, int]:
+        """(prompt, null prompt) tokens of a text family's random-weight runs."""
+        return self.tiny_prompt_tokens if tiny else self.prompt_tokens
+
+
+@dataclass(frozen=True)
 class Family:
     """One row of the family table.
 
@@ -48,6 +174,8 @@ class Family:
     official_files: a config name -> its official checkpoint files, relative to a checkpoint directory;
     load_official: ``(checkpoint_dir, config_name, target=None) -> model`` from those files (``target``:
     the model a draft is loaded for, when the family matches a draft's sampler to its target's).
+    pairs: the pairs it offers (:class:`PairSpec`; the conformance test needs its "random" one). paper: how
+    it runs at the published sizes (:class:`PaperScale`; None: not timed there).
     """
 
     arch: str
@@ -59,6 +187,13 @@ class Family:
     entries: Callable[[nn.Module], dict] = field(default=lambda model: {})
     official_files: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     load_official: Callable[..., nn.Module] | None = None
+    pairs: tuple[PairSpec, ...] = ()
+    paper: PaperScale | None = None
+
+    def __post_init__(self) -> None:
+        for pair in self.pairs:
+            if pair.family != self.arch:
+                raise ValueError(f"pair {pair.name!r} of family {self.arch!r} names family {pair.family!r}")
 
     def make(self, config, meta: Mapping | None = None) -> nn.Module:
         """A freshly initialised model of ``config`` (``meta``: the project file's JSON, if any)."""

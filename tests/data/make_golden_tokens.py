@@ -11,15 +11,8 @@ from safetensors.torch import save_file
 
 from dataclasses import replace
 
-from csd.experiments.pairs import (
-    EMBEDDED_NAME,
-    TEXT_NAME,
-    XAR_NAME,
-    embedded_pair,
-    random_pair,
-    random_text_pair,
-    random_xar_pair,
-)
+from csd.experiments.pairs import embedded_pair, random_pair
+from tests.helpers import pair_name
 from csd.config import SamplingConfig
 from csd.sampling import generate
 from csd.config import CSDConfig
@@ -41,12 +34,12 @@ XAR_SAMPLING = replace(SAMPLING, num_steps=16, head_steps=6)
 
 def pairs():
     """(name, pair, conditions, sampling) of every family: untrained and embedded pairs."""
-    yield "random", random_pair(), LABELS, SAMPLING
-    yield "embedded", embedded_pair(EMBEDDED_NAME), LABELS, SAMPLING
-    yield "random_text", random_text_pair(), PROMPTS, SAMPLING
-    yield "text", embedded_pair(TEXT_NAME), PROMPTS, SAMPLING
-    yield "random_xar", random_xar_pair(), LABELS, XAR_SAMPLING
-    yield "xar", embedded_pair(XAR_NAME), LABELS, XAR_SAMPLING
+    yield "random", random_pair(family="mar"), LABELS, SAMPLING
+    yield "embedded", embedded_pair(pair_name("mar", "embedded")), LABELS, SAMPLING
+    yield "random_text", random_pair(family="harmon"), PROMPTS, SAMPLING
+    yield "text", embedded_pair(pair_name("harmon", "embedded")), PROMPTS, SAMPLING
+    yield "random_xar", random_pair(family="xar"), LABELS, XAR_SAMPLING
+    yield "xar", embedded_pair(pair_name("xar", "embedded")), LABELS, XAR_SAMPLING
 
 
 def runs() -> dict[str, torch.Tensor]:

@@ -1,0 +1,3 @@
+from csd.experiments.paper_scale.command import main
+
+main()
