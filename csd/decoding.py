@@ -90,7 +90,7 @@ def predict_step(
         chain = model.predict(
             tokens, mask, conditions, pos, torch.full((pos.numel(),), cfg, device=pos.device), config, steps
         )
-    with timer(f"{phase}_head", tokens=pos.numel(), steps=steps):
+    with timer(f"{phase}_head", tokens=pos.numel(), steps=config.head_calls(steps)):  # a Heun step: two calls
         traj = chain.run(noise)
     return traj, chain
 

@@ -58,6 +58,10 @@ class FamilyTraits:
     two backbone halves whose difference can be reused (masked families; xAR guides inside its flow).
     caches_tokens: takes LazyMAR's token cache (SamplingConfig.token_cache_keep): a bidirectional
     decoder over every position, whose rows can be recomputed in part (masked families).
+    head_samplers: the head samplers it takes (SamplingConfig.head_sampler), its own first (MAR: DDPM and
+    DDIM; xAR: Euler-Maruyama and the probability-flow ODE); empty: its own only.
+    flow_grids: takes SamplingConfig.flow_grid "uniform" (a flow chain's time grid: xAR).
+    takes_gtr: takes GtR's two-stage order (SamplingConfig.gtr_stages): a masked family on a square grid.
     """
 
     family: str
@@ -72,6 +76,9 @@ class FamilyTraits:
     row_name: str = "tokens"
     caches_guidance: bool = False
     caches_tokens: bool = False
+    head_samplers: tuple[str, ...] = ()
+    flow_grids: bool = False
+    takes_gtr: bool = False
 
     def __post_init__(self) -> None:
         check_choice("FamilyTraits.conditions", self.conditions, CONDITIONS)
@@ -129,6 +136,24 @@ class FamilyTraits:
             steps = getattr(config, name)
             if steps is not None and steps < self.min_head_steps:
                 raise ValueError(f"{name} must be >= {self.min_head_steps} for this {self.family} model, got {steps}")
+        self._check_samplers(config)
+
+    def _check_samplers(self, config: SamplingConfig) -> None:
+        if config.head_sampler is not None and config.head_sampler not in self.head_samplers:
+            takes = f"one of {self.head_samplers}" if self.head_samplers else "its own (None)"
+            raise ValueError(
+                f"head_sampler must be None or {takes} for this {self.family} model, got {config.head_sampler!r}"
+            )
+        if config.flow_grid != "official" and not self.flow_grids:
+            raise ValueError(
+                f"flow_grid must be 'official' for this {self.family} model (the uniform grid is a flow chain's), "
+                f"got {config.flow_grid!r}"
+            )
+        if config.gtr_stages and not self.takes_gtr:
+            raise ValueError(
+                f"gtr_stages must be empty for this {self.family} model (GtR orders a masked family's tokens), "
+                f"got {config.gtr_stages}"
+            )
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from csd.config import SamplingConfig
 from csd.decoding import Generation, PhaseTimer, StepCallback, commit, draw_chain_noise, model_device, predict_step
 from csd.family import ModelFamily
 from csd.rng import ImageStreams, check_seeds
-from csd.schedule import head_step_schedule
 from csd.trace import Maker, Trace
 
 
@@ -40,9 +39,7 @@ def generate(
     batch, n, d = len(seeds), model.seq_len, model.token_dim
     conditions = model.check_conditions(conditions, batch, device)
     plan = model.plan(seeds, config, device)
-    schedule = head_step_schedule(
-        model.head_steps(config.head_steps), config.head_steps_min, config.num_steps, config.head_schedule
-    )
+    schedule = config.head_steps_per_step(model.head_steps(config.head_steps))
     noise_streams = ImageStreams(seeds, "chain", device)
     timer = PhaseTimer(device)
     phase = "target" if maker == Maker.TARGET else "draft"

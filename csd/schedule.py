@@ -10,6 +10,7 @@ CFG_SCHEDULES = ("linear", "constant")
 # "linear" rounds to the nearest step; "disa" and "disa-cosine" are DiSA's own (Zhao et al. 2025,
 # Qinyu-Allen-Zhao/DiSA: linear or cosine in the AR step index, rounded down toward the lower count).
 HEAD_SCHEDULES = ("linear", "disa", "disa-cosine")
+DISA_FLOOR = 5  # DiSA's head steps at the last AR step, whatever the first (its MAR setting: 50 -> 5)
 
 
 def step_sizes(num_tokens: int, num_steps: int) -> list[int]:

@@ -17,11 +17,10 @@ from torch import Tensor
 
 from csd.acceptance import Criterion, Decision, Proposal, accept, criterion_of
 from csd.chain import ChainNoise, Trajectory, cat_rows
-from csd.config import CSDConfig, SamplingConfig
+from csd.config import CSDConfig, SamplingConfig, check_speculative
 from csd.decoding import Generation, PhaseTimer, StepCallback, commit, draw_chain_noise, model_device, predict_step
 from csd.family import ModelFamily, Plan, TokenChain
 from csd.rng import ImageStreams, check_seeds
-from csd.schedule import head_step_schedule
 from csd.trace import Maker, Trace
 
 
@@ -136,15 +135,15 @@ class _Decoding:
     @classmethod
     def start(cls, target, draft, conditions, seeds, sampling, csd, on_step) -> _Decoding:
         check_pair(target, draft)
+        check_speculative(sampling, csd)  # where CSD is defined on the head's samplers, GtR, ...
+        draft.traits.check_sampling(csd.draft_sampling(sampling), draft.seq_len)
         seeds = check_seeds(seeds)
         device = model_device(target)
         if model_device(draft) != device:
             raise ValueError(f"draft model is on {model_device(draft)}, the target on {device}: use one device")
         batch, n, d = len(seeds), target.seq_len, target.token_dim
         plan = target.plan(seeds, sampling, device)
-        steps_p = head_step_schedule(
-            target.head_steps(sampling.head_steps), sampling.head_steps_min, plan.num_steps, sampling.head_schedule
-        )
+        steps_p = sampling.head_steps_per_step(target.head_steps(sampling.head_steps))
         if csd.draft_head_steps is not None and any(t != csd.draft_head_steps for t in steps_p):
             if csd.needs_equal_chains():
                 raise ValueError(
@@ -187,7 +186,8 @@ class _Decoding:
 
     def _step(self, model, tokens, mask, s: int, phase: str, steps: int) -> tuple[Trajectory, ChainNoise, TokenChain]:
         pos, noise = self.plan.positions(s), self._noise("chain", self.plan.sizes[s], steps)
-        args = (self.conditions, pos, self.plan.cfg[s], noise, self.sampling, steps, self.timer, phase)
+        config = self.csd.draft_sampling(self.sampling) if phase == "draft" else self.sampling
+        args = (self.conditions, pos, self.plan.cfg[s], noise, config, steps, self.timer, phase)
         traj, chain = predict_step(model, tokens, mask, *args)
         return traj, noise, chain
 

@@ -150,6 +150,34 @@ def p_mean_logvar(
     return posterior_mean(schedule, x0, x_t, t), learned_log_variance(schedule, v, t)
 
 
+def predict_eps(schedule: Schedule, x_t: Tensor, t: int | Tensor, x0: Tensor) -> Tensor:
+    """The eps that x_t and x0 imply: (x_t / sqrt(ab_t) - x0) / sqrt(1 / ab_t - 1)."""
+    return (_at(schedule.sqrt_recip_alphas_cumprod, t, x_t) * x_t - x0) / _at(
+        schedule.sqrt_recipm1_alphas_cumprod, t, x_t
+    )
+
+
+def ddim_mean_std(
+    schedule: Schedule, x_t: Tensor, t: int | Tensor, eps: Tensor, eta: float, clip_x0: float | None = None
+) -> tuple[Tensor, Tensor]:
+    """DDIM's step from diffusion index t (Song et al. 2021, eq. 12) on the respaced schedule: with
+    ab = alpha_bar_t, ab' = alpha_bar_{t-1} (1 at t = 0),
+
+        sigma = eta sqrt((1 - ab') / (1 - ab)) sqrt(1 - ab / ab'),
+        mean = sqrt(ab') x0 + sqrt(1 - ab' - sigma^2) eps,
+
+    x0 predicted from eps (clipped for bounded tokens, and eps recomputed from the clipped x0, as ADM's
+    DDIM does). eta = 0 is deterministic; at t = 0 the mean is x0 and sigma 0. Returns (mean, sigma)."""
+    x0 = predict_x0(schedule, x_t, t, eps)
+    if clip_x0 is not None:
+        x0 = x0.clamp(-clip_x0, clip_x0)
+        eps = predict_eps(schedule, x_t, t, x0)
+    ab, ab_prev = _at(schedule.alphas_cumprod, t, x_t), _at(schedule.alphas_cumprod_prev, t, x_t)
+    sigma = eta * ((1.0 - ab_prev) / (1.0 - ab) * (1.0 - ab / ab_prev)).sqrt()
+    mean = ab_prev.sqrt() * x0 + (1.0 - ab_prev - sigma**2).clamp(min=0.0).sqrt() * eps
+    return mean, sigma.expand_as(mean)
+
+
 def guide_eps(eps_cond: Tensor, eps_uncond: Tensor, scale: Tensor | float) -> Tensor:
     """Classifier-free guidance on eps only; ``scale`` is a float or a per-row (n,) tensor."""
     if isinstance(scale, Tensor):

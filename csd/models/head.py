@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from csd.chain import HeadCondition
-from csd.checks import check_int
+from csd.checks import check_choice, check_int
 from csd.models import diffusion as gd
 
 
@@ -128,12 +128,15 @@ class DiffusionHead(nn.Module):
         self.train_schedule = gd.Schedule.cosine(train_steps)
         self._schedules: dict[int, gd.Schedule] = {}
 
-    def chain(self, steps: int | None = None) -> DiffusionChain:
+    def chain(self, steps: int | None = None, sampler: str = "ddpm", eta: float = 0.0) -> DiffusionChain:
+        """The head at ``steps`` sampling steps (None: its default) with ``sampler`` "ddpm" (the trained
+        one) or "ddim" (with ``eta``)."""
         steps = self.sampling_steps if steps is None else steps
         check_int("head_steps", steps, 1, self.train_steps)
+        check_choice("head_sampler (a diffusion head's)", sampler, ("ddpm", "ddim"))
         if steps not in self._schedules:  # a benign race: both writers store equal schedules
             self._schedules[steps] = gd.Schedule.cosine(self.train_steps, steps)
-        return DiffusionChain(self.net, self._schedules[steps], self.clip_x0)
+        return DiffusionChain(self.net, self._schedules[steps], self.clip_x0, None if sampler == "ddpm" else eta)
 
     # --- training ------------------------------------------------------------------------------
 
@@ -164,10 +167,13 @@ class DiffusionHead(nn.Module):
 
 
 class DiffusionChain:
-    """A diffusion head at a fixed number of sampling steps, seen as a Gaussian chain."""
+    """A diffusion head at a fixed number of sampling steps, seen as a Gaussian chain: DDPM's transitions
+    (learned variance), or DDIM's with ``ddim_eta`` (None: DDPM), whose std is eta times the posterior's
+    and does not depend on the model; DDIM's last transition reports DDPM's learned std at t = 0 (the
+    two last means are both x0), the width the acceptance test gives the final token."""
 
-    def __init__(self, net: MLPAdaLN, schedule: gd.Schedule, clip_x0: float | None):
-        self.net, self.schedule, self.clip_x0 = net, schedule, clip_x0
+    def __init__(self, net: MLPAdaLN, schedule: gd.Schedule, clip_x0: float | None, ddim_eta: float | None = None):
+        self.net, self.schedule, self.clip_x0, self.ddim_eta = net, schedule, clip_x0, ddim_eta
         self.token_dim = net.token_dim
 
     def num_steps(self) -> int:
@@ -189,5 +195,9 @@ class DiffusionChain:
     def transition(self, y: Tensor, step: int | Tensor, cond: HeadCondition) -> tuple[Tensor, Tensor]:
         t = self.num_steps() - 1 - step  # transition k runs at diffusion index T-1-k
         eps, v = self.eps_and_var(y, t, cond)
-        mean, logvar = gd.p_mean_logvar(self.schedule, y, t, eps, v, self.clip_x0)
-        return mean, (0.5 * logvar).exp()
+        if self.ddim_eta is None:
+            mean, logvar = gd.p_mean_logvar(self.schedule, y, t, eps, v, self.clip_x0)
+            return mean, (0.5 * logvar).exp()
+        mean, std = gd.ddim_mean_std(self.schedule, y, t, eps, self.ddim_eta, self.clip_x0)
+        final = (0.5 * gd.learned_log_variance(self.schedule, v, t)).exp()
+        return mean, torch.where(torch.as_tensor(t, device=y.device).reshape(-1, 1) == 0, final, std)

@@ -77,7 +77,14 @@ class HarmonConfig(SerialConfig):
     nested: ClassVar[dict[str, type]] = {"mar": MARConfig}
 
     def traits(self) -> FamilyTraits:
-        return FamilyTraits("Harmon", "prompts", caches_guidance=True, caches_tokens=True)
+        return FamilyTraits(
+            "Harmon",
+            "prompts",
+            caches_guidance=True,
+            caches_tokens=True,
+            head_samplers=("ddpm", "ddim"),
+            takes_gtr=True,
+        )
 
 
 def qwen2(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int, **extra) -> dict:

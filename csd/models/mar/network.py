@@ -112,7 +112,15 @@ class MARConfig(SerialConfig):
         return self.token_channels * self.patch_size**2
 
     def traits(self) -> FamilyTraits:
-        return FamilyTraits("MAR", "classes", num_classes=self.class_num, caches_guidance=True, caches_tokens=True)
+        return FamilyTraits(
+            "MAR",
+            "classes",
+            num_classes=self.class_num,
+            caches_guidance=True,
+            caches_tokens=True,
+            head_samplers=("ddpm", "ddim"),
+            takes_gtr=True,
+        )
 
 
 def _vit(dim: int, depth: int, heads: int) -> dict:

@@ -69,7 +69,9 @@ class XARFamily:
         with torch.autocast(clean.device.type, dtype=precision or torch.float32, enabled=precision is not None):
             cache = self.context_cache(torch.cat([clean, clean]) if guided else clean, both)
         cond = CellCondition(labels, first, k, cache, cfg if guided else None)
-        return CellChain(CellFlow(self, self.head_steps(steps), precision), cond, config.temperature)
+        sampler = config.head_sampler or "euler-maruyama"
+        flow = CellFlow(self, self.head_steps(steps), precision, sampler, config.flow_grid)
+        return CellChain(flow, cond, config.temperature)
 
     def join(self, chains, batch: int) -> JoinedCells:
         return JoinedCells(tuple(chains))

@@ -1,6 +1,7 @@
-"""xAR's official Euler-Maruyama sampler as Gaussian chains over cells (:class:`csd.family.TokenChain`):
-one cell per image (an AR step), a drafted block's cells at once (block verification), the draft's
-per-step chains joined into one, and some rows of a block (the exact criterion's resampler)."""
+"""xAR's flow samplers (the official Euler-Maruyama one, the probability-flow ODE) as Gaussian chains over
+cells (:class:`csd.family.TokenChain`): one cell per image (an AR step), a drafted block's cells at once
+(block verification), the draft's per-step chains joined into one, and some rows of a block (the exact
+criterion's resampler)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,21 @@ import torch
 from torch import Tensor, nn
 
 from csd.chain import ChainNoise, Trajectory, run_chain
+from csd.checks import check_choice
+from csd.config import FLOW_GRIDS
+
+FLOW_SAMPLERS = ("euler-maruyama", "euler", "heun")
 
 
-def flow_times(num_steps: int) -> Tensor:
-    """The official Euler-Maruyama time grid: ``num_steps`` times from 1 to 0.04, then 0 (float64):
-    num_steps - 1 stochastic steps and one deterministic last step."""
+def flow_times(num_steps: int, grid: str = "official") -> Tensor:
+    """The ``num_steps + 1`` times of a flow chain (float64), from 1 to 0: the official grid, ``num_steps``
+    times from 1 to 0.04 then 0 (num_steps - 1 stochastic steps and a deterministic last one), or the
+    uniform one, num_steps equal steps."""
     if not isinstance(num_steps, int) or num_steps < 2:
         raise ValueError(f"flow steps must be an int >= 2, got {num_steps!r}")
+    check_choice("flow_grid", grid, FLOW_GRIDS)
+    if grid == "uniform":
+        return torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)
     return torch.cat([torch.linspace(1.0, 0.04, num_steps, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
 
 
@@ -48,31 +57,40 @@ class CellCondition:
 
 
 class CellFlow:
-    """xAR's Euler-Maruyama sampler as a :class:`csd.chain.GaussianChain` over flattened cells
-    (cell_len * d per row; rows image-major): at time t with step dt < 0,
+    """xAR's flow sampler as a :class:`csd.chain.GaussianChain` over flattened cells (cell_len * d per row;
+    rows image-major), on the times of :func:`flow_times`. v is the velocity, guided on the doubled batch
+    as v_u + cfg (v_c - v_u). At time t with step dt < 0, the official Euler-Maruyama sampler
 
         mu = y + dt ((2 - t) v + y),   sigma = sqrt(2 t |dt|)   (N - 1 steps),   x = mu at the last,
 
-    (the last step's sigma is reported too, by the same formula, as the final token's width),
+    or the probability-flow ODE of the same velocity (``sampler`` "euler": mu = y + dt v; "heun": the
+    trapezoid of v at (y, t) and at the Euler point (y + dt v, t + dt), two velocity calls a step), with
+    sigma 0 before the last step. Every sampler reports the last step's sigma by the same formula (at
+    t = 0.04 on the official grid) as the final token's width. sigma does not depend on the model.
+    Several cells per image advance together, one backbone pass per velocity call (block verification).
+    States are float64 (as the official sampler's); the network runs in its dtype, under autocast when
+    ``precision`` (a lower backbone precision, :data:`csd.config.PRECISIONS`) is given."""
 
-    v the velocity, guided on the doubled batch as v_u + cfg (v_c - v_u). sigma does not depend on
-    the model. Several cells per image advance together, one backbone pass per step (block
-    verification). States are float64 (as the official sampler's); the network runs in its dtype, under
-    autocast when ``precision`` (a lower backbone precision, :data:`csd.config.PRECISIONS`) is given."""
-
-    def __init__(self, model: nn.Module, num_steps: int, precision: torch.dtype | None = None):
-        self.model, self.times = model, flow_times(num_steps)  # an xAR network (csd.models.xar.network.XAR)
-        self.token_dim, self.precision = model.token_dim, precision
+    def __init__(
+        self,
+        model: nn.Module,
+        num_steps: int,
+        precision: torch.dtype | None = None,
+        sampler: str = "euler-maruyama",
+        grid: str = "official",
+    ):
+        check_choice("head_sampler (a flow chain's)", sampler, FLOW_SAMPLERS)
+        self.model, self.times = model, flow_times(num_steps, grid)  # an xAR network (csd.models.xar.network.XAR)
+        self.token_dim, self.precision, self.sampler = model.token_dim, precision, sampler
 
     def num_steps(self) -> int:
         return len(self.times) - 1
 
-    def transition(self, y: Tensor, step: int, cond: CellCondition) -> tuple[Tensor, Tensor]:
+    def velocity(self, x: Tensor, t: float, cond: CellCondition) -> Tensor:
+        """The guided velocity (float64) of the block's cells at tokens x (B, k * cell_len, d) and time t."""
         m, c = self.model, self.model.config
-        t, t_next = self.times[step].item(), self.times[step + 1].item()
-        dt, b, k = t_next - t, cond.labels.shape[0], cond.cells
-        x = y.reshape(b, k * c.cell_len, c.token_dim)
-        dtype, dev = m.z_proj.weight.dtype, y.device
+        b, k = cond.labels.shape[0], cond.cells
+        dtype, dev = m.z_proj.weight.dtype, x.device
         positions = torch.arange(cond.first * c.cell_len, (cond.first + k) * c.cell_len, device=dev)
         mask = cond.attention_mask(c.cell_len, dev)
 
@@ -82,17 +100,29 @@ class CellFlow:
                 return m._network(xx.to(dtype), labels, times, positions, mask, cond.cache).to(torch.float64)
 
         if cond.cfg is None:
-            v = net(x, cond.labels)
-        else:
-            vv = net(torch.cat([x, x]), torch.cat([cond.labels, torch.full_like(cond.labels, m.null_class)]))
-            v_c, v_u = vv[:b], vv[b:]
-            scale = cond.cfg.to(torch.float64).reshape(b, k).repeat_interleave(c.cell_len, dim=1)[..., None]
-            v = v_u + scale * (v_c - v_u)
+            return net(x, cond.labels)
+        vv = net(torch.cat([x, x]), torch.cat([cond.labels, torch.full_like(cond.labels, m.null_class)]))
+        v_c, v_u = vv[:b], vv[b:]
+        scale = cond.cfg.to(torch.float64).reshape(b, k).repeat_interleave(c.cell_len, dim=1)[..., None]
+        return v_u + scale * (v_c - v_u)
+
+    def transition(self, y: Tensor, step: int, cond: CellCondition) -> tuple[Tensor, Tensor]:
+        c = self.model.config
+        t, t_next = self.times[step].item(), self.times[step + 1].item()
+        dt, b, k = t_next - t, cond.labels.shape[0], cond.cells
+        x = y.reshape(b, k * c.cell_len, c.token_dim)
+        v = self.velocity(x, t, cond)
         x64 = x.to(torch.float64)
-        mu = (x64 + dt * ((2.0 - t) * v + x64)).reshape(b * k, -1)
-        # The last step is deterministic (never sampled from); its std, by the same formula at t = 0.04, is
-        # the width the acceptance test's final-step term and the resampler give the final token.
-        return mu, torch.full_like(mu, math.sqrt(2.0 * t * abs(dt)))
+        if self.sampler == "euler-maruyama":
+            mu = (x64 + dt * ((2.0 - t) * v + x64)).reshape(b * k, -1)
+        elif self.sampler == "euler":
+            mu = (x64 + dt * v).reshape(b * k, -1)
+        else:  # heun
+            mu = (x64 + 0.5 * dt * (v + self.velocity(x64 + dt * v, t_next, cond))).reshape(b * k, -1)
+        # The last step is deterministic (never sampled from); its std, by the same formula at its t, is the
+        # width the acceptance test's final-step term and the resampler give the final token.
+        stochastic = self.sampler == "euler-maruyama" or step == self.num_steps() - 1
+        return mu, torch.full_like(mu, math.sqrt(2.0 * t * abs(dt)) if stochastic else 0.0)
 
 
 @dataclass(frozen=True)

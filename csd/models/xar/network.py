@@ -104,6 +104,8 @@ class XARConfig(SerialConfig):
             tokens_per_row=self.cell_len,
             min_head_steps=2,
             row_name="cells",
+            head_samplers=("euler-maruyama", "euler", "heun"),
+            flow_grids=True,
         )
 
 
