@@ -59,11 +59,11 @@ def test_the_readme_verdict_table_is_that_of_the_committed_frontiers():
 
 
 def test_docs_results_holds_every_frontier_table_and_the_verdicts():
-    from visualize.report import FRONTIER_PREFIX, frontier_markdown
+    from visualize.report import DOCS_PREFIX, frontier_markdown
 
     docs = (ROOT / "docs" / "results.md").read_text()
     for r in RESULTS:
-        name = f"{FRONTIER_PREFIX[r['family']]}frontier-b{r['batch']}"
+        name = f"{DOCS_PREFIX[r['family']]}frontier-b{r['batch']}"
         block = docs[docs.index(f"<!-- {name}:start -->") : docs.index(f"<!-- {name}:end -->")]
         assert frontier_markdown(r).strip() in block
     block = docs[docs.index("<!-- verdicts:start -->") : docs.index("<!-- verdicts:end -->")]

@@ -22,6 +22,8 @@ from visualize.frontier import cost_chart, frontier_chart
 from visualize.render import save_png
 
 ROOT = Path(__file__).resolve().parents[1]
+# The blocks of docs/results.md and the README that hold each embedded pair's results, by its family.
+DOCS_PREFIX = {"MAR": "", "Harmon": "text-", "xAR": "xar-"}
 
 
 # --- a benchmark's tables -----------------------------------------------------------------------------
@@ -122,12 +124,17 @@ def bench_markdown(result: dict) -> str:
 
 
 def _fewer(result: dict) -> str:
-    """The cheap baseline at the headline gamma: fewer AR steps, or (xAR, one AR step per cell) fewer
-    flow steps."""
+    """The cheap baseline at the headline gamma: what the family's cheap baseline cuts
+    (:attr:`csd.family.FamilyTraits.cheap_knob`): AR steps, or where they are fixed (xAR, one per cell) its
+    head's steps, named as its row names them ("flow")."""
+    from csd.models.registry import family_named  # here, not at the top: the figures load no model table
+
     s = result["settings"]
     row = next(r for r in result["rows"] if r["batch"] == s["default_batch"] and r["gamma"] == s["csd"]["gamma"])
-    if str(s.get("family")).lower() == "xar":
-        return f"{row.get('fewer_head_steps', '?')} flow steps"
+    family = family_named(s.get("family"))  # None for the results that predate the family's record
+    if family is not None and family.shared_traits().cheap_knob == "head_steps":
+        head = family.paper.head_name if family.paper else "head"
+        return f"{row.get('fewer_head_steps', '?')} {head} steps"
     return f"{row['target_passes']} AR steps"
 
 
@@ -190,10 +197,9 @@ def headline_markdown(result: dict) -> str:
 
 
 def docs_prefix(result: dict) -> str:
-    """The docs blocks of a result: the class pair's, the text pair's ("text-") or xAR's ("xar-")."""
-    if str(result["settings"].get("family")).lower() == "xar":
-        return "xar-"
-    return "text-" if _colours(result) else ""
+    """The docs blocks of a result (:data:`DOCS_PREFIX`): its family's, or, for a result that predates the
+    family's record, the text pair's ("text-") where it scored colours, else the class pair's."""
+    return DOCS_PREFIX.get(result["settings"].get("family"), "text-" if _colours(result) else "")
 
 
 # --- a frontier's table and the verdicts ------------------------------------------------------------------
@@ -311,9 +317,6 @@ def committed_frontiers(root: Path = ROOT) -> list[dict]:
     return sorted(results, key=rank)
 
 
-FRONTIER_PREFIX = {"MAR": "", "Harmon": "text-", "xAR": "xar-"}  # docs/results.md's blocks per family
-
-
 def update_verdicts(root: Path = ROOT) -> None:
     """The verdict table of every committed frontier into the ``verdicts`` blocks of the README and
     docs/results.md, and each frontier's table into its block there (``frontier-b1``, ``text-frontier-b8``...)."""
@@ -321,7 +324,7 @@ def update_verdicts(root: Path = ROOT) -> None:
     for page in (root / "README.md", root / "docs" / "results.md"):
         paste_block(page, "verdicts", verdict_table(results))
     for r in results:
-        block = f"{FRONTIER_PREFIX.get(r.get('family'), '')}frontier-b{r['batch']}"
+        block = f"{DOCS_PREFIX.get(r.get('family'), '')}frontier-b{r['batch']}"
         paste_block(root / "docs" / "results.md", block, frontier_markdown(r))
     subsets = token_cache_runs(root)
     if subsets:

@@ -72,12 +72,10 @@ def preset(name: str):
     raise ValueError(f"unknown model config {name!r}; choose from {names}")
 
 
-def family_named(name: str) -> Family | None:
-    """The row of a family named as results record it: its ``arch`` or its traits' name ("xAR")."""
-    for family in FAMILIES.values():
-        if name == family.arch or any(family.traits(c).family == name for c in list(family.presets.values())[:1]):
-            return family
-    return None
+def family_named(name: str | None) -> Family | None:
+    """The row of a family named as results record it (its traits' name, "xAR", or its arch); None for an
+    unknown name or none."""
+    return next((f for f in FAMILIES.values() if name in (f.arch, f.shared_traits().family)), None)
 
 
 def build_model(name: str, meta: Mapping | None = None, **overrides) -> nn.Module:

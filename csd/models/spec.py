@@ -195,6 +195,11 @@ class Family:
             if pair.family != self.arch:
                 raise ValueError(f"pair {pair.name!r} of family {self.arch!r} names family {pair.family!r}")
 
+    def shared_traits(self) -> FamilyTraits:
+        """The traits of the family's first preset: what every model of the family shares (its name, its
+        conditions, whether its AR steps are fixed, ...), for a result that records only the family's name."""
+        return self.traits(next(iter(self.presets.values())))
+
     def make(self, config, meta: Mapping | None = None) -> nn.Module:
         """A freshly initialised model of ``config`` (``meta``: the project file's JSON, if any)."""
         return self.model(config) if self.build is None else self.build(config, meta or {})
