@@ -25,14 +25,14 @@ from starlette.middleware import Middleware
 from csd.experiments.pairs import RANDOM_SOURCE, PairStore, discover, fetch_official
 from csd.panels import Panels
 from demo import limits as limits_module
-from demo.cards import card_markdown
 from demo.core import DEVICE, App
 from demo.guard import Guard
 from demo.limits import Limits
-from demo.tabs import method
+from demo.tab import Page, Tab
 from demo.tabs.analysis import AnalysisTab
 from demo.tabs.generate import GenerateTab
 from demo.tabs.inspect import InspectTab
+from demo.tabs.method import MethodTab
 
 ROOT = Path(__file__).resolve().parents[1]
 PRECOMPUTED = ROOT / "assets" / "analysis_default.json"
@@ -70,17 +70,14 @@ def build(app: App) -> gr.Blocks:
             "# Continuous speculative decoding\nA small *draft* model proposes image tokens, a large *target* "
             "model verifies them in one pass. Same seed, same noise: compare target-only and CSD side by side."
         )
-        generate = GenerateTab(app)
+        generate, page = GenerateTab(app), Page(queue)
+        tabs: list[Tab] = [generate, InspectTab(app), AnalysisTab(app), MethodTab(app)]  # in page order
         with gr.Tabs(overflow_behavior="wrap"):  # on a phone every tab stays in sight, none behind "..."
-            with gr.Tab("Generate"):
-                controls, inspected, generated = generate.build(queue)
-            with gr.Tab("Inspect"):
-                InspectTab(app).build(controls, inspected, generated, queue)
-            with gr.Tab("Analysis"):
-                AnalysisTab(app).build(controls, queue)
-            with gr.Tab("Method"):
-                method.build(card_markdown([app.store.source(n) for n in app.store.names]))
+            for tab in tabs:
+                with gr.Tab(tab.title):
+                    tab.build(page)
         quick = {"api_visibility": "private", "queue": False}
+        controls = page.controls
         demo.load(generate.from_link, None, list(controls.values()), **quick).then(
             generate.estimate, inputs_kwargs=controls, outputs=generate.estimate_md, **quick
         )

@@ -24,6 +24,7 @@ from demo import server
 from demo.core import App
 from demo.limits import Limits
 from demo.requests import library_errors
+from demo.tab import Page
 from demo.tabs.analysis import frontier_result
 from demo.tabs.generate import GenerateTab, compare
 from demo.views import ANALYSIS_KEYS, analysis_status, frontier_status, stats_markdown
@@ -315,7 +316,7 @@ def test_an_xar_pair_generates_and_names_its_fixed_ar_steps():
         next(compare(application, lambda *a, **k: None, **{**values, "ar_steps": 32}))
     tab = GenerateTab(application)
     with gr.Blocks():
-        tab.build({})
+        tab.build(Page({}))
     update = tab.pair_changed(xar_source.name, 32, "constant", None)
     steps, schedule = update[tab.controls["ar_steps"]], update[tab.controls["cfg_schedule"]]
     assert steps["value"] == 16 and schedule["value"] == "linear"  # choosing the pair sets them,
@@ -330,7 +331,7 @@ def test_leaving_a_pair_with_fixed_steps_restores_the_visitors_own():
     application = App(PairStore([RANDOM_SOURCE, xar_source], torch.device("cpu")), Limits(max_batch=2))
     tab = GenerateTab(application)
     with gr.Blocks():
-        tab.build({})
+        tab.build(Page({}))
     there = tab.pair_changed(xar_source.name, 24, "constant", None)
     back = tab.pair_changed(RANDOM_SOURCE.name, 16, "linear", there[tab.saved])
     steps, schedule = back[tab.controls["ar_steps"]], back[tab.controls["cfg_schedule"]]

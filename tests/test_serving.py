@@ -19,6 +19,7 @@ from csd.experiments.pairs import HUB_FILES, PairSource, PairStore, discover, fe
 from demo import server
 from demo.core import App
 from demo.limits import Limits
+from demo.tab import Page
 from demo.tabs.analysis import analysis_panels, analyze_stopped
 from demo.tabs.generate import GenerateTab, compare
 from tests.fake_hub import fake_hub
@@ -189,11 +190,36 @@ def test_the_stop_button_shows_nothing_of_the_stopped_run():
 
     tab = GenerateTab(App(PairStore([SLOW_SOURCE], torch.device("cpu")), LIMITS))
     with gr.Blocks():
-        tab.build({})
+        tab.build(Page({}))
     shown = tab.generate_stopped()
     assert set(shown) == set(tab.outputs) and "Stopped" in shown.pop(tab.stats)
     assert all(v is None for v in shown.values())  # no image, plot, summary, nothing to inspect
     assert "panels below are the ones shown before" in analyze_stopped()
+
+
+def test_a_refused_page_run_leaves_what_is_shown_and_says_why_while_the_api_raises():
+    """The page's Generate and Analysis handlers share one refusal wrapper (demo.tab.shown_refusal): a
+    refused request yields one update, the status line, and nothing that would clear what is shown."""
+    import gradio as gr
+
+    from demo.tabs.analysis import AnalysisTab
+
+    application = App(PairStore([SLOW_SOURCE], torch.device("cpu")), LIMITS)
+    generate, analysis, page = GenerateTab(application), AnalysisTab(application), Page({})
+    with gr.Blocks():
+        generate.build(page)
+        analysis.build(page)
+    bad = _controls(application, batch_size=3)  # over the server's 2
+    with pytest.warns(UserWarning, match="Batch size"):  # gr.Warning outside an event: the message, as a warning
+        updates = list(generate.generate_ui(None, **bad))
+    assert len(updates) == 1 and set(updates[0]) == {generate.stats}
+    assert updates[0][generate.stats].startswith("**Not run:** Batch size must be")
+    with pytest.raises(gr.Error, match="Batch size must be"):
+        next(generate.generate(None, **bad))
+    controls = {k: v for k, v in _controls(application).items() if k != "batch_size"}
+    (update,) = list(analysis.analyze_page(3, None, **controls))  # images over the server's 2
+    assert set(update) == {analysis.status} and update[analysis.status].startswith("**Not recomputed:** Images")
+    assert update[analysis.status].endswith("The panels below are the ones shown before.")
 
 
 # --- limits -------------------------------------------------------------------------------------------

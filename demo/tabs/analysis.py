@@ -12,6 +12,7 @@ from demo.controls import slider, take
 from demo.core import App
 from demo.errors import refuse
 from demo.requests import twin_events
+from demo.tab import Page, shown_refusal
 from demo.views import ANALYSIS_KEYS, analysis_figures, analysis_status, frontier_outputs, frontier_status, panels_json
 
 SECTIONS = (  # (title, panels in the row), in the order of ANALYSIS_KEYS
@@ -131,16 +132,16 @@ def frontier_stopped() -> str:
 
 
 class AnalysisTab:
+    title = "Analysis"
+
     def __init__(self, app: App):
         self.app = app
 
     def analyze_page(self, n_images: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
         """For the page: the panels on screen change only when every run has finished; a refused or stopped
         recompute leaves them as they were and says why, in the status line, until the next action."""
-        try:
-            yield from self.analyze(n_images, request, progress, **controls)
-        except gr.Error as err:
-            yield {self.status: f"**Not recomputed:** {err.message} The panels below are the ones shown before."}
+        run = self.analyze(n_images, request, progress, **controls)
+        yield from shown_refusal(run, self.status, "Not recomputed", " The panels below are the ones shown before.")
 
     def analyze(self, n_images: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
         """For API clients (after the validator): a refusal is an error."""
@@ -152,10 +153,8 @@ class AnalysisTab:
 
     def frontier_page(self, n_images: int, request: gr.Request, progress=gr.Progress(), regime=1, **controls):  # noqa: B008
         """For the page: a refused or stopped recompute leaves the frontier shown as it was and says why."""
-        try:
-            yield from self.recompute_frontier(n_images, request, progress, regime, **controls)
-        except gr.Error as err:
-            yield {self.f_status: f"**Not recomputed:** {err.message} The frontier below is the one shown before."}
+        run = self.recompute_frontier(n_images, request, progress, regime, **controls)
+        yield from shown_refusal(run, self.f_status, "Not recomputed", " The frontier below is the one shown before.")
 
     def recompute_frontier(self, n_images: int, request: gr.Request, progress=gr.Progress(), regime=1, **controls):  # noqa: B008
         """For API clients (after the validator): a refusal is an error; the recompute is drawn over the
@@ -220,8 +219,8 @@ class AnalysisTab:
             except StopIteration as done:
                 return done.value
 
-    def build(self, controls: dict, queue: dict) -> None:
-        app = self.app
+    def build(self, page: Page) -> None:
+        app, controls, queue = self.app, page.controls, page.queue
         served_weights = app.store.source(app.panels.pair).weights if app.panels is not None else None
         self.status = gr.Markdown(
             analysis_status(app.panels, current_weights=served_weights), elem_id="analysis-status"

@@ -21,6 +21,7 @@ from demo.controls import PRESETS, preset_values
 from demo.core import App
 from demo.estimate import words
 from demo.requests import Request, twin_events
+from demo.tab import Page, shown_refusal
 from demo.tabs.inspect import Inspected
 from demo.views import image_grid, run_summary, side_by_side, speed_figure, stats_markdown
 from visualize.images import display_grid, legend_html, token_map
@@ -56,10 +57,13 @@ def check_generate(
 
 
 def compare(app: App, progress, fit: bool = True, **controls) -> Iterator[tuple]:
-    """Target-only, then CSD, then draft-only with the same seeds. Yields ("step", text) per AR step,
-    ("target", grid) and ("csd", grid, map) as each is ready, and last ("done", Comparison)."""
-    r = check_generate(app, None, True, fit, **controls)
+    """Target-only, then CSD, then draft-only with the same seeds. The request is checked at once (a refusal
+    raises here, before anything runs); the runs then yield ("step", text) per AR step, ("target", grid)
+    and ("csd", grid, map) as each is ready, and last ("done", Comparison)."""
+    return _compare(app, check_generate(app, None, True, fit, **controls), progress)
 
+
+def _compare(app: App, r: Request, progress) -> Iterator[tuple]:
     def work(job: Job) -> tuple[Run, Run, Run]:
         target = run_single(r.pair, r.labels, r.seeds, r.sampling, on_step=job.on_step(RUNS[0]))
         job.post(("target", image_grid(r.pair, target)))
@@ -109,8 +113,10 @@ def settings_link(controls: dict) -> str:
 
 
 class GenerateTab:
-    """Layout and handlers; :meth:`build` returns the controls (the other tabs read them), the session's
-    latest run (the Inspect tab reads it) and the Generate event."""
+    """Layout and handlers; :meth:`build` puts the controls (the other tabs read them), the session's latest
+    run (the Inspect tab reads it) and the Generate event on the page."""
+
+    title = "Generate"
 
     def __init__(self, app: App):
         self.app = app
@@ -122,21 +128,17 @@ class GenerateTab:
     def generate_ui(self, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008 (Gradio's pattern)
         """For the page: as :meth:`generate`, and a refused request leaves what is shown and says why (in the
         status line, and in a message that stays until it is closed)."""
-        try:
-            check_generate(self.app, None, True, **controls)
-        except gr.Error as err:
-            gr.Warning(err.message, duration=None)
-            yield {self.stats: f"**Not run:** {err.message}"}
-            return
-        yield from self.generate(request, progress, **controls)
+        run = self.generate(request, progress, **controls)
+        yield from shown_refusal(run, self.stats, "Not run", message=True)
 
     def generate(self, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008 (Gradio's pattern)
         """Each image as it is ready, a status line per AR step; the last message carries every output."""
         self.app.check_client(request)
+        events = compare(self.app, progress, **controls)  # a refusal comes here, before anything is cleared
         # Clear the outputs of any earlier run first: what is on screen is always from this run.
         yield {**dict.fromkeys(self.outputs), self.stats: "Starting ..."}
         images = {}  # shown as they come, and again with the last message (what an API client receives)
-        for event in compare(self.app, progress, **controls):
+        for event in events:
             kind = event[0]
             if kind == "step":
                 yield {self.stats: f"Running {event[1]} ..."}
@@ -247,7 +249,7 @@ class GenerateTab:
 
     # --- layout -----------------------------------------------------------------------------------
 
-    def build(self, queue: dict):
+    def build(self, page: Page) -> None:
         app = self.app
         first = self.shown[0] if self.shown else None
         with gr.Row():
@@ -320,7 +322,7 @@ class GenerateTab:
         checker = lambda **values: check_generate(app, None, False, **values)
         # The page's event shows a refusal in the status line; the API's refuses before the queue, by name.
         fns = (self.generate_ui, self.generate)
-        event = twin_events(run, *fns, "generate", self.controls, self.outputs, checker, queue)
+        event = twin_events(run, *fns, "generate", self.controls, self.outputs, checker, page.queue)
         private = {"api_visibility": "private"}
         # Cancel first, then say so: a message the run had already sent cannot overwrite "Stopped".
         stop.click(None, None, None, cancels=[event], **private).then(
@@ -338,7 +340,7 @@ class GenerateTab:
         if self.shown:
             outs = list(c.values()) + self.outputs
             gallery.select(self.show_example, None, outs, **quick)
-        return self.controls, self.inspected, event
+        page.controls, page.inspected, page.generated = self.controls, self.inspected, event
 
     def _prompt_examples(self, prompt: gr.Textbox) -> gr.Dataset:
         """Example prompts one click away: the first text pair's."""

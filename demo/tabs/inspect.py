@@ -17,6 +17,7 @@ from demo.controls import named, refuse_invalid, take
 from demo.core import App
 from demo.errors import refuse, short
 from demo.requests import Request, validator
+from demo.tab import Page
 from demo.views import token_markdown, token_patches
 from visualize.images import legend_html, locate
 from visualize.render import to_plotly
@@ -106,6 +107,8 @@ def inspect_run(
 
 
 class InspectTab:
+    title = "Inspect"
+
     def __init__(self, app: App):
         self.app = app
 
@@ -191,7 +194,8 @@ class InspectTab:
         self.app.check_client(request)
         return inspect_run(self.app, image, row, column, progress, self.p_components, **controls)
 
-    def build(self, controls: dict, inspected: gr.State, generated, queue: dict) -> None:
+    def build(self, page: Page) -> None:
+        controls, inspected, generated, queue = page.controls, page.inspected, page.generated, page.queue
         gr.Markdown(
             "The latest **Generate** run of this page, replayed: the CSD canvas after each pre-fill step, each "
             "drafted block (the draft's proposal, orange) and each verification, beside the target-only canvas "

@@ -1,5 +1,6 @@
-"""The "How it works" tab: the method in words and formulas, and the acceptance-rejection step on one
-1-D Gaussian token, with the measured acceptance and resampler tries beside their theory."""
+"""The Method tab: how the method works in words and formulas (docs/how_it_works.md), the model cards of
+the pairs served, and the acceptance-rejection step on one 1-D Gaussian token, with the measured
+acceptance and resampler tries beside their theory."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import gradio as gr
 
 from csd.panels import json_float
 from csd.toy import speculative_sample, total_variation
+from demo.cards import card_markdown
 from demo.controls import MAX_SEED, named, refuse_invalid, take
+from demo.core import App
 from demo.requests import library_errors
+from demo.tab import Page
 from visualize.render import to_plotly
 from visualize.toy import toy_chart
 
@@ -45,11 +49,22 @@ def toy(target_mean: float, target_std: float, draft_mean: float, draft_std: flo
     return to_plotly(toy_chart(p, q, result.samples, note=note)), stats, summary
 
 
-def build(card: str = "") -> None:
-    gr.Markdown(HOW_IT_WORKS.read_text(), latex_delimiters=LATEX)
-    if card:
+class MethodTab:
+    title = "Method"
+
+    def __init__(self, app: App):
+        self.app = app
+
+    def build(self, page: Page) -> None:
+        gr.Markdown(HOW_IT_WORKS.read_text(), latex_delimiters=LATEX)
+        store = self.app.store
         with gr.Accordion("The models served here (model card)", open=False):
-            gr.Markdown(card, elem_id="model-cards")
+            gr.Markdown(card_markdown([store.source(n) for n in store.names]), elem_id="model-cards")
+        toy_section()
+
+
+def toy_section() -> None:
+    """The toy: sliders for p and q, the samples against both densities, acceptance and tries beside theory."""
     gr.Markdown("### Try it on one Gaussian token", latex_delimiters=LATEX)
     slider = lambda label, value, lo, hi, step: named(gr.Slider(lo, hi, value=value, step=step, label=label))
     with gr.Row():
