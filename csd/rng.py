@@ -9,7 +9,8 @@ speculative run sees the same orders and chain noise as a target-only run with t
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -23,6 +24,20 @@ def stream_seed(seed: int, stream: str) -> int:
     """A 63-bit seed for (seed, stream), stable across runs, platforms and Python versions."""
     digest = hashlib.blake2b(f"{seed}/{stream}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+@contextmanager
+def drawing_from(generator: torch.Generator) -> Iterator[None]:
+    """Run code that draws from the global CPU generator (a module's layer init: torch offers no other way)
+    on ``generator``'s numbers instead: inside, the global generator continues ``generator``'s stream;
+    after, ``generator`` has advanced by what was drawn and the caller's global generator is as it was.
+    A generator seeded with s gives the numbers ``torch.manual_seed(s)`` would."""
+    if generator.device.type != "cpu":
+        raise ValueError(f"generator must be a CPU generator (layer init draws on the CPU), got {generator.device}")
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(generator.get_state())
+        yield
+        generator.set_state(torch.get_rng_state())
 
 
 def check_seeds(seeds: Sequence[int]) -> list[int]:

@@ -49,12 +49,34 @@ def test_grown_model_computes_the_same_loss_and_backbone_output(tmp_path):
     with torch.no_grad():
         for seed in range(3):
             a = model(tokens, labels, torch.Generator().manual_seed(seed))
-            b = grow_depth(model, 3, 2, seed=seed)(tokens, labels, torch.Generator().manual_seed(seed))
+            grown_s = grow_depth(model, 3, 2, torch.Generator().manual_seed(seed))
+            b = grown_s(tokens, labels, torch.Generator().manual_seed(seed))
             assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
     # The new blocks are not copies of the old ones: their inner layers are freshly initialised.
     new = grown.encoder_blocks[1]  # block_positions(1, 3) == [0]
     assert torch.count_nonzero(new.attn.proj.weight) == 0 and torch.count_nonzero(new.mlp.fc2.weight) == 0
     assert not torch.equal(new.attn.qkv.weight, model.encoder_blocks[0].attn.qkv.weight)
+
+
+def test_the_new_layers_come_from_the_generator_and_the_global_one_is_left_alone(tmp_path):
+    """grow_depth draws the new blocks' init from the generator it is given (the numbers torch.manual_seed(s)
+    would give, so committed grown weights stay reproducible) and never reseeds the caller's generator."""
+    from csd.models.mar import MAR
+
+    model = _trained(tmp_path)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        expected = MAR(grow_depth(model, 3, 2).config).encoder_blocks[1].attn.qkv.weight  # the old seeded init
+        torch.manual_seed(99)
+        before = torch.rand(3)
+        torch.manual_seed(99)
+        gen = torch.Generator().manual_seed(5)
+        grown = grow_depth(model, 3, 2, gen)
+        assert torch.equal(torch.rand(3), before)  # the caller's stream goes on as if nothing happened
+    assert torch.equal(grown.encoder_blocks[1].attn.qkv.weight, expected)
+    assert not torch.equal(gen.get_state(), torch.Generator().manual_seed(5).get_state())  # it drew from gen
+    again = grow_depth(model, 3, 2, torch.Generator().manual_seed(5))
+    assert all(torch.equal(a, b) for a, b in zip(grown.state_dict().values(), again.state_dict().values(), strict=True))
 
 
 def test_grown_head_computes_the_same_function_and_learns(tmp_path):

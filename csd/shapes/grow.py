@@ -24,6 +24,7 @@ from torch import nn
 
 from csd.models.mar import MAR, MARConfig
 from csd.models.registry import load_model, weights_path
+from csd.rng import drawing_from
 from csd.shapes.train import param_groups
 
 
@@ -40,11 +41,18 @@ def _identity_block(block: nn.Module) -> None:
         nn.init.zeros_(layer.bias)
 
 
-def grow_depth(model: MAR, encoder_depth: int, decoder_depth: int, seed: int = 0, head_depth: int | None = None) -> MAR:
+def grow_depth(
+    model: MAR,
+    encoder_depth: int,
+    decoder_depth: int,
+    generator: torch.Generator | None = None,
+    head_depth: int | None = None,
+) -> MAR:
     """A copy of ``model`` with ``encoder_depth`` / ``decoder_depth`` blocks (and ``head_depth`` residual
     blocks in the token head; None keeps the head) that computes the same function.
 
-    ``seed`` seeds the init of the new blocks' inner layers (the rest is copied)."""
+    ``generator`` (default: seeded with 0) draws the init of the new blocks' inner layers (the rest is
+    copied); the global generator is left alone."""
     old = model.config
     head_depth = old.diffloss_d if head_depth is None else head_depth
     block_positions(old.encoder_depth, encoder_depth, "encoder_depth")
@@ -53,8 +61,9 @@ def grow_depth(model: MAR, encoder_depth: int, decoder_depth: int, seed: int = 0
     config = MARConfig.from_dict(
         {**old.to_dict(), "encoder_depth": encoder_depth, "decoder_depth": decoder_depth, "diffloss_d": head_depth}
     )
-    torch.manual_seed(seed)
-    grown = MAR(config).to(next(model.parameters()).device)
+    with drawing_from(torch.Generator().manual_seed(0) if generator is None else generator):
+        grown = MAR(config)  # layer init: the same numbers as after torch.manual_seed(seed)
+    grown = grown.to(next(model.parameters()).device)
     mapping: dict[str, str] = {}
     for stack, depth, new_depth in (
         ("encoder_blocks", old.encoder_depth, encoder_depth),
@@ -93,7 +102,7 @@ def grown_train_state(
     """A train state (as ``csd.shapes.train`` writes it) of the grown ``src`` model, for ``--init-from``."""
     src = weights_path(src)
     model = load_model(src)
-    grown = grow_depth(model, encoder_depth, decoder_depth, seed=seed, head_depth=head_depth)
+    grown = grow_depth(model, encoder_depth, decoder_depth, torch.Generator().manual_seed(seed), head_depth)
     optimizer = torch.optim.AdamW(param_groups(grown, weight_decay), lr=1e-4)  # moments empty: a fresh start
     meta = json.loads(src.with_suffix(".json").read_text())
     args = {
