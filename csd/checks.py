@@ -5,6 +5,15 @@ from __future__ import annotations
 import math
 
 
+class SettingError(ValueError):
+    """A bad setting: the message names it and its valid values, ``field`` is the config field it is about
+    (so the app can show it beside that field's control)."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
 def is_int(value) -> bool:
     """An int and not a bool (bool is an int subclass: ``gamma=True`` must not pass as 1)."""
     return isinstance(value, int) and not isinstance(value, bool)

@@ -1,13 +1,18 @@
 """The samplers' settings: :class:`SamplingConfig` (every sampler) and :class:`CSDConfig` (the speculative
-decoder), validated where they are made, so a bad value is an error naming the knob and its range."""
+decoder), validated where they are made, so a bad value is an error naming the knob and its range.
+
+Every setting is declared once, beside its field (:func:`knob`): what it does, its kind and valid values,
+the words its errors name it by, its command-line flag and, for the knobs the app offers, its control. The
+checks below, every tool's flags (:mod:`csd.cli`) and the app's controls (``demo.controls``) are derived
+from that declaration; a bad value raises a :class:`~csd.checks.SettingError` that names its field."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
-from csd.checks import check_choice, check_int, check_ints, check_number
+from csd.checks import SettingError, check_choice, check_int, check_ints, check_number
 from csd.schedule import CFG_SCHEDULES, HEAD_SCHEDULES, head_step_schedule
 
 # Backbone precisions; heads and every density stay in float32.
@@ -21,6 +26,86 @@ ACCEPTANCE_UNITS = ("row", "token")
 HEAD_SAMPLERS = ("ddpm", "ddim", "euler-maruyama", "euler", "heun")
 ODE_SAMPLERS = ("euler", "heun")
 FLOW_GRIDS = ("official", "uniform")  # xAR's time grids: 1 to 0.04 then 0 (the published one), or even steps
+KINDS = ("int", "number", "choice", "bool", "ints")
+
+
+@dataclass(frozen=True)
+class AppControl:
+    """How the app offers a knob: its label, the control's range and step where narrower than the knob's
+    (``hi`` None on an int knob: the server's limit; an int ``step``: integers only), a hint under it,
+    whether it sits under "advanced", and the keyword the app's API takes (default: the field's name)."""
+
+    label: str
+    lo: float | None = None
+    hi: float | None = None
+    step: float | None = None
+    info: str = ""
+    advanced: bool = False
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A setting, declared beside its field. help: what it does. kind: "int", "number", "choice", "bool" or
+    "ints" (a tuple of ints); lo / hi (``lo_open`` / ``hi_open``: that end excluded) or ``choices``: its valid
+    values; optional: None is valid too (the model's default, or off). name: the words an error names it by,
+    where more than the field's name ("num_steps (AR steps)"). flag: its command-line flag where not
+    ``--field-name``; knobs that share a flag are set together, in field order, each as its ``metavar``
+    (``--cond-cache START EVERY``). control: how the app offers it (None: the app does not)."""
+
+    help: str
+    kind: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: tuple = ()
+    optional: bool = False
+    name: str = ""
+    flag: str = ""
+    metavar: str = ""
+    control: AppControl | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("Knob.kind", self.kind, KINDS)
+
+    def check(self, field_name: str, value):
+        """``value`` if it is valid (a sequence of ints as a tuple), else a SettingError naming the field."""
+        if value is None and self.optional:
+            return None
+        name = self.name or field_name
+        try:
+            if self.kind == "int":
+                return check_int(name, value, self.lo, self.hi, word="None or an int" if self.optional else "an int")
+            if self.kind == "number":
+                return check_number(name, value, self.lo, self.hi, self.lo_open, self.hi_open)
+            if self.kind == "choice":
+                check_choice(name, value, (None, *self.choices) if self.optional else self.choices)
+            if self.kind == "ints":
+                return check_ints(name, value, self.lo)
+        except ValueError as err:
+            raise SettingError(str(err), field_name) from None
+        return value
+
+
+def knob(default, help: str, kind: str, **spec):
+    """A dataclass field with its :class:`Knob`."""
+    return field(default=default, metadata={"knob": Knob(help, kind, **spec)})
+
+
+def knobs(config) -> dict[str, Knob]:
+    """The knobs of a config class (or instance), by field name, in field order."""
+    return {f.name: f.metadata["knob"] for f in fields(config) if "knob" in f.metadata}
+
+
+def check_knobs(config) -> None:
+    """Check every knob of a config as its declaration says (sequences of ints become tuples)."""
+    for name, k in knobs(config).items():
+        object.__setattr__(config, name, k.check(name, getattr(config, name)))
+
+
+def _optional_steps(help: str, name: str = "", **spec):
+    return knob(None, help, "int", lo=1, hi=1000, optional=True, name=name, **spec)
 
 
 @dataclass(frozen=True)
@@ -30,94 +115,181 @@ class SamplingConfig:
     cheaper late steps), along ``head_schedule``: "linear", or DiSA's own "disa" / "disa-cosine"
     (:func:`csd.schedule.head_step_schedule`)."""
 
-    num_steps: int = 64
-    cfg_scale: float = 1.0
-    cfg_schedule: str = "linear"
-    temperature: float = 1.0
-    head_steps: int | None = None
-    head_steps_min: int | None = None  # a head-step schedule: linear from head_steps to this over the AR steps
-    precision: str = "float32"  # backbone precision; heads and all densities stay in float32
-    head_schedule: str = "linear"  # how head_steps anneal to head_steps_min: "linear", "disa", "disa-cosine"
+    num_steps: int = knob(
+        64,
+        "AR steps S",
+        "int",
+        lo=1,
+        name="num_steps (AR steps)",
+        control=AppControl("AR steps", 1, step=1, name="ar_steps"),
+    )
+    cfg_scale: float = knob(
+        1.0,
+        "classifier-free guidance scale (1: none)",
+        "number",
+        lo=0.0,
+        hi=100.0,
+        control=AppControl("CFG scale", 1.0, 10.0, 0.1),
+    )
+    cfg_schedule: str = knob(
+        "linear",
+        "how the CFG scale ramps over the AR steps",
+        "choice",
+        choices=CFG_SCHEDULES,
+        control=AppControl("CFG schedule"),
+    )
+    temperature: float = knob(
+        1.0,
+        "temperature of the head's noise",
+        "number",
+        lo=0.0,
+        hi=10.0,
+        lo_open=True,
+        control=AppControl("Temperature", 0.1, 2.0, 0.05),
+    )
+    head_steps: int | None = _optional_steps("head steps (default: the model's)")
+    head_steps_min: int | None = _optional_steps(
+        "anneal the head steps to this at the last AR step (a head-step schedule from head_steps)",
+        "head_steps_min (last AR step's head steps)",
+    )
+    precision: str = knob(
+        "float32", "backbone precision; heads and all densities stay in float32", "choice", choices=tuple(PRECISIONS)
+    )
+    head_schedule: str = knob(
+        "linear",
+        "how the head steps anneal: linear, or DiSA's own disa / disa-cosine",
+        "choice",
+        choices=HEAD_SCHEDULES,
+    )
     # LazyMAR's condition cache (masked families, guided runs): a model's first cond_cache_start backbone
     # passes and every cond_cache_every-th after run both CFG halves; the others only the conditional one,
     # reusing the last full pass's unconditional-minus-conditional difference. None: no cache.
-    cond_cache_start: int | None = None
-    cond_cache_every: int = 9
+    cond_cache_start: int | None = knob(
+        None,
+        "LazyMAR's condition cache: full CFG passes for the first START and every EVERY-th after (MAR, Harmon)",
+        "int",
+        lo=0,
+        optional=True,
+        name="cond_cache_start (full CFG passes first)",
+        flag="cond-cache",
+        metavar="START",
+    )
+    cond_cache_every: int = knob(
+        9,
+        "passes between full CFG passes",
+        "int",
+        lo=1,
+        name="cond_cache_every (passes between full CFG passes)",
+        flag="cond-cache",
+        metavar="EVERY",
+    )
     # LazyMAR's token cache (masked families): a model's first token_cache_start backbone passes and every
     # token_cache_every-th after run the decoder over every row; at the others its later blocks run only
     # token_cache_keep of the rows (the buffer, the rows the step predicts, the tokens made since the last
     # pass, then those whose features changed most) and reuse the other rows' keys, values and outputs
     # from the pass that last computed them (csd.models.mar.token_cache). None: no cache.
-    token_cache_keep: float | None = None
-    token_cache_start: int = 5
-    token_cache_every: int = 9
+    token_cache_keep: float | None = knob(
+        None,
+        "LazyMAR's token cache: full decoder passes for the first START and every EVERY-th after, the "
+        "others recompute a KEEP fraction of the decoder's rows (MAR, Harmon)",
+        "number",
+        lo=0.0,
+        hi=1.0,
+        lo_open=True,
+        optional=True,
+        name="token_cache_keep (fraction of decoder rows recomputed)",
+        flag="token-cache",
+        metavar="KEEP",
+    )
+    token_cache_start: int = knob(
+        5,
+        "full decoder passes first",
+        "int",
+        lo=0,
+        name="token_cache_start (full decoder passes first)",
+        flag="token-cache",
+        metavar="START",
+    )
+    token_cache_every: int = knob(
+        9,
+        "passes between full decoder passes",
+        "int",
+        lo=1,
+        name="token_cache_every (passes between full decoder passes)",
+        flag="token-cache",
+        metavar="EVERY",
+    )
     # The head's sampler: None, the family's own (DDPM for MAR and Harmon, Euler-Maruyama for xAR), or one of
     # HEAD_SAMPLERS its traits take: "ddim" with ddim_eta (0: deterministic), "euler" / "heun" (xAR's
     # probability-flow ODE). flow_grid: xAR's time grid, "official" (1 to 0.04, then 0) or "uniform".
-    head_sampler: str | None = None
-    ddim_eta: float = 0.0
-    flow_grid: str = "official"
+    head_sampler: str | None = knob(
+        None,
+        "the head's sampler (default: the model's own): ddim (MAR, Harmon), euler / heun (xAR's probability-flow ODE)",
+        "choice",
+        choices=HEAD_SAMPLERS,
+        optional=True,
+    )
+    ddim_eta: float = knob(0.0, "DDIM's eta (0: deterministic)", "number", lo=0.0, hi=1.0)
+    flow_grid: str = knob("official", "xAR's time grid", "choice", choices=FLOW_GRIDS)
     # GtR (Yan et al., ICLR 2026; masked families): the AR steps of each of its stages, the checkerboard
     # subsets of csd.models.mar.gtr (the last, the other half of the checkerboard, is the reconstruction
     # stage); empty: no GtR. gtr_head_steps: the reconstruction stage's head steps (the head-step schedule
     # then runs over the generation stages); gtr_detail_fraction of each reconstruction step's tokens, those
     # of most high-frequency energy in their condition, run gtr_detail_steps instead (its FTS).
-    gtr_stages: tuple[int, ...] = ()
-    gtr_head_steps: int | None = None
-    gtr_detail_fraction: float = 0.0
-    gtr_detail_steps: int | None = None
+    gtr_stages: tuple[int, ...] = knob(
+        (),
+        "GtR: the AR steps of each stage, the last the reconstruction (they add up to num_steps; MAR, Harmon)",
+        "ints",
+        lo=1,
+        name="gtr_stages (AR steps of each GtR stage)",
+        metavar="STEPS",
+    )
+    gtr_head_steps: int | None = _optional_steps("GtR: the reconstruction stage's head steps")
+    gtr_detail_fraction: float = knob(
+        0.0,
+        "GtR's FTS: this fraction of each reconstruction step's tokens (most high-frequency energy) runs "
+        "STEPS head steps",
+        "number",
+        lo=0.0,
+        hi=1.0,
+        name="gtr_detail_fraction (FTS: share of reconstruction tokens)",
+        flag="gtr-detail",
+        metavar="FRACTION",
+    )
+    gtr_detail_steps: int | None = _optional_steps(
+        "GtR's FTS: the detail tokens' head steps", flag="gtr-detail", metavar="STEPS"
+    )
 
     def __post_init__(self) -> None:
-        check_int("num_steps (AR steps)", self.num_steps, 1)
-        check_number("cfg_scale", self.cfg_scale, 0.0, 100.0)
-        check_choice("cfg_schedule", self.cfg_schedule, CFG_SCHEDULES)
-        check_number("temperature", self.temperature, 0.0, 10.0, lo_open=True)
-        if self.head_steps is not None:
-            check_int("head_steps", self.head_steps, 1, 1000, word="None or an int")
-        if self.head_steps_min is not None:
-            check_int("head_steps_min (last AR step's head steps)", self.head_steps_min, 1, 1000, word="None or an int")
-        check_choice("precision", self.precision, tuple(PRECISIONS))
-        check_choice("head_schedule", self.head_schedule, HEAD_SCHEDULES)
-        if self.cond_cache_start is not None:
-            check_int("cond_cache_start (full CFG passes first)", self.cond_cache_start, 0, word="None or an int")
-        check_int("cond_cache_every (passes between full CFG passes)", self.cond_cache_every, 1)
-        if self.token_cache_keep is not None:
-            what = "token_cache_keep (fraction of decoder rows recomputed)"
-            check_number(what, self.token_cache_keep, 0.0, 1.0, lo_open=True)
-        check_int("token_cache_start (full decoder passes first)", self.token_cache_start, 0)
-        check_int("token_cache_every (passes between full decoder passes)", self.token_cache_every, 1)
-        self._check_sampler()
+        check_knobs(self)
+        if self.ddim_eta != 0.0 and self.head_sampler != "ddim":
+            raise SettingError(
+                f"ddim_eta applies to head_sampler 'ddim' only, got head_sampler {self.head_sampler!r}", "ddim_eta"
+            )
         self._check_gtr()
 
-    def _check_sampler(self) -> None:
-        if self.head_sampler is not None:
-            check_choice("head_sampler", self.head_sampler, (None, *HEAD_SAMPLERS))
-        check_number("ddim_eta", self.ddim_eta, 0.0, 1.0)
-        if self.ddim_eta != 0.0 and self.head_sampler != "ddim":
-            raise ValueError(f"ddim_eta applies to head_sampler 'ddim' only, got head_sampler {self.head_sampler!r}")
-        check_choice("flow_grid", self.flow_grid, FLOW_GRIDS)
-
     def _check_gtr(self) -> None:
-        stages = check_ints("gtr_stages (AR steps of each GtR stage)", self.gtr_stages, 1)
-        object.__setattr__(self, "gtr_stages", stages)
+        stages = self.gtr_stages
         if stages and sum(stages) != self.num_steps:
-            raise ValueError(
+            raise SettingError(
                 f"gtr_stages (AR steps of each GtR stage) must add up to num_steps {self.num_steps}, "
-                f"got {stages} = {sum(stages)}"
+                f"got {stages} = {sum(stages)}",
+                "gtr_stages",
             )
         for name in ("gtr_head_steps", "gtr_detail_steps"):
-            if getattr(self, name) is not None:
-                check_int(name, getattr(self, name), 1, 1000, word="None or an int")
-                if len(stages) < 2:
-                    raise ValueError(f"{name} needs gtr_stages of 2 stages or more (a reconstruction stage)")
-        check_number("gtr_detail_fraction (FTS: share of reconstruction tokens)", self.gtr_detail_fraction, 0.0, 1.0)
+            if getattr(self, name) is not None and len(stages) < 2:
+                raise SettingError(f"{name} needs gtr_stages of 2 stages or more (a reconstruction stage)", name)
         detail = self.gtr_detail_fraction > 0.0
         if detail != (self.gtr_detail_steps is not None):
-            raise ValueError("gtr_detail_fraction > 0 and gtr_detail_steps go together (GtR's FTS), got one of them")
+            raise SettingError(
+                "gtr_detail_fraction > 0 and gtr_detail_steps go together (GtR's FTS), got one of them",
+                "gtr_detail_fraction",
+            )
         if detail and (self.gtr_head_steps is None or self.gtr_detail_steps <= self.gtr_head_steps):
-            raise ValueError(
+            raise SettingError(
                 f"gtr_detail_steps must exceed gtr_head_steps (the reconstruction stage's head steps), got "
-                f"{self.gtr_detail_steps} and {self.gtr_head_steps}"
+                f"{self.gtr_detail_steps} and {self.gtr_head_steps}",
+                "gtr_detail_steps",
             )
 
     @property
@@ -182,42 +354,122 @@ class CSDConfig:
     counts as accepted when all of its tokens are, and Trace.unit_accepted holds the fraction).
     """
 
-    gamma: int = 8
-    gamma_schedule: tuple[int, ...] = ()
-    prefill: float = 0.05
-    align: bool = True
-    criterion: str = "aligned"
-    trajectory_term: str = "derived"
-    tau_v: float = 42.0
-    resample_widening: float = 1.0
-    max_tries: int = 100
-    counterfactual: bool = False
-    draft_head_steps: int | None = None
-    acceptance_unit: str = "row"
-    draft_head_sampler: str | None = None  # the draft's head sampler; None: the target's (with its ddim_eta)
-    draft_ddim_eta: float = 0.0
+    gamma: int = knob(
+        8,
+        "draft length (AR steps per block)",
+        "int",
+        lo=1,
+        name="gamma (draft length)",
+        control=AppControl("Draft length gamma", 1, 32, 1, info="AR steps per target pass"),
+    )
+    gamma_schedule: tuple[int, ...] = knob(
+        (),
+        "draft lengths of the first blocks, in order (gamma after them); default: none",
+        "ints",
+        lo=1,
+        name="gamma_schedule (draft lengths of the first blocks)",
+        metavar="G",
+    )
+    prefill: float = knob(
+        0.05,
+        "fraction of tokens the target makes before drafting",
+        "number",
+        lo=0.0,
+        hi=1.0,
+        hi_open=True,
+        name="prefill ratio",
+        control=AppControl(
+            "Pre-fill ratio", 0.0, 0.5, 0.01, info="fraction of tokens the target makes before drafting"
+        ),
+    )
+    align: bool = knob(
+        True,
+        "trajectory alignment: the target's chains share the draft's noise (--no-align: independent noise)",
+        "bool",
+        control=AppControl("Trajectory alignment (shared noise)"),
+    )
+    criterion: str = knob(
+        "aligned",
+        "acceptance test: the paper's or the exact one",
+        "choice",
+        choices=CRITERIA,
+        control=AppControl(
+            "Acceptance criterion", info="aligned: the paper's approximation; exact: path-space reference"
+        ),
+    )
+    trajectory_term: str = knob(
+        "derived",
+        "the aligned criterion's trajectory term",
+        "choice",
+        choices=TRAJECTORY_TERMS,
+        control=AppControl(
+            "Trajectory term", info="derived sign, published sign, or none (final-step term only)", advanced=True
+        ),
+    )
+    tau_v: float = knob(
+        42.0,
+        "widening of the final Gaussians in the acceptance test",
+        "number",
+        lo=1.0,
+        hi=1e4,
+        control=AppControl("Verification widening tau_v", 1.0, 100.0, 0.5, advanced=True),
+    )
+    resample_widening: float = knob(
+        1.0,
+        "widening of the final Gaussians when resampling (the published code: 1)",
+        "number",
+        lo=1.0,
+        hi=1e4,
+        control=AppControl(
+            "Resample widening",
+            1.0,
+            100.0,
+            0.5,
+            info="equal to tau_v makes test and resampling self-consistent",
+            advanced=True,
+        ),
+    )
+    max_tries: int = knob(
+        100,
+        "resampler cap: tries before a row takes the target's own sample",
+        "int",
+        lo=1,
+        hi=10000,
+        name="max_tries (resampler cap)",
+        control=AppControl("Resampler cap", 1, 1000, 1, advanced=True),
+    )
+    counterfactual: bool = knob(
+        False,
+        "also run the target chain with the other noise choice (the distance with and without alignment)",
+        "bool",
+    )
+    draft_head_steps: int | None = _optional_steps("the draft head's steps (needs --no-align, --trajectory-term none)")
+    acceptance_unit: str = knob(
+        "row",
+        "row: a whole row (a token, an xAR cell); token: every token of a row tested alone",
+        "choice",
+        choices=ACCEPTANCE_UNITS,
+    )
+    draft_head_sampler: str | None = knob(
+        None,
+        "the draft head's sampler (default: the target's, with its ddim_eta)",
+        "choice",
+        choices=HEAD_SAMPLERS,
+        optional=True,
+    )
+    draft_ddim_eta: float = knob(0.0, "the draft's DDIM eta", "number", lo=0.0, hi=1.0)
 
     def __post_init__(self) -> None:
-        check_int("gamma (draft length)", self.gamma, 1)
-        schedule = check_ints("gamma_schedule (draft lengths of the first blocks)", self.gamma_schedule, 1)
-        object.__setattr__(self, "gamma_schedule", schedule)
-        check_number("prefill ratio", self.prefill, 0.0, 1.0, hi_open=True)
-        check_choice("criterion", self.criterion, CRITERIA)
-        check_choice("trajectory_term", self.trajectory_term, TRAJECTORY_TERMS)
-        check_number("tau_v", self.tau_v, 1.0, 1e4)
-        check_number("resample_widening", self.resample_widening, 1.0, 1e4)
-        check_int("max_tries (resampler cap)", self.max_tries, 1, 10000)
-        if self.draft_head_steps is not None:
-            check_int("draft_head_steps", self.draft_head_steps, 1, 1000, word="None or an int")
-        check_choice("acceptance_unit", self.acceptance_unit, ACCEPTANCE_UNITS)
+        check_knobs(self)
         if self.acceptance_unit == "token" and self.criterion != "aligned":
-            raise ValueError("acceptance_unit 'token' needs criterion 'aligned' (the exact test compares whole rows)")
-        if self.draft_head_sampler is not None:
-            check_choice("draft_head_sampler", self.draft_head_sampler, (None, *HEAD_SAMPLERS))
-        check_number("draft_ddim_eta", self.draft_ddim_eta, 0.0, 1.0)
+            raise SettingError(
+                "acceptance_unit 'token' needs criterion 'aligned' (the exact test compares whole rows)",
+                "acceptance_unit",
+            )
         if self.draft_ddim_eta != 0.0 and self.draft_head_sampler != "ddim":
-            raise ValueError(
-                f"draft_ddim_eta applies to draft_head_sampler 'ddim' only, got {self.draft_head_sampler!r}"
+            raise SettingError(
+                f"draft_ddim_eta applies to draft_head_sampler 'ddim' only, got {self.draft_head_sampler!r}",
+                "draft_ddim_eta",
             )
 
     def block_length(self, block: int) -> int:

@@ -1,5 +1,7 @@
-"""The controls of a run, declared once (:func:`declare_controls`): label, component, default, the config
-field each sets, and errors that name the control and its valid values."""
+"""The controls of a run (:func:`declare_controls`): label, component, default, the config field each sets,
+and errors that name the control and its valid values. A control of a config field is made from the
+field's declaration (:class:`csd.config.Knob` and its :class:`~csd.config.AppControl`); the app only
+chooses which fields it offers and in what order (:data:`PAGE_FIELDS`)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,10 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from csd.config import CRITERIA, TRAJECTORY_TERMS
+from csd.config import CSDConfig, Knob, SamplingConfig, knobs
 from csd.experiments import defaults
 from csd.experiments.pairs import EXAMPLE_PROMPTS, PairStore
-from csd.models.harmon import MAX_PROMPT_CHARS
-from csd.schedule import CFG_SCHEDULES
+from csd.family import MAX_PROMPT_CHARS
 from demo.errors import refuse, short
 from demo.limits import Limits
 
@@ -147,76 +148,72 @@ def radio(label: str, default, choices, field: str, info=None, advanced=False) -
     )
 
 
+# The config fields the page offers, in page order (each declares its control in csd.config).
+PAGE_FIELDS = (
+    "num_steps",
+    "gamma",
+    "prefill",
+    "cfg_scale",
+    "cfg_schedule",
+    "temperature",
+    "align",
+    "criterion",
+    "tau_v",
+    "trajectory_term",
+    "resample_widening",
+    "max_tries",
+)
+CONFIGS = {"sampling": (SamplingConfig, defaults.SAMPLING), "csd": (CSDConfig, defaults.CSD)}
+
+
+def offered_knobs() -> dict[str, tuple[str, Knob]]:
+    """Every knob that declares an app control: field -> (its config's name, the knob)."""
+    return {f: (config, k) for config, (cls, _) in CONFIGS.items() for f, k in knobs(cls).items() if k.control}
+
+
+def control_name(field: str) -> str:
+    """The control (the API's keyword) of a config field."""
+    return offered_knobs()[field][1].control.name or field
+
+
+def knob_control(field: str, limit: float | None = None) -> Control:
+    """The control of a config field, from its knob: a checkbox, radio buttons or a slider over the control's
+    range (``limit``: the top of a range the knob leaves to the server), at the default setting's value."""
+    config, k = offered_knobs()[field]
+    c, default = k.control, getattr(CONFIGS[config][1], field)
+    where, info = f"{config}.{field}", c.info or None
+    if k.kind == "bool":
+        return Control(c.label, gr.Checkbox, default, {}, where, c.advanced)
+    if k.kind == "choice":
+        return radio(c.label, default, k.choices, where, info, c.advanced)
+    hi = limit if c.hi is None else c.hi
+    return slider(c.label, min(default, hi), c.lo, hi, c.step, where, info, c.advanced)
+
+
 def declare_controls(store: PairStore, limits: Limits) -> dict[str, Control]:
     """Every control of the Generate tab (the Analysis tab reuses them but the batch size), in page order,
     with the default setting (:mod:`csd.experiments.defaults`) within the limits."""
-    s, c, first = defaults.SAMPLING, defaults.CSD, store.source(store.names[0])
+    first = store.source(store.names[0])
     class_pair = next((store.source(n) for n in store.names if not store.source(n).is_text), None)
     text_pair = next((store.source(n) for n in store.names if store.source(n).is_text), None)
     class_names = list(first.class_names or (class_pair.class_names if class_pair else ("-",)))
     classes = {"choices": class_names, "allow_custom_value": True, "visible": not first.is_text}  # request checks
     prompt = (text_pair.prompts if text_pair else EXAMPLE_PROMPTS)[0]
     prompt_box = {"visible": first.is_text, "max_lines": 2, "max_length": MAX_PROMPT_CHARS, "elem_id": "prompt"}
+    limit = {"num_steps": limits.max_steps}
     return {
         "pair_name": Control("Model pair", gr.Dropdown, first.name, {"choices": store.names}),
         "class_name": Control("Class", gr.Dropdown, class_names[0], classes),
         "prompt": Control("Prompt", gr.Textbox, prompt, prompt_box | {"info": "for text-conditioned pairs"}),
         "seed": Control("Seed", gr.Number, 0, {"minimum": 0, "maximum": MAX_SEED, "precision": 0}),
         "batch_size": slider("Batch size", min(defaults.BATCH_SIZE, limits.max_batch), 1, limits.max_batch),
-        "ar_steps": slider(
-            "AR steps", min(s.num_steps, limits.max_steps), 1, limits.max_steps, 1, "sampling.num_steps"
-        ),
-        "gamma": slider("Draft length gamma", c.gamma, 1, 32, 1, "csd.gamma", "AR steps per target pass"),
-        "prefill": slider(
-            "Pre-fill ratio",
-            c.prefill,
-            0.0,
-            0.5,
-            0.01,
-            "csd.prefill",
-            "fraction of tokens the target makes before drafting",
-        ),
-        "cfg_scale": slider("CFG scale", s.cfg_scale, 1.0, 10.0, 0.1, "sampling.cfg_scale"),
-        "cfg_schedule": radio("CFG schedule", s.cfg_schedule, CFG_SCHEDULES, "sampling.cfg_schedule"),
-        "temperature": slider("Temperature", s.temperature, 0.1, 2.0, 0.05, "sampling.temperature"),
-        "align": Control("Trajectory alignment (shared noise)", gr.Checkbox, c.align, {}, "csd.align"),
-        "criterion": radio(
-            "Acceptance criterion",
-            c.criterion,
-            CRITERIA,
-            "csd.criterion",
-            "aligned: the paper's approximation; exact: path-space reference",
-        ),
-        "tau_v": slider("Verification widening tau_v", c.tau_v, 1.0, 100.0, 0.5, "csd.tau_v", advanced=True),
-        "trajectory_term": radio(
-            "Trajectory term",
-            c.trajectory_term,
-            TRAJECTORY_TERMS,
-            "csd.trajectory_term",
-            "derived sign, published sign, or none (final-step term only)",
-            advanced=True,
-        ),
-        "resample_widening": slider(
-            "Resample widening",
-            c.resample_widening,
-            1.0,
-            100.0,
-            0.5,
-            "csd.resample_widening",
-            "equal to tau_v makes test and resampling self-consistent",
-            advanced=True,
-        ),
-        "max_tries": slider("Resampler cap", c.max_tries, 1, 1000, 1, "csd.max_tries", advanced=True),
+        **{control_name(f): knob_control(f, limit.get(f)) for f in PAGE_FIELDS},
     }
 
 
-# Presets: changes to the current controls, named for what a visitor wants. A family with fixed AR steps
-# (xAR) keeps its own.
+# Presets (csd.experiments.defaults.PRESETS) as changes to the controls.
 PRESETS: dict[str, dict] = {
-    "default": {},
-    "fast": {"gamma": 16, "prefill": 0.05},
-    "faithful": {"gamma": 2, "prefill": 0.1},
-    "show rejections": {"tau_v": 1.0, "align": False},
+    name: {control_name(f): v for f, v in changes.items()} for name, changes in defaults.PRESETS.items()
 }
 
 

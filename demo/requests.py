@@ -16,26 +16,21 @@ import gradio as gr
 
 from csd.config import CSDConfig, SamplingConfig
 from csd.experiments.pairs import ModelPair, PairStore
-from csd.models.harmon import check_prompt
+from csd.family import check_prompt
 from demo.controls import Control, refuse_invalid, take
 from demo.errors import refuse, short
-
-# Library knobs whose errors a control answers for (its field's name starts the library's message).
-FAMILY_RULES = {"num_steps": "ar_steps", "cfg_schedule": "cfg_schedule"}
 
 
 @contextmanager
 def library_errors(prefix: str = "Invalid setting", controls: dict[str, Control] | None = None) -> Iterator[None]:
     """The library names the knob and its range in every ValueError; show it as the app's error, on the
-    control whose config field it names."""
+    control of the config field a :class:`~csd.checks.SettingError` carries (its ``field``)."""
     try:
         yield
     except ValueError as err:
-        message = str(err)
-        fields = {c.field.split(".")[1]: name for name, c in (controls or {}).items() if c.field}
-        fields |= {k: v for k, v in FAMILY_RULES.items() if controls and v in controls}
-        control = next((name for field, name in fields.items() if message.startswith(field)), None)
-        raise refuse(f"{prefix}: {message}", control=control) from None
+        field = getattr(err, "field", None)
+        at = (name for name, c in (controls or {}).items() if c.field and c.field.split(".")[1] == field)
+        raise refuse(f"{prefix}: {err}", control=next(at, None)) from None
 
 
 @dataclass(frozen=True)
@@ -110,14 +105,11 @@ def build_request(
         pair.traits.check_sampling(sampling, pair.num_tokens)
     seed, batch = values["seed"], values["batch_size"]
     if pair.is_text:
-        unknown = pair.target.tokenizer.unknown(values["prompt"])
-        if unknown:
-            words = ", ".join(pair.target.tokenizer.words)
-            raise refuse(
-                f"Prompt words {short(unknown)} are not in the vocabulary of {pair_name}; it knows only these "
-                f"{len(pair.target.tokenizer.words)} words (its captions): {words}",
-                control="prompt",
-            )
+        try:  # what the model's tokenizer can encode (a closed vocabulary names the words it knows)
+            pair.target.check_conditions([values["prompt"]], 1, pair.device)
+        except ValueError as err:
+            message = str(err)
+            raise refuse(message[:1].upper() + message[1:], control="prompt") from None
         conditions = [values["prompt"]] * batch
     else:
         conditions = [names.index(class_name)] * batch

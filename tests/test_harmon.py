@@ -7,7 +7,8 @@ import torch
 pytest.importorskip("transformers")
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.models.harmon import MAX_PROMPT_CHARS, Harmon, HarmonConfig, WordTokenizer, harmon_config, qwen2
+from csd.family import MAX_PROMPT_CHARS
+from csd.models.harmon import Harmon, HarmonConfig, WordTokenizer, harmon_config, qwen2
 from csd.models.mar import mar_config
 from csd.models.registry import load_model, save_model
 from csd.sampling import generate
@@ -47,7 +48,7 @@ def test_the_caption_tokenizer_knows_every_caption_word_and_names_the_vocabulary
     for caption in make_dataset(500, seed=3).captions:
         ids = tok.encode(caption)
         assert ids[0] == tok.bos_token_id and len(ids) == len(caption.split()) + 1
-    with pytest.raises(ValueError, match=r"\['dragon', 'purple-ish'\] are not in this model's vocabulary.*circle"):
+    with pytest.raises(ValueError, match=r"\['dragon', 'purple-ish'\] are not in the vocabulary of this model.*circle"):
         tok.encode("a purple-ish dragon")
     assert tok.encode("A Red STAR.") == tok.encode("a red star")
     assert len(tok) == len(CAPTION_WORDS) + 2

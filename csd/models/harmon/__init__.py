@@ -5,14 +5,7 @@ with MAR's adapter), its prompts and tokenizers (:mod:`.prompts`) and the offici
 from csd.models.harmon.network import HARMON_CONFIGS, Harmon, HarmonConfig, harmon_config, qwen2
 from csd.models.harmon.official import OFFICIAL_FILES, from_checkpoints, load_official_harmon
 from csd.models.harmon.paper import PAPER
-from csd.models.harmon.prompts import (
-    MAX_PROMPT_CHARS,
-    HubTokenizer,
-    Prompts,
-    WordTokenizer,
-    check_prompt,
-    tokenizer_from_dict,
-)
+from csd.models.harmon.prompts import HubTokenizer, Prompts, WordTokenizer, tokenizer_from_dict
 from csd.models.spec import Family, PairSpec
 
 
@@ -59,13 +52,11 @@ FAMILY = Family(
 __all__ = [
     "FAMILY",
     "HARMON_CONFIGS",
-    "MAX_PROMPT_CHARS",
     "Harmon",
     "HarmonConfig",
     "HubTokenizer",
     "Prompts",
     "WordTokenizer",
-    "check_prompt",
     "harmon_config",
     "load_official_harmon",
     "qwen2",

@@ -27,15 +27,8 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import Tensor, nn
 
-from csd.family import FamilyTraits
-from csd.models.harmon.prompts import (
-    QWEN_NULL_PROMPT,
-    QWEN_PREFIX,
-    QWEN_TEMPLATE,
-    Prompts,
-    check_prompt,
-    pad_ids,
-)
+from csd.family import FamilyTraits, check_prompt
+from csd.models.harmon.prompts import QWEN_NULL_PROMPT, QWEN_PREFIX, QWEN_TEMPLATE, Prompts, pad_ids
 from csd.models.head import DiffusionHead
 from csd.models.mar.adapter import MaskedARFamily
 from csd.models.mar.network import MAR, MAR_CONFIGS, MARConfig, training_mask

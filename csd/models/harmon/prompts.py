@@ -15,7 +15,6 @@ from torch import Tensor
 QWEN_TEMPLATE = "<|im_start|>user\n{input}<|im_end|>\n<|im_start|>assistant\n"
 QWEN_PREFIX = "Generate an image: {prompt}"
 QWEN_NULL_PROMPT = "Generate an image."
-MAX_PROMPT_CHARS = 1000
 
 
 # --- tokenizers ----------------------------------------------------------------------------------
@@ -53,8 +52,8 @@ class WordTokenizer:
         missing = sorted({w for w in words if w not in self.vocab})
         if missing:
             raise ValueError(
-                f"prompt words {missing} are not in this model's vocabulary of {len(self.words)} words: "
-                f"{', '.join(self.words)}"
+                f"prompt words {missing} are not in the vocabulary of this model; it knows only these "
+                f"{len(self.words)} words: {', '.join(self.words)}"
             )
         return [self.bos_token_id, *(self.vocab[w] for w in words)]
 
@@ -128,14 +127,3 @@ def pad_ids(rows: Sequence[Sequence[int]], pad: int, device) -> tuple[Tensor, Te
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         attn[i, : len(r)] = True
     return ids.to(device), attn.to(device)
-
-
-def check_prompt(prompt, index: int | None = None) -> str:
-    where = "prompt" if index is None else f"prompt {index}"
-    if not isinstance(prompt, str):
-        raise ValueError(f"{where} must be a string, got {type(prompt).__name__}")
-    if not prompt.strip():
-        raise ValueError(f"{where} must not be empty")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise ValueError(f"{where} must be at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}")
-    return prompt
