@@ -18,6 +18,13 @@ at batch 1 on a CPU), ``b`` the cost per token-transition (what dominates at lar
 from the target-only and draft-only runs of the same run at two AR-step counts. So one model covers
 both regimes: at batch 1 a block's verification chain costs about one step's, at batch 8 it costs in
 proportion to its tokens.
+
+The head's samplers are charged by the network calls they make: ``Trace.work`` counts a chain's calls
+(``SamplingConfig.head_calls``), so a Heun step of xAR's ODE costs two velocity calls, an Euler, DDIM or
+Euler-Maruyama step one, as a DDPM step. GtR changes the AR steps and the tokens of each, which the work
+counts as it does for any plan. Its FTS is charged at the detail tokens' length for every token of a
+reconstruction step (the calls of the shorter chain of the other tokens are left out): an
+approximation over one or two AR steps' heads.
 """
 
 from __future__ import annotations

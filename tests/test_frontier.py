@@ -302,3 +302,53 @@ def test_the_full_grid_holds_lazymars_token_cache_where_the_family_takes_it():
     some = select(full, ["LazyMAR"])
     assert some[0] == full[0] and all("LazyMAR" in p.name for p in some[1:]) and len(some) == 6
     assert select(full, None) == full
+
+
+def test_the_grid_holds_the_targets_few_step_samplers_gtr_and_disas_floor_by_name():
+    """Issue 43's alternatives, named on every frontier the bench runs (the app's recompute passes no
+    samplers and keeps its grid)."""
+    s, c = SamplingConfig(num_steps=32, cfg_scale=3.0), CSDConfig()
+    full = grid(s, c, 25, quick=False, head_samplers=("ddpm", "ddim"), takes_gtr=True)
+    ddim = [p for p in full if p.method == "target, DDIM"]
+    assert sorted({p.sampling.head_steps for p in ddim}) == [5, 8, 10, 12, 15]
+    assert {p.sampling.ddim_eta for p in ddim} == {0.0, 0.5}
+    (floor,) = [p for p in full if p.csd is None and "DiSA floor" in p.name]
+    assert (floor.sampling.head_steps, floor.sampling.head_steps_min, floor.sampling.head_schedule) == (12, 5, "disa")
+    gtr = {p.name: p.sampling for p in full if p.method == "target, GtR"}
+    assert gtr["target, GtR 12/3/1 AR steps"].gtr_stages == (12, 3, 1)  # GtR's 24 : 6 : 2 over half the steps
+    fts = gtr["target, GtR 12/3/1, head 12 -> 5, reconstruction 5, FTS 10% x 12"]
+    assert (fts.num_steps, fts.gtr_head_steps, fts.gtr_detail_fraction, fts.gtr_detail_steps) == (16, 5, 0.1, 12)
+    on_csd = [p for p in full if p.csd is not None and (p.sampling.head_sampler or p.sampling.gtr_stages)]
+    assert {p.sampling.ddim_eta for p in on_csd if p.sampling.head_sampler} == {0.5}  # never DDIM at eta 0
+    assert all(p.sampling.gtr_detail_fraction == 0 for p in on_csd)  # FTS does not compose
+    xar = grid(
+        replace_steps(s, 16), c, 25, quick=False, fixed_steps=True, head_samplers=("euler-maruyama", "euler", "heun")
+    )
+    for method, sampler in (("target, Euler ODE", "euler"), ("target, Heun ODE", "heun")):
+        mine = [p.sampling for p in xar if p.method == method]
+        assert {(p.head_steps, p.flow_grid) for p in mine} == {
+            (k, g) for k in range(3, 13) for g in ("official", "uniform")
+        }
+        assert {p.head_sampler for p in mine} == {sampler}
+    uniform = sorted(p.sampling.head_steps for p in xar if p.method == "target, uniform grid")
+    assert uniform == list(range(3, 13))
+    assert not any(p.csd is not None and p.sampling.head_sampler in ("euler", "heun") for p in xar)
+
+
+@pytest.mark.parametrize("family", ["mar", "xar", "text"])
+def test_every_new_point_is_a_setting_its_family_takes_and_csd_accepts(family):
+    from csd.config import check_speculative
+    from csd.experiments.pairs import random_pair
+
+    pair = random_pair(family=None if family == "mar" else {"xar": "xar", "text": "harmon"}[family])
+    traits, t = pair.target.traits, pair.target.head_steps(None)
+    s = SamplingConfig(num_steps=traits.fixed_num_steps or 32, cfg_scale=3.0)
+    fixed = traits.fixed_num_steps is not None
+    for quick in (True, False):
+        for p in grid(s, CSDConfig(), t, quick, fixed, head_samplers=traits.head_samplers, takes_gtr=traits.takes_gtr):
+            traits.check_sampling(p.sampling, pair.target.seq_len)
+            if p.csd is not None:
+                check_speculative(p.sampling, p.csd)
+                traits.check_sampling(p.csd.draft_sampling(p.sampling), pair.draft.seq_len)
+            if p.sampling.gtr_stages:
+                pair.target.plan([0], p.sampling, "cpu")  # every stage fits its tokens

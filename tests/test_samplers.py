@@ -13,6 +13,7 @@ from torch import nn
 
 from csd.chain import ChainNoise, HeadCondition, run_chain
 from csd.config import CSDConfig, SamplingConfig
+from csd.cost import ChainCost, PassCosts
 from csd.experiments.pairs import random_pair
 from csd.models import diffusion as gd
 from csd.models.head import DiffusionChain
@@ -171,6 +172,8 @@ def test_a_heun_step_makes_two_velocity_calls_and_the_cost_model_counts_them():
         s = SamplingConfig(num_steps=16, cfg_scale=2.0, head_steps=3, head_sampler=sampler)
         calls[sampler] = generate(pair.target, [1], [2], s).trace.work["target_head"]["steps"]
     assert calls == {"euler": 16 * 3, "heun": 16 * 6}  # 16 cells of 3 flow steps: 48 velocity calls, Heun's 96
+    per_call = PassCosts(0.0, 0.0, ChainCost(0.01), ChainCost(0.0))  # the cost model: 10 ms a velocity call
+    assert per_call.predict({"target_head": {"steps": calls["heun"]}}) == pytest.approx(0.96)
 
 
 # --- defaults, refusals, CSD --------------------------------------------------------------------------

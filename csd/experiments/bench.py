@@ -338,6 +338,8 @@ def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out:
         fixed,
         caches_guidance=traits.caches_guidance,
         caches_tokens=traits.caches_tokens,
+        head_samplers=traits.head_samplers,
+        takes_gtr=traits.takes_gtr,
     )
     points = frontier.select(points, args.frontier_only)
     classifier = load_classifier(args.classifier)

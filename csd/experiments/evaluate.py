@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from csd.checks import check_int
-from csd.config import CRITERIA, TRAJECTORY_TERMS, CSDConfig, SamplingConfig
+from csd.config import CRITERIA, FLOW_GRIDS, HEAD_SAMPLERS, TRAJECTORY_TERMS, CSDConfig, SamplingConfig
 from csd.cost import csd_passes
 from csd.decoding import Generation, model_device
 from csd.experiments import defaults
@@ -364,6 +364,38 @@ def add_setting_args(parser: argparse.ArgumentParser) -> None:
         "recompute a KEEP fraction of the decoder's rows (MAR, Harmon)",
     )
     parser.add_argument(
+        "--head-sampler",
+        choices=HEAD_SAMPLERS,
+        default=s.head_sampler,
+        help="the head's sampler (default: the model's own): ddim (MAR, Harmon), euler / heun (xAR's "
+        "probability-flow ODE)",
+    )
+    parser.add_argument("--ddim-eta", type=float, default=s.ddim_eta, help="DDIM's eta (0: deterministic)")
+    parser.add_argument("--flow-grid", choices=FLOW_GRIDS, default=s.flow_grid, help="xAR's time grid")
+    parser.add_argument(
+        "--gtr-stages",
+        type=int,
+        nargs="+",
+        default=list(s.gtr_stages),
+        metavar="STEPS",
+        help="GtR: the AR steps of each stage, the last the reconstruction (they add up to --num-steps; MAR, Harmon)",
+    )
+    parser.add_argument(
+        "--gtr-head-steps", type=int, default=s.gtr_head_steps, help="GtR: the reconstruction stage's head steps"
+    )
+    parser.add_argument(
+        "--gtr-detail",
+        type=float,
+        nargs=2,
+        metavar=("FRACTION", "STEPS"),
+        help="GtR's FTS: this fraction of each reconstruction step's tokens (most high-frequency energy) runs "
+        "STEPS head steps",
+    )
+    parser.add_argument(
+        "--draft-head-sampler", choices=HEAD_SAMPLERS, default=c.draft_head_sampler, help="the draft head's sampler"
+    )
+    parser.add_argument("--draft-ddim-eta", type=float, default=c.draft_ddim_eta, help="the draft's DDIM eta")
+    parser.add_argument(
         "--draft-head-steps",
         type=int,
         default=None,
@@ -414,6 +446,16 @@ def token_cache_settings(values: list[float] | None) -> dict:
     return {"token_cache_keep": keep, "token_cache_start": int(start), "token_cache_every": int(every)}
 
 
+def gtr_detail_settings(values: list[float] | None) -> dict:
+    """--gtr-detail FRACTION STEPS as SamplingConfig fields (none when not given)."""
+    if values is None:
+        return {}
+    fraction, steps = values
+    if steps != int(steps):
+        raise ValueError(f"--gtr-detail STEPS must be an integer, got {steps:g}")
+    return {"gtr_detail_fraction": fraction, "gtr_detail_steps": int(steps)}
+
+
 def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDConfig]:
     sampling = replace(
         defaults.SAMPLING,
@@ -426,6 +468,12 @@ def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDCon
         head_schedule=args.head_schedule,
         **cond_cache_settings(args.cond_cache),
         **token_cache_settings(args.token_cache),
+        head_sampler=args.head_sampler,
+        ddim_eta=args.ddim_eta,
+        flow_grid=args.flow_grid,
+        gtr_stages=tuple(args.gtr_stages),
+        gtr_head_steps=args.gtr_head_steps,
+        **gtr_detail_settings(args.gtr_detail),
     )
     csd = replace(
         defaults.CSD,
@@ -437,6 +485,8 @@ def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDCon
         trajectory_term=args.trajectory_term,
         align=args.align,
         draft_head_steps=args.draft_head_steps,
+        draft_head_sampler=args.draft_head_sampler,
+        draft_ddim_eta=args.draft_ddim_eta,
     )
     return sampling, csd
 

@@ -35,6 +35,7 @@ from csd.experiments.pairs import ModelPair
 from csd.experiments.timing import alternate
 from csd.models.tokenizer import PixelTokenizer
 from csd.sampling import generate
+from csd.schedule import DISA_FLOOR
 from csd.shapes.data import CLASS_NAMES
 from csd.shapes.metrics import DEFAULT_CLASSIFIER, frechet_distance, load_classifier, predict
 from csd.shapes.text import prompt_class
@@ -56,6 +57,13 @@ class Point:
     @property
     def method(self) -> str:
         if self.csd is None:
+            if self.sampling.gtr_stages:
+                return "target, GtR"
+            sampler = SAMPLER_METHODS.get(self.sampling.head_sampler)
+            if sampler is not None:
+                return sampler
+            if self.sampling.flow_grid == "uniform":
+                return "target, uniform grid"
             if self.sampling.head_schedule.startswith("disa") and self.sampling.head_steps_min is not None:
                 return "target, DiSA"
             if self.sampling.token_cache_keep is not None:
@@ -74,6 +82,96 @@ def disa_steps(head_steps: int, fixed_steps: bool) -> dict:
     t = head_steps
     first, last = (t, max(2, round(0.3 * t))) if fixed_steps else (max(2, t // 2), max(1, round(t / 20)))
     return {"head_steps": first, "head_steps_min": min(first, last), "head_schedule": "disa"}
+
+
+SAMPLER_METHODS = {"ddim": "target, DDIM", "euler": "target, Euler ODE", "heun": "target, Heun ODE"}
+FLOW_COUNTS = range(3, 13)  # the flow steps of xAR's ODE samplers and uniform grid on the frontier
+DDIM_STEPS = (5, 8, 10, 12, 15)  # a DDIM head's steps on the frontier (below the target's)
+DDIM_ETA = 0.5  # DDIM's stochastic variant on the frontier (eta 0 is the deterministic one)
+GTR_RATIO = (24, 6, 2)  # GtR's MAR stages (K = 3): AR steps at its rates 2.67, 10.67, 64 of 256 tokens
+
+
+def disa_floor(head_steps: int) -> dict:
+    """DiSA at its absolute floor: from half the target's head steps down to DiSA's 5 at the last AR step
+    (csd.schedule.DISA_FLOOR), along DiSA's linear schedule."""
+    return {"head_steps": max(DISA_FLOOR, head_steps // 2), "head_steps_min": DISA_FLOOR, "head_schedule": "disa"}
+
+
+def gtr_setting(num_steps: int, head_steps: int, detail: bool = True) -> dict:
+    """GtR's MAR setting (arXiv 2510.17171) in proportion: its three stages' AR steps in the ratio 24 : 6 : 2
+    over ``num_steps``; its head steps (of 100) falling 50 -> 20 over the generation stages, 20 in the
+    reconstruction and 50 for FTS's top 10%, as fractions of ``head_steps``."""
+    stages = tuple(max(1, round(num_steps * w / sum(GTR_RATIO))) for w in GTR_RATIO)
+    out = {"num_steps": sum(stages), "gtr_stages": stages}
+    if detail:
+        high, low = max(2, head_steps // 2), max(1, round(head_steps / 5))
+        out |= {"head_steps": high, "head_steps_min": low, "gtr_head_steps": low}
+        out |= {"gtr_detail_fraction": 0.1, "gtr_detail_steps": high} if high > low else {}
+    return out
+
+
+def gtr_name(setting: dict) -> str:
+    stages = "/".join(str(k) for k in setting["gtr_stages"])
+    if "gtr_head_steps" not in setting:
+        return f"GtR {stages} AR steps"
+    name = f"GtR {stages}, head {setting['head_steps']} -> {setting['head_steps_min']}, "
+    name += f"reconstruction {setting['gtr_head_steps']}"
+    if setting.get("gtr_detail_steps") is not None:
+        name += f", FTS {100 * setting['gtr_detail_fraction']:g}% x {setting['gtr_detail_steps']}"
+    return name
+
+
+def sampler_points(s: SamplingConfig, c: CSDConfig, head_steps: int, head_samplers: Sequence[str], quick: bool):
+    """The target's few-step samplers (issue 43) and CSD on them where its test is defined: DDIM at eta 0
+    and DDIM_ETA (masked families), xAR's probability-flow ODE (Euler, Heun) on both time grids and its
+    Euler-Maruyama sampler on the uniform grid; CSD with DDIM at eta > 0, on the uniform grid, and with a
+    draft on a deterministic sampler under the final-step test."""
+    t, points = head_steps, []
+    csd4 = replace(c, gamma=4, tau_v=5.0)
+    final_only = {"align": False, "criterion": "aligned", "trajectory_term": "none"}
+    counts = [k for k in ((5, 10) if quick else DDIM_STEPS) if k < t]
+    if "ddim" in head_samplers and counts:
+        for eta in (0.0, DDIM_ETA):
+            for k in counts:
+                ddim = replace(s, head_steps=k, head_sampler="ddim", ddim_eta=eta)
+                points.append(Point(f"target, DDIM eta {eta:g} head {k} steps", ddim))
+        k = max(counts)
+        stochastic = replace(s, head_steps=k, head_sampler="ddim", ddim_eta=DDIM_ETA)
+        points.append(Point(f"CSD, gamma 4, tau_v 5, DDIM eta {DDIM_ETA:g} head {k}", stochastic, csd4))
+        draft = replace(c, draft_head_sampler="ddim", draft_head_steps=min(counts), **final_only)
+        points.append(Point(f"CSD, gamma {c.gamma}, draft DDIM eta 0 head {draft.draft_head_steps}", s, draft))
+    counts = [k for k in ((4, 8) if quick else FLOW_COUNTS) if k < t]
+    if "euler" in head_samplers and counts:
+        for sampler in ("euler", "heun"):
+            for grid_ in ("official", "uniform"):
+                for k in counts:
+                    ode = replace(s, head_steps=k, head_sampler=sampler, flow_grid=grid_)
+                    points.append(Point(f"target, {sampler.title()} ODE flow {k} steps, {grid_} grid", ode))
+        points += [
+            Point(f"target, flow {k} steps, uniform grid", replace(s, head_steps=k, flow_grid="uniform"))
+            for k in counts
+        ]
+        uniform = replace(s, flow_grid="uniform")
+        points.append(Point("CSD, gamma 4, tau_v 5, uniform grid", uniform, csd4))
+        k = max(counts)
+        points.append(Point(f"CSD, gamma 4, tau_v 5, flow {k}, uniform grid", replace(uniform, head_steps=k), csd4))
+        draft = replace(c, draft_head_sampler="euler", criterion="aligned", trajectory_term="none")
+        points.append(Point(f"CSD, gamma {c.gamma}, draft Euler ODE (final-step test)", s, draft))
+    return points
+
+
+def gtr_points(s: SamplingConfig, c: CSDConfig, head_steps: int, quick: bool) -> list[Point]:
+    """GtR (masked families): its stages alone at half the AR steps, the whole method (stage-aware heads and
+    FTS) at a half and a quarter, and CSD following its stages (FTS does not compose)."""
+    half, points = gtr_setting(s.num_steps // 2, head_steps, detail=False), []
+    points.append(Point(f"target, {gtr_name(half)}", replace(s, **half)))
+    for fraction in (2,) if quick else (2, 4):
+        full = gtr_setting(max(3, s.num_steps // fraction), head_steps)
+        points.append(Point(f"target, {gtr_name(full)}", replace(s, **full)))
+    staged = {k: v for k, v in gtr_setting(s.num_steps // 2, head_steps).items() if not k.startswith("gtr_detail")}
+    csd4 = replace(c, gamma=4, tau_v=5.0)
+    points.append(Point(f"CSD, gamma 4, tau_v 5, {gtr_name(staged)}", replace(s, **staged), csd4))
+    return points
 
 
 def lazymar_cache(num_steps: int) -> dict:
@@ -102,6 +200,8 @@ def grid(
     fixed_steps: bool = False,
     caches_guidance: bool = False,
     caches_tokens: bool = False,
+    head_samplers: Sequence[str] = (),
+    takes_gtr: bool = False,
 ) -> list[Point]:
     """The settings of the frontier, the baseline (target-only at ``sampling``) first.
 
@@ -115,7 +215,10 @@ def grid(
 
     ``fixed_steps``: the family's AR steps cannot change (xAR: one per cell), so no fewer-AR-step
     settings; its "head" is the flow chain. ``caches_guidance`` / ``caches_tokens``: the family takes
-    LazyMAR's condition cache / token cache (FamilyTraits), alone and with CSD in the full grid."""
+    LazyMAR's condition cache / token cache (FamilyTraits), alone and with CSD in the full grid.
+    ``head_samplers`` (FamilyTraits.head_samplers): the target's few-step samplers it takes
+    (:func:`sampler_points`) and, for a DDPM head, DiSA at its floor; ``takes_gtr``: GtR's points
+    (:func:`gtr_points`). The app's recompute passes neither."""
     s, c, t = sampling, csd, head_steps
     head = "flow" if fixed_steps else "head"
     few = {"head_steps": max(2, t // 2)}
@@ -177,6 +280,16 @@ def grid(
                 both = lazymar_cache(s.num_steps) | tokens
                 points.append(Point("target, token and condition caches (LazyMAR)", replace(s, **both)))
             points.append(Point(f"CSD, gamma 4, tau_v 5, {name}", replace(s, **tokens), replace(c, gamma=4, tau_v=5.0)))
+    points += sampler_points(s, c, t, head_samplers, quick)
+    if "ddim" in head_samplers and t // 2 > DISA_FLOOR:
+        floor = disa_floor(t)
+        floor_name = f"DiSA floor, head {floor['head_steps']} -> {floor['head_steps_min']}"
+        points.append(Point(f"target, {floor_name}", replace(s, **floor)))
+        points.append(
+            Point(f"CSD, gamma 4, tau_v 5, {floor_name}", replace(s, **floor), replace(c, gamma=4, tau_v=5.0))
+        )
+    if takes_gtr:
+        points += gtr_points(s, c, t, quick)
     return points
 
 
