@@ -12,6 +12,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from csd.cli import add_machine_flags, start_up
 from demo import server
 from demo.showcase import EXAMPLES, SHOWCASE_DIR
 from demo.tabs.generate import compare
@@ -50,13 +51,11 @@ def make(app, out: Path = SHOWCASE_DIR) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import torch
-
     p = argparse.ArgumentParser(prog="python -m demo.precompute", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=SHOWCASE_DIR)
-    p.add_argument("--threads", type=int, default=1)
+    add_machine_flags(p, threads=1, device=False)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    start_up(args, p)
     app = server.make_app(None, server.Limits(max_seconds=600.0))
     print("wrote", ", ".join(make(app, args.out)))
 

@@ -22,6 +22,7 @@ import gradio as gr
 import torch
 from starlette.middleware import Middleware
 
+from csd.cli import add_machine_flags, check_threads, start_up
 from csd.experiments.pairs import RANDOM_SOURCE, PairStore, discover, fetch_official
 from csd.panels import Panels
 from demo import limits as limits_module
@@ -108,12 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     limits_module.add_flags(ap)
     default_threads = CPU_THREADS if DEVICE.type == "cpu" else torch.get_num_threads()
-    ap.add_argument(
-        "--threads",
-        type=int,
-        default=limits_module.env_setting("CSD_THREADS", default_threads, int),
-        help=f"torch CPU threads (default {CPU_THREADS} on a CPU-only machine; CSD_THREADS)",
-    )
+    threads = limits_module.env_setting("CSD_THREADS", default_threads, int)
+    add_machine_flags(ap, threads, device=False, where=f"; CSD_THREADS; else {CPU_THREADS} on a CPU-only machine")
     ap.add_argument("--share", action="store_true", help="create a public gradio.live link (off by default)")
     ap.add_argument(
         "--gradio-env",
@@ -123,10 +120,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     try:
         limits_module.from_args(args)
+        check_threads(args.threads)
     except ValueError as err:
         ap.error(str(err))
-    if args.threads < 1:
-        ap.error(f"--threads must be >= 1, got {args.threads}")
     if args.hub_repo is not None and args.checkpoints is None:
         args.checkpoints = DEFAULT_CHECKPOINTS
     return args
@@ -235,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     # Expected refusals are one line each (demo.errors); real faults keep their tracebacks.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    torch.set_num_threads(args.threads)
+    start_up(args)
     limits = limits_module.from_args(args)
     app = make_app(args.checkpoints, limits, args.hub_repo)
     print(f"Pairs: {app.store.names}; device {DEVICE}; warming up ...", flush=True)

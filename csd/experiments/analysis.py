@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from csd.checks import check_int
+from csd.cli import add_machine_flags, start_up
 from csd.config import CSDConfig, SamplingConfig
 from csd.cost import StepCosts, prefill_steps, simple_bound, speedup_bound
 from csd.decoding import Generation, StepCallback
@@ -360,9 +361,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("assets/analysis_default.json"))
     ap.add_argument("--images", type=int, default=AnalysisSettings.n_images)
     ap.add_argument("--random-models", action="store_true", help="use the untrained pair (for a quick check)")
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
+    add_machine_flags(ap, device=False)
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    start_up(args, ap)
     sources = [RANDOM_SOURCE] if args.random_models else discover(None)
     if not sources:
         ap.error("no embedded models in assets/models; pass --random-models for a quick check")

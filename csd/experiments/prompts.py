@@ -5,8 +5,9 @@ prompts, each over several seeds.
     python -m csd.experiments.prompts --target assets/models/shapes_text_target.safetensors \\
         --draft assets/models/shapes_text_draft.safetensors --modes target draft csd --n 100 --out prompts.json
 
-Every sampler runs the same settings (32 AR steps, CFG 3 on the linear ramp unless told otherwise), so a
-screen of training recipes, the shipped pair's card and the tests read the same numbers.
+Every sampler runs the same settings (the embedded pair's defaults, csd.experiments.defaults: 32 AR steps,
+CFG 3 on the linear ramp, unless told otherwise), so a screen of training recipes, the shipped pair's card
+and the tests read the same numbers.
 """
 
 from __future__ import annotations
@@ -14,21 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import torch
 
+from csd.cli import add_config_flags, add_machine_flags, config_from_args, start_up
 from csd.config import CSDConfig, SamplingConfig
+from csd.experiments import defaults
 from csd.experiments.evaluate import EvalConfig, evaluate, generate_images, load_models
 from csd.experiments.pairs import EXAMPLE_PROMPTS
 from csd.shapes.metrics import load_classifier
 from csd.shapes.text import prompt_scores
 
 MODES = ("target", "draft", "csd")
-# The committed text protocol (bench/results/text): 32 AR steps, CFG 3 ramped linearly.
-SAMPLING = SamplingConfig(num_steps=32, cfg_scale=3.0, cfg_schedule="linear")
 
 
 def example_scores(
@@ -57,13 +56,12 @@ def score_pair(
     modes: Sequence[str] = MODES,
     n: int = 100,
     seeds_per_prompt: int = 8,
-    sampling: SamplingConfig = SAMPLING,
-    csd: CSDConfig | None = None,
+    sampling: SamplingConfig = defaults.SAMPLING,
+    csd: CSDConfig = defaults.CSD,
     prompts: Sequence[str] = EXAMPLE_PROMPTS,
 ) -> dict:
     """Held-out captions (``n``; class, colour and background accuracy and Frechet distance) and example
     prompts (``seeds_per_prompt`` each) for every mode."""
-    csd = csd or CSDConfig()
     classifier = load_classifier()
     result: dict = {"sampling": sampling.__dict__, "csd": csd.__dict__, "modes": {}}
     for mode in modes:
@@ -88,15 +86,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--n", type=int, default=100, help="held-out captions")
     p.add_argument("--seeds-per-prompt", type=int, default=8, help="images per example prompt")
-    p.add_argument("--cfg-scale", type=float, default=SAMPLING.cfg_scale)
-    p.add_argument("--cfg-schedule", default=SAMPLING.cfg_schedule)
-    p.add_argument("--threads", type=int, default=1)
+    add_config_flags(p, SamplingConfig, defaults.SAMPLING)
+    add_config_flags(p, CSDConfig, defaults.CSD)
+    add_machine_flags(p, threads=1)
     p.add_argument("--out", default=None, help="write the result as JSON here")
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    sampling = replace(SAMPLING, cfg_scale=args.cfg_scale, cfg_schedule=args.cfg_schedule)
-    target, draft = load_models(args.target, args.draft, torch.device("cpu"))
-    result = score_pair(target, draft, args.modes, args.n, args.seeds_per_prompt, sampling)
+    device = start_up(args, p)
+    sampling = config_from_args(args, SamplingConfig, defaults.SAMPLING)
+    csd = config_from_args(args, CSDConfig, defaults.CSD)
+    target, draft = load_models(args.target, args.draft, device)
+    result = score_pair(target, draft, args.modes, args.n, args.seeds_per_prompt, sampling, csd)
     result["models"] = {"target": args.target, "draft": args.draft}
     text = json.dumps(result, indent=2)
     print(text)

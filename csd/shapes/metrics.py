@@ -21,6 +21,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from csd.cli import add_config_flags, add_machine_flags, config_from_args, start_up
+from csd.config import check_knobs, knob
 from csd.models.checkpoint import CheckpointError, load_state_strict, read_safetensors, save_safetensors
 from csd.shapes.data import NUM_CLASSES, PALETTE, caption_colour, make_dataset
 
@@ -199,27 +201,21 @@ def frechet_distance(feats_a: np.ndarray, feats_b: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    train_size: int = 20000
-    valid_size: int = 2000
-    steps: int = 1500
-    batch_size: int = 128
-    lr: float = 3e-3
-    weight_decay: float = 1e-4
-    max_noise: float = 0.15  # per-image pixel noise std ~ U(0, max_noise): generated images are noisier
-    seed: int = 0  # weights and batch order; the data seeds are the module constants
-    task: str = "class"  # "colour": the shape's palette colour (12 classes) instead of its class
+    train_size: int = knob(20000, "training images", "int", lo=1)
+    valid_size: int = knob(2000, "held-out images", "int", lo=1)
+    steps: int = knob(1500, "optimiser steps", "int", lo=1)
+    batch_size: int = knob(128, "images per step", "int", lo=1)
+    lr: float = knob(3e-3, "learning rate", "number", lo=0.0, hi=1.0, lo_open=True)
+    weight_decay: float = knob(1e-4, "AdamW weight decay", "number", lo=0.0, hi=1.0)
+    # Generated images are noisier than the data: each training image gets pixel noise of std ~ U(0, max_noise).
+    max_noise: float = knob(0.15, "largest per-image pixel noise std", "number", lo=0.0, hi=1.0)
+    seed: int = knob(0, "weights and batch order (the data seeds are the module constants)", "int", lo=0)
+    task: str = knob(
+        "class", "colour: name the shape's palette colour (12 classes) instead of its class", "choice", choices=TASKS
+    )
 
     def __post_init__(self) -> None:
-        for name in ("train_size", "valid_size", "steps", "batch_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
-        if not 0.0 < self.lr <= 1.0:
-            raise ValueError(f"lr must be in (0, 1], got {self.lr!r}")
-        for name in ("weight_decay", "max_noise"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        check_knobs(self)
 
 
 def task_labels(data, task: str) -> Tensor:
@@ -287,27 +283,13 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train", help="train the shapes classifier and save it")
     tr.add_argument("--out", default=str(DEFAULT_CLASSIFIER.with_suffix("")), help="path without suffix")
-    defaults = TrainConfig()
-    for name in ("train_size", "valid_size", "steps", "batch_size", "seed"):
-        tr.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
-    tr.add_argument("--lr", type=float, default=defaults.lr)
-    tr.add_argument("--max-noise", type=float, default=defaults.max_noise)
-    tr.add_argument("--threads", type=int, default=1, help="torch CPU threads (keeps the run reproducible)")
-    tr.add_argument("--task", choices=TASKS, default="class", help="colour: name the shape's colour")
+    add_config_flags(tr, TrainConfig, TrainConfig())
+    add_machine_flags(tr, threads=1, device=False, where=": keeps the run reproducible")
     args = parser.parse_args(argv)
 
-    torch.set_num_threads(args.threads)
-    train = TrainConfig(
-        train_size=args.train_size,
-        valid_size=args.valid_size,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        max_noise=args.max_noise,
-        seed=args.seed,
-        task=args.task,
-    )
-    classes = NUM_CLASSES if args.task == "class" else len(PALETTE)
+    start_up(args, tr)
+    train = config_from_args(args, TrainConfig, TrainConfig())
+    classes = NUM_CLASSES if train.task == "class" else len(PALETTE)
     model, record = train_classifier(ClassifierConfig(num_classes=classes), train)
     out = Path(args.out).with_suffix(".safetensors")
     save_classifier(model, out, record)

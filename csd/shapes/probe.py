@@ -24,6 +24,7 @@ from torch import Tensor
 
 from csd.chain import HeadCondition, run_chain, standard_noise
 from csd.checks import check_int, check_number
+from csd.cli import add_machine_flags, start_up
 from csd.models.mar import MAR
 from csd.models.tokenizer import PixelTokenizer, pixel_tokenizer
 from csd.rng import stream_seed
@@ -163,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--cfg-scale", type=float, default=d.cfg_scale)
     ap.add_argument("--head-steps", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=None)
+    add_machine_flags(ap, device=False)
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     ap.add_argument(
         "--head-stds",
@@ -171,8 +172,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="instead: each model's sum of log head stds per token (what the trajectory term compares)",
     )
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    start_up(args, ap)
     if args.head_stds:
         for path in args.models:
             print(f"{path}: sum of log head std per token {head_log_std_sum(load_model(path)):.1f}")

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from csd.cli import add_machine_flags, start_up
 from csd.models.harmon import Harmon
 from csd.models.registry import load_model
 from csd.shapes.data import BACKGROUNDS, PALETTE, ShapesConfig, caption_colour, make_dataset
@@ -117,10 +118,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m csd.shapes.text_probe", description=__doc__.split("\n")[0])
     p.add_argument("models", nargs="+", help="text models (.safetensors)")
     p.add_argument("--n", type=int, default=3000, help="held-out captions (70%% fit the probe)")
-    p.add_argument("--threads", type=int, default=None)
+    add_machine_flags(p, device=False)
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    start_up(args, p)
     for path in args.models:
         print(json.dumps(probe(path, args.n), indent=1))
 

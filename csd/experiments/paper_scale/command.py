@@ -9,22 +9,14 @@ from pathlib import Path
 
 import torch
 
-from csd.checks import check_int, check_number
+from csd.checks import check_number
+from csd.cli import add_machine_flags, start_up
 from csd.cost import csd_passes
 from csd.experiments import paper_scale
 from csd.experiments.paper_scale.estimate import PROFILES, Rates, estimate
 from csd.experiments.paper_scale.grid import HEAD_MODES, Cell, GridConfig, pair_keys, paper_families, plan_cells
 from csd.experiments.paper_scale.report import markdown, plan_text
 from csd.experiments.paper_scale.run import DEFAULT_OUT, RunContext, run, write_result
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: CUDA is not available here (use --device cpu or auto)")
-    return device
 
 
 def profile_for(name: str, device: torch.device) -> str:
@@ -50,7 +42,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", type=float, default=0.05, help="fraction of tokens the target makes first")
     p.add_argument("--seed", type=int, default=0, help="weights, conditions and image seeds")
     p.add_argument("--checkpoints", type=Path, help="official checkpoints (DIR/mar, DIR/xar, DIR/harmon) where present")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument(
         "--precision",
         default="auto",
@@ -63,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
         choices=HEAD_MODES,
         help="head matmuls: float32 (the library), tf32 (CUDA TF32), bfloat16 (autocast, as the published code)",
     )
-    p.add_argument("--threads", type=int, help="torch CPU threads")
+    add_machine_flags(p)
     p.add_argument("--tiny", action="store_true", help="the same code path at tiny sizes (a CPU, under a minute)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and a run-time estimate, run nothing")
     p.add_argument("--estimate-device", default="auto", choices=("auto", *PROFILES), help="device of the estimate")
@@ -93,8 +84,6 @@ def grid_from_args(args: argparse.Namespace) -> GridConfig:
     )
     if args.budget_s is not None:
         check_number("--budget-s (seconds)", args.budget_s, 0.0, 1e9, lo_open=True)
-    if args.threads is not None:
-        check_int("--threads", args.threads, 1, 1024)
     if args.tiny and args.checkpoints is not None:
         raise ValueError("--tiny builds shrunken random models: it cannot load --checkpoints")
     return grid
@@ -106,13 +95,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = args_parser.parse_args(argv)
     try:
         grid = grid_from_args(args)
-        device = resolve_device(args.device)
-        if not args.dry_run and grid.heads == "tf32" and device.type != "cuda":
-            raise ValueError("--heads tf32 needs a CUDA device (TF32 is a CUDA matmul mode)")
     except ValueError as err:
         args_parser.error(str(err))  # exits with the message and the usage
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    device = start_up(args, args_parser)
+    if not args.dry_run and grid.heads == "tf32" and device.type != "cuda":
+        args_parser.error("--heads tf32 needs a CUDA device (TF32 is a CUDA matmul mode)")
     profile = profile_for(args.estimate_device, device)
     # The plan's dtypes: those of the device estimated (dry run) or used.
     gpu = profile != "cpu" if args.dry_run else device.type == "cuda"
