@@ -23,9 +23,10 @@ def test_nothing_is_discovered_in_an_empty_directory(tmp_path):
 
 
 def test_embedded_pair_is_discovered_and_loads_as_pixel_models(tmp_path):
-    torch.manual_seed(0)
-    save_model(MAR(tiny_pixel_config(32, 1)), tmp_path / "shapes_target.safetensors")
-    save_model(MAR(tiny_pixel_config(32, 1)), tmp_path / "shapes_draft.safetensors")
+    with torch.random.fork_rng(devices=[]):  # layer init reads the global generator
+        torch.manual_seed(0)
+        save_model(MAR(tiny_pixel_config(32, 1)), tmp_path / "shapes_target.safetensors")
+        save_model(MAR(tiny_pixel_config(32, 1)), tmp_path / "shapes_draft.safetensors")
     (source,) = discover(None, embedded_dir=tmp_path)
     assert source.name == pair_name("mar", "embedded") and source.class_names == CLASS_NAMES
     pair = source.load(torch.device("cpu"))
@@ -68,11 +69,12 @@ def test_pixel_tokenizer_needs_rgb_patches():
 
 
 def test_the_untrained_pair_leaves_the_global_generator_alone():
-    torch.manual_seed(123)
-    expected = torch.rand(3)
-    torch.manual_seed(123)
-    random_pair()
-    torch.testing.assert_close(torch.rand(3), expected)
+    with torch.random.fork_rng(devices=[]):  # this test's own seeding stays in it too
+        torch.manual_seed(123)
+        expected = torch.rand(3)
+        torch.manual_seed(123)
+        random_pair()
+        torch.testing.assert_close(torch.rand(3), expected)
 
 
 def test_official_xar_pairs_are_discovered_and_load_with_the_targets_flow_steps(tmp_path, monkeypatch):
@@ -98,11 +100,12 @@ def test_official_xar_pairs_are_discovered_and_load_with_the_targets_flow_steps(
     monkeypatch.setattr(vae, "load_kl16", partial(vae.load_kl16, config="tiny"))
     (tmp_path / "xar").mkdir()
     (tmp_path / "vae").mkdir()
-    torch.manual_seed(0)
-    for config, name in (("xar_base", "xAR-B.pth"), ("xar_large", "xAR-L.pth")):
-        torch.save(xar.XAR(xar.XAR_CONFIGS[config]).state_dict(), tmp_path / "xar" / name)
-    assert discover(tmp_path, embedded_dir=tmp_path / "none") == []  # no tokenizer yet
-    torch.save({"model": vae.KLAutoencoder("tiny").state_dict()}, tmp_path / "vae" / "kl16.ckpt")
+    with torch.random.fork_rng(devices=[]):  # layer init reads the global generator
+        torch.manual_seed(0)
+        for config, name in (("xar_base", "xAR-B.pth"), ("xar_large", "xAR-L.pth")):
+            torch.save(xar.XAR(xar.XAR_CONFIGS[config]).state_dict(), tmp_path / "xar" / name)
+        assert discover(tmp_path, embedded_dir=tmp_path / "none") == []  # no tokenizer yet
+        torch.save({"model": vae.KLAutoencoder("tiny").state_dict()}, tmp_path / "vae" / "kl16.ckpt")
     (source,) = discover(tmp_path, embedded_dir=tmp_path / "none")
     assert (
         source.name == "xAR-L / xAR-B (ImageNet)"

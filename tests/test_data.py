@@ -74,10 +74,15 @@ def test_explicit_labels_are_kept():
 
 
 def test_dataset_indexing_returns_image_and_label():
+    """dataset[i] is image i and its label; image i is the one rendered alone from (seed, i) and its label
+    (a reference computed without the dataset), and labels cycle 0, 1, 2, ..."""
     dataset = make_dataset(3, seed=0)
     image, label = dataset[2]
     assert isinstance(dataset, ShapesDataset)
-    assert image.shape == (3, 32, 32) and int(label) == 2
+    assert torch.equal(image, dataset.images[2]) and int(label) == 2 and label.dtype == torch.int64
+    alone, captions = render_batch([2], seed=0, start=2)
+    assert torch.equal(image, alone[0]) and captions[0] == dataset.captions[2]
+    assert not torch.equal(image, render_batch([2], seed=0, start=1)[0][0])  # another index, another image
 
 
 def test_captions_mention_the_class_name():

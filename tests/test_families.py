@@ -190,7 +190,20 @@ def test_a_project_file_round_trips_to_the_same_tokens(family_pair, tmp_path):
     assert torch.equal(generate(loaded, cond, [3], s).tokens, generate(pair.draft, cond, [3], s).tokens)
 
 
-def test_the_token_layout_decodes_every_token_to_an_image(family_pair):
+def test_the_token_layout_decodes_every_token_to_its_own_square_of_pixels(family_pair):
+    """Hand-computed: a value v decodes to the pixel round((v + 1) * 127.5), so one token of +1 among tokens
+    of -1 is a white square of 32 * 32 / N pixels in a black image: the first token at the top left, the
+    last at the bottom right (raster patches, or xAR's raster of cells), and tokens of 0 are grey 128."""
     _, pair = family_pair
-    images = pair.images(torch.zeros(2, pair.num_tokens, pair.target.token_dim))
-    assert images.shape == (2, 32, 32, 3) and images.dtype == torch.uint8
+    n, d = pair.num_tokens, pair.target.token_dim
+    tokens = torch.full((3, n, d), -1.0)
+    tokens[0, 0], tokens[1, n - 1], tokens[2] = 1.0, 1.0, 0.0
+    images = pair.images(tokens)
+    assert images.shape == (3, 32, 32, 3) and images.dtype == torch.uint8
+    side = int(np.sqrt(32 * 32 // n))
+    assert side * side * n == 32 * 32
+    for image, corner in ((images[0], np.s_[:side, :side]), (images[1], np.s_[-side:, -side:])):
+        white = (image == 255).all(-1)
+        assert white[corner].all() and int(white.sum()) == side * side
+        assert ((image == 0) | (image == 255)).all()  # nothing in between: every other pixel black
+    assert (images[2] == 128).all()

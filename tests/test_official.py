@@ -46,8 +46,9 @@ def _args(**kw) -> argparse.Namespace:
 
 @pytest.fixture()
 def two_models():
-    torch.manual_seed(0)
-    return MAR(mar_config("mar_test")), MAR(mar_config("mar_test"))
+    with torch.random.fork_rng(devices=[]):  # layer init reads the global generator
+        torch.manual_seed(0)
+        return MAR(mar_config("mar_test")), MAR(mar_config("mar_test"))
 
 
 def test_loads_ema_weights_by_default_and_raw_on_request(tmp_path, two_models):

@@ -49,15 +49,14 @@ def test_draft_alone_has_a_detectably_different_distribution():
 @pytest.fixture(scope="module")
 def mar_pair() -> tuple[MAR, MAR]:
     """A small MAR target and a slightly perturbed copy as the draft."""
-    torch.manual_seed(0)
-    cfg = mar_config("mar_test", clip_x0=1.0)
-    target = MAR(cfg).eval()
-    with torch.no_grad():
+    with torch.random.fork_rng(devices=[]), torch.no_grad():  # layer init reads the global generator
+        torch.manual_seed(0)
+        cfg = mar_config("mar_test", clip_x0=1.0)
+        target = MAR(cfg).eval()
         for p in target.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    draft = MAR(cfg).eval()
-    draft.load_state_dict(target.state_dict())
-    with torch.no_grad():
+        draft = MAR(cfg).eval()
+        draft.load_state_dict(target.state_dict())
         for p in draft.parameters():
             p.add_(0.02 * torch.randn_like(p))
     return target, draft

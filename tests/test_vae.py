@@ -113,8 +113,9 @@ def kl16_meta() -> KLAutoencoder:
 
 
 def _tiny(seed: int = 0) -> KLAutoencoder:
-    torch.manual_seed(seed)
-    return KLAutoencoder("tiny").eval()
+    with torch.random.fork_rng(devices=[]):  # layer init reads the global generator
+        torch.manual_seed(seed)
+        return KLAutoencoder("tiny").eval()
 
 
 def _image(batch: int = 2, size: int = 32, seed: int = 1) -> torch.Tensor:
@@ -206,21 +207,95 @@ def test_tiny_parameter_count_matches_formula() -> None:
 # ------------------------------------------------------------------------------- forward
 
 
-def test_tiny_encode_decode_shapes() -> None:
+class _ReferenceKL:
+    """MAR's AutoencoderKL (the LDM ``Encoder`` / ``Decoder`` / ``AttnBlock`` / ``ResnetBlock``) written out
+    from its published definition with torch.nn.functional, on a state dict by the official key names: an
+    oracle that shares no module code with csd.models.vae."""
+
+    def __init__(self, state: dict, cfg: VAEConfig):
+        self.s, self.cfg = state, cfg
+
+    def norm(self, x, key):
+        return torch.nn.functional.group_norm(
+            x, self.cfg.num_groups, self.s[key + ".weight"], self.s[key + ".bias"], 1e-6
+        )
+
+    def conv(self, x, key, padding=0, stride=1):
+        return torch.nn.functional.conv2d(x, self.s[key + ".weight"], self.s[key + ".bias"], stride, padding)
+
+    def resnet(self, x, key):
+        silu = torch.nn.functional.silu
+        h = self.conv(silu(self.norm(x, key + ".norm1")), key + ".conv1", 1)
+        h = self.conv(silu(self.norm(h, key + ".norm2")), key + ".conv2", 1)
+        return (self.conv(x, key + ".nin_shortcut") if key + ".nin_shortcut.weight" in self.s else x) + h
+
+    def attn(self, x, key):
+        h = self.norm(x, key + ".norm")
+        q, k, v = (self.conv(h, f"{key}.{n}") for n in "qkv")
+        b, c, hh, ww = q.shape
+        w = torch.bmm(q.reshape(b, c, hh * ww).permute(0, 2, 1), k.reshape(b, c, hh * ww)) * c**-0.5
+        h = torch.bmm(v.reshape(b, c, hh * ww), torch.softmax(w, dim=2).permute(0, 2, 1)).reshape(b, c, hh, ww)
+        return x + self.conv(h, key + ".proj_out")
+
+    def middle(self, h, key):
+        return self.resnet(self.attn(self.resnet(h, key + ".block_1"), key + ".attn_1"), key + ".block_2")
+
+    def encode(self, x):
+        cfg, levels = self.cfg, len(self.cfg.ch_mult)
+        h = self.conv(x, "encoder.conv_in", 1)
+        for i in range(levels):
+            for j in range(cfg.num_res_blocks):
+                h = self.resnet(h, f"encoder.down.{i}.block.{j}")
+                if cfg.resolution // 2**i in cfg.encoder_attn_resolutions:
+                    h = self.attn(h, f"encoder.down.{i}.attn.{j}")
+            if i != levels - 1:  # LDM's Downsample: pad right and bottom by one, 3x3 conv of stride 2
+                h = self.conv(torch.nn.functional.pad(h, (0, 1, 0, 1)), f"encoder.down.{i}.downsample.conv", 0, 2)
+        h = self.middle(h, "encoder.mid")
+        h = self.conv(torch.nn.functional.silu(self.norm(h, "encoder.norm_out")), "encoder.conv_out", 1)
+        mean, logvar = self.conv(h, "quant_conv").chunk(2, dim=1)
+        return mean, logvar.clamp(-30.0, 20.0)
+
+    def decode(self, z):
+        cfg, levels = self.cfg, len(self.cfg.ch_mult)
+        h = self.middle(self.conv(self.conv(z, "post_quant_conv"), "decoder.conv_in", 1), "decoder.mid")
+        for i in reversed(range(levels)):
+            for j in range(cfg.num_res_blocks + 1):
+                h = self.resnet(h, f"decoder.up.{i}.block.{j}")
+                if cfg.resolution // 2**i in cfg.decoder_attn_resolutions:
+                    h = self.attn(h, f"decoder.up.{i}.attn.{j}")
+            if i != 0:  # LDM's Upsample: nearest x2, 3x3 conv
+                h = self.conv(
+                    torch.nn.functional.interpolate(h, scale_factor=2.0, mode="nearest"),
+                    f"decoder.up.{i}.upsample.conv",
+                    1,
+                )
+        return self.conv(torch.nn.functional.silu(self.norm(h, "decoder.norm_out")), "decoder.conv_out", 1)
+
+
+def test_tiny_encode_decode_equal_the_reference_autoencoder() -> None:
+    """Posterior mean, clamped log-variance and reconstruction of a seeded tiny model equal the LDM definition
+    computed independently (_ReferenceKL), also on a non-square image; shapes follow the downsample factor."""
     model = _tiny()
-    cfg = model.config
-    f = cfg.downsample_factor
+    ref = _ReferenceKL(model.state_dict(), model.config)
+    f = model.config.downsample_factor
     img = _image(batch=2, size=32)
     with torch.no_grad():
         mean, logvar = model.encode(img)
-        assert mean.shape == logvar.shape == (2, cfg.embed_dim, 32 // f, 32 // f)
-        assert torch.isfinite(mean).all() and torch.isfinite(logvar).all()
+        ref_mean, ref_logvar = ref.encode(img)
+        assert mean.shape == (2, model.config.embed_dim, 32 // f, 32 // f)
+        torch.testing.assert_close(mean, ref_mean, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(logvar, ref_logvar, atol=1e-5, rtol=1e-5)
         out = model.decode(mean)
         assert out.shape == img.shape
+        torch.testing.assert_close(out, ref.decode(ref_mean), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(img), out)  # forward: the reconstruction through the mean
         # Non-square inputs work too (the attention path is size-agnostic).
-        mean2, _ = model.encode(_image(batch=1, size=32)[..., :16])
-        assert mean2.shape == (1, cfg.embed_dim, 32 // f, 16 // f)
-        assert model(img).shape == img.shape
+        wide = _image(batch=1, size=32)[..., :16]
+        torch.testing.assert_close(model.encode(wide)[0], ref.encode(wide)[0], atol=1e-5, rtol=1e-5)
+        assert model.encode(wide)[0].shape == (1, model.config.embed_dim, 32 // f, 16 // f)
+        # The clamp is the official one: a huge log-variance bias reads 20, never exp() overflow.
+        model.quant_conv.bias.data[model.config.embed_dim :] = 1e4
+        assert torch.equal(model.encode(img)[1], torch.full_like(logvar, 20.0))
 
 
 def test_encode_rejects_bad_shapes() -> None:

@@ -226,17 +226,47 @@ def test_cells_of_pixel_patches_round_trip_and_decode_to_the_image():
 
 
 def test_the_xar_trainer_trains_saves_and_the_model_samples(tmp_path, restore_threads):
+    """One step, checked by hand: the logged loss is the flow-matching objective of the seeded initial model
+    on the first batch; AdamW's first update moves every weight by at most the learning rate (m / sqrt(v) =
+    g / |g|), most by exactly it; the saved weights are the EMA 0.1 init + 0.9 trained (decay (1 + 0) / 10
+    at step 0); and the loaded model samples what the trainer's EMA model samples."""
+    import json
+
     from csd.config import SamplingConfig
     from csd.models.registry import load_model
+    from csd.rng import stream_seed
     from csd.sampling import generate
-    from csd.shapes.train_xar import main
+    from csd.shapes.train import ema_decay_at, lr_at, run
+    from csd.shapes.train_xar import XARTrainer, parse_args
 
     out = tmp_path / "x"
-    main(["--config", "shapes_xar_draft", "--out", str(out), "--steps", "2", "--batch-size", "4", "--data-size", "8"])
+    args = ["--config", "shapes_xar_draft", "--out", str(out), "--steps", "1", "--batch-size", "4", "--data-size", "8"]
+    with torch.random.fork_rng(devices=[]):  # the trainer seeds the global generator for its layer init
+        cfg = parse_args(args)
+        trainer = run(cfg, XARTrainer)
+        torch.manual_seed(stream_seed(cfg.seed, "train/init"))  # the trainer's seeded init, made again
+        init = XAR(xar_config("shapes_xar_draft"))
+        fresh = XARTrainer(cfg)  # the same generators: the first batch and its noise again
+        with torch.no_grad():
+            first_loss = fresh.objective(*fresh.batch()).item()
+    (record,) = [json.loads(line) for line in out.with_suffix(".log.jsonl").read_text().splitlines()]
+    assert record["step"] == 1 and record["loss"] == pytest.approx(first_loss, rel=1e-6)
+    lr, d0 = lr_at(0, cfg), ema_decay_at(0, cfg.ema_decay)
+    assert (lr, d0) == (pytest.approx(cfg.lr / cfg.warmup_steps), pytest.approx(0.1))
+    w0, w1 = dict(init.named_parameters()), dict(trainer.model.named_parameters())
+    with torch.no_grad():
+        step = torch.cat([(w1[k].double() - w0[k].double() * (1 - lr * cfg.weight_decay)).reshape(-1) for k in w0])
+        ulp = torch.cat([w0[k].abs().reshape(-1) for k in w0]).double() * torch.finfo(torch.float32).eps
+    assert (step.abs() <= lr + 2 * ulp).all()  # |g / (|g| + eps)| <= 1, up to float32 rounding of the weight
+    assert step.abs().median() == pytest.approx(lr, rel=0.02)  # where g is not ~0: exactly the learning rate
     model = load_model(f"{out}.safetensors")
     assert isinstance(model, XAR) and model.config == xar_config("shapes_xar_draft")
-    g = generate(model, [3], [0], SamplingConfig(num_steps=16, cfg_scale=2.0, cfg_schedule="linear", head_steps=3))
-    assert g.tokens.shape == (1, 16, 192) and torch.isfinite(g.tokens).all()
+    for k, v in model.named_parameters():
+        torch.testing.assert_close(v, d0 * w0[k] + (1 - d0) * w1[k], atol=1e-7, rtol=1e-6)
+    s = SamplingConfig(num_steps=16, cfg_scale=2.0, cfg_schedule="linear", head_steps=3)
+    g = generate(model, [3], [0], s)
+    assert g.tokens.shape == (1, 16, 192)
+    assert torch.equal(g.tokens, generate(trainer.ema, [3], [0], s).tokens)
 
 
 def test_official_checkpoints_load_strictly_and_name_what_does_not_fit(tmp_path):
