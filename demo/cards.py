@@ -5,6 +5,8 @@ pair's files and the committed benchmark results, not from hand-written numbers.
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -23,16 +25,28 @@ BENCH = {
 PAPER = "https://arxiv.org/abs/2411.11925"
 
 
+@dataclass(frozen=True)
+class Facts:
+    """What a project file's model is, read from its JSON (the model built on the meta device, no weights)."""
+
+    parameters: int
+    image_side: int  # pixels: the token grid of RGB patches it draws
+    words: int  # caption vocabulary of a text model (0: class-conditional)
+
+
 @cache
-def _parameters(path: str) -> int | None:
-    """Parameters of a project file's model, counted on the meta device from its JSON (no weights read)."""
+def _facts(path: str) -> Facts | None:
     json_path = Path(path).with_suffix(".json")
     try:
         meta = json.loads(json_path.read_text())
         family = FAMILIES[meta["arch"]]
         with torch.device("meta"):
             model = family.make(family.config.from_dict(meta["config"]), meta)
-        return sum(p.numel() for p in model.parameters())
+        per_row = model.traits.tokens_per_row
+        patch = math.isqrt(model.token_dim // per_row // 3)  # an RGB patch per token
+        side = math.isqrt(model.seq_len * per_row) * patch
+        words = len(meta.get("tokenizer", {}).get("words", ()))
+        return Facts(sum(p.numel() for p in model.parameters()), side, words)
     except (OSError, KeyError, ValueError, TypeError):
         return None
 
@@ -44,21 +58,31 @@ def _bench(target: str) -> dict | None:
     return json.loads(path.read_text()) if path and path.is_file() else None
 
 
-def _millions(n: int | None) -> str:
-    return "?" if n is None else f"{n / 1e6:.1f}M"
+def _millions(facts: Facts | None) -> str:
+    return "?" if facts is None else f"{facts.parameters / 1e6:.1f}M"
+
+
+def _embedded(source: PairSource) -> tuple[Facts | None, Facts | None, str] | None:
+    """The facts of an embedded pair's target and draft files, and its target's name; None for other pairs."""
+    spec = next((s for s in pair_specs("embedded") if s.name == source.name), None)
+    if spec is None:
+        return None
+    t, d = (_facts(str(EMBEDDED_DIR / f"{n}.safetensors")) for n in (spec.target, spec.draft))
+    return t, d, spec.target
 
 
 def model_line(source: PairSource) -> str:
     """One line under the pair's name: resolution, conditions, what its target gets right (benchmark)."""
-    spec = next((s for s in pair_specs("embedded") if s.name == source.name), None)
-    if spec is None:
+    embedded = _embedded(source)
+    if embedded is None or embedded[0] is None:
         kind = "text prompts" if source.is_text else f"{len(source.class_names)} classes"
         return f"*{source.name}: {kind}; {source.weights}.*"
-    t, d = (_parameters(str(EMBEDDED_DIR / f"{n}.safetensors")) for n in (spec.target, spec.draft))
-    what = "prompts over a 34-word caption vocabulary" if source.is_text else f"{len(source.class_names)} shape classes"
+    t, d, target = embedded
+    classes = f"{len(source.class_names)} shape classes"
+    what = f"prompts over a {t.words}-word caption vocabulary" if source.is_text else classes
     unit = f", {source.traits.fixed_num_steps} cells" if source.traits.fixed_num_steps else ""
-    line = f"32 x 32 px{unit}, {what}; target {_millions(t)} / draft {_millions(d)} parameters"
-    bench = _bench(spec.target)
+    line = f"{t.image_side} x {t.image_side} px{unit}, {what}; target {_millions(t)} / draft {_millions(d)} parameters"
+    bench = _bench(target)
     if bench is not None:
         line += f"; target-only class accuracy {bench['accuracy_target']:.2f}"
         if "colour_accuracy_target" in bench:
@@ -68,21 +92,28 @@ def model_line(source: PairSource) -> str:
 
 
 def card_markdown(sources: list[PairSource]) -> str:
-    """The model card of every served pair, for the How it works tab."""
+    """The model card of every served pair, for the Method tab; its numbers come from the pairs' files and
+    the committed benchmarks."""
+    targets = [e[0] for e in map(_embedded, sources) if e is not None and e[0] is not None]
+    sides = sorted({f"{t.image_side} x {t.image_side}" for t in targets})
+    millions = sorted(t.parameters / 1e6 for t in targets)
+    threads = sorted({b["settings"]["threads"] for b in map(_bench, BENCH) if b is not None})
     lines = [
         "### The models served here",
         "",
         f"Continuous speculative decoding: Wang et al., [arXiv 2411.11925]({PAPER}). The embedded pairs were "
-        "trained on a 2-core CPU for this demo (assets/models/TRAINING.md records how); they draw procedural "
-        "32 x 32 shapes, not photographs.",
+        "trained on a CPU for this demo (assets/models/TRAINING.md records how); they draw procedural "
+        f"{' or '.join(sides) or 'small'} shapes, not photographs.",
         "",
     ]
     for source in sources:
         lines.append(f"* **{source.name}**: {model_line(source).strip('*')}")
+    size = f" ({millions[0]:.1f}-{millions[-1]:.1f}M parameters)" if millions else ""
+    timed = f" ({' or '.join(map(str, threads))} thread{'s' * (threads != [1])})" if threads else ""
     lines += [
         "",
-        "Known limits: the embedded targets are small (about 10M parameters) and trained for hours, not days; "
+        f"Known limits: the embedded targets are small{size} and trained for hours, not days; "
         "their images are recognisable shapes with soft edges, and the accuracies above are measured by a "
-        "classifier trained on the same generator. Speed figures are a 2-core CPU's and say nothing of a GPU.",
+        f"classifier trained on the same generator. Speed figures are a CPU's{timed} and say nothing of a GPU.",
     ]
     return "\n".join(lines)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from csd.experiments.pairs import discover, pair_specs
+from csd.models.registry import load_model
 from demo.cards import BENCH, card_markdown, model_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +28,25 @@ def test_the_line_quotes_the_committed_benchmark_and_the_files_sizes(sources, sp
     assert line.startswith("*32 x 32 px") and "M parameters" in line and "?" not in line
     if "colour_accuracy_target" in bench:
         assert f"colour accuracy {bench['colour_accuracy_target']:.2f}" in line
+    meta = json.loads((ROOT / "assets" / "models" / f"{spec.target}.json").read_text())
+    if "tokenizer" in meta:  # a text pair: the vocabulary its file holds
+        assert f"prompts over a {len(meta['tokenizer']['words'])}-word caption vocabulary" in line
+    target = load_model(ROOT / "assets" / "models" / f"{spec.target}.safetensors")
+    assert f"target {sum(p.numel() for p in target.parameters()) / 1e6:.1f}M" in line
+
+
+def test_the_card_derives_its_numbers_from_the_files_and_the_benchmarks(sources):
+    card = card_markdown(list(sources.values()))
+    millions = sorted(
+        sum(p.numel() for p in load_model(ROOT / "assets" / "models" / f"{s.target}.safetensors").parameters()) / 1e6
+        for s in pair_specs("embedded")
+    )
+    assert f"small ({millions[0]:.1f}-{millions[-1]:.1f}M parameters)" in card
+    threads = {
+        json.loads((ROOT / folder / "bench.json").read_text())["settings"]["threads"] for folder in BENCH.values()
+    }
+    assert threads == {1} and "Speed figures are a CPU's (1 thread)" in card
+    assert "procedural 32 x 32 shapes" in card and "2-core" not in card and "about 10M" not in card
 
 
 def test_the_card_names_every_pair_the_paper_and_the_limits(sources):
