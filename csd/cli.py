@@ -62,7 +62,7 @@ def _shown(value) -> str:
     """A default as a flag's help shows it (a sequence as its items, an empty one as none)."""
     if isinstance(value, tuple):
         return " ".join(map(str, value)) or "none"
-    return str(value)
+    return "none" if value is None else str(value)
 
 
 def add_config_flags(parser: argparse.ArgumentParser, config, base) -> None:

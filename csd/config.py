@@ -147,7 +147,7 @@ class SamplingConfig:
         lo_open=True,
         control=AppControl("Temperature", 0.1, 2.0, 0.05),
     )
-    head_steps: int | None = _optional_steps("head steps (default: the model's)")
+    head_steps: int | None = _optional_steps("head steps (none: the model's own)")
     head_steps_min: int | None = _optional_steps(
         "anneal the head steps to this at the last AR step (a head-step schedule from head_steps)",
         "head_steps_min (last AR step's head steps)",
@@ -224,7 +224,7 @@ class SamplingConfig:
     # probability-flow ODE). flow_grid: xAR's time grid, "official" (1 to 0.04, then 0) or "uniform".
     head_sampler: str | None = knob(
         None,
-        "the head's sampler (default: the model's own): ddim (MAR, Harmon), euler / heun (xAR's probability-flow ODE)",
+        "the head's sampler (none: the model's own): ddim (MAR, Harmon), euler / heun (xAR's probability-flow ODE)",
         "choice",
         choices=HEAD_SAMPLERS,
         optional=True,
@@ -364,7 +364,7 @@ class CSDConfig:
     )
     gamma_schedule: tuple[int, ...] = knob(
         (),
-        "draft lengths of the first blocks, in order (gamma after them); default: none",
+        "draft lengths of the first blocks, in order (gamma after them)",
         "ints",
         lo=1,
         name="gamma_schedule (draft lengths of the first blocks)",
@@ -431,7 +431,7 @@ class CSDConfig:
     )
     max_tries: int = knob(
         100,
-        "resampler cap: tries before a row takes the target's own sample",
+        "resampler cap: proposals drawn before a rejected row takes its fallback token",
         "int",
         lo=1,
         hi=10000,
@@ -452,7 +452,7 @@ class CSDConfig:
     )
     draft_head_sampler: str | None = knob(
         None,
-        "the draft head's sampler (default: the target's, with its ddim_eta)",
+        "the draft head's sampler (none: the target's, with its ddim_eta)",
         "choice",
         choices=HEAD_SAMPLERS,
         optional=True,

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from csd.cli import parse_setting
 from csd.config import CSDConfig, SamplingConfig
 from csd.cost import StepCosts, csd_passes, prefill_steps, sequential_passes, simple_bound, speedup_bound
 from csd.experiments import defaults
-from csd.experiments.bench import BenchConfig, compare_settings, main, parse_setting
+from csd.experiments.bench import BenchConfig, compare_settings, main
 from csd.experiments.evaluate import eval_labels_seeds, generate_images, load_models, quality
 from csd.experiments.pairs import image_tokenizer
 from csd.experiments.timing import alternate
@@ -135,14 +136,16 @@ def test_bench_refuses_a_draft_length_schedule():
 
 
 def test_compare_settings_parse_over_the_base_setting_and_name_bad_keys():
-    base = CSDConfig(gamma=8, tau_v=42.0)
-    got = parse_setting("gamma=4,tau_v=5,gamma_schedule=2:2,align=false,criterion=exact", base)
-    assert got == CSDConfig(gamma=4, tau_v=5.0, gamma_schedule=(2, 2), align=False, criterion="exact")
-    assert parse_setting("", base) == base
+    base, what = CSDConfig(gamma=8, tau_v=42.0), "--compare setting"
+    got = parse_setting("gamma=4,tau_v=5,gamma_schedule=2:2,align=false,criterion=exact,max_tries=7", base, what)
+    assert got == CSDConfig(gamma=4, tau_v=5.0, gamma_schedule=(2, 2), align=False, criterion="exact", max_tries=7)
+    assert parse_setting("", base, what) == base
     with pytest.raises(ValueError, match=r"--compare setting 'gama=4': expected key=value with a key in \["):
-        parse_setting("gama=4", base)
-    with pytest.raises(ValueError, match="gamma"):
-        parse_setting("gamma=0", base)
+        parse_setting("gama=4", base, what)
+    with pytest.raises(ValueError, match=r"--compare setting 'gamma=1.5' must be an integer, got '1.5'"):
+        parse_setting("gamma=1.5", base, what)
+    with pytest.raises(ValueError, match=r"gamma \(draft length\) must be an int >= 1, got 0"):
+        parse_setting("gamma=0", base, what)
 
 
 def test_compare_times_every_setting_beside_target_only(random_models, one_thread):

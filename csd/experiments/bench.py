@@ -21,7 +21,6 @@ and pastes them into the docs.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import platform
 import time
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 
 from csd.checks import check_int, is_int
+from csd.cli import parse_setting, start_up
 from csd.config import CSDConfig, SamplingConfig
 from csd.cost import csd_passes, prefill_steps, simple_bound, speedup_bound
 from csd.experiments import defaults
@@ -256,27 +256,6 @@ def run_bench(target, draft, sampling: SamplingConfig, csd: CSDConfig, config: B
     return result
 
 
-def parse_setting(spec: str, base: CSDConfig) -> CSDConfig:
-    """A CSD setting from ``key=value`` pairs over ``base``: "gamma=4,tau_v=5", "gamma_schedule=2:2:4:4";
-    errors name the key and its valid values."""
-    fields = {f.name: f.type for f in dataclasses.fields(CSDConfig) if f.name != "counterfactual"}
-    changes = {}
-    for item in filter(None, spec.split(",")):
-        key, _, value = item.partition("=")
-        key = key.strip()
-        if key not in fields or not value:
-            raise ValueError(f"--compare setting {item!r}: expected key=value with a key in {sorted(fields)}")
-        if key == "gamma_schedule":
-            changes[key] = tuple(int(v) for v in value.split(":") if v)
-        elif key == "align":
-            changes[key] = {"true": True, "false": False}[value.lower()]
-        elif key in ("criterion", "trajectory_term"):
-            changes[key] = value
-        else:
-            changes[key] = (int if key in ("gamma", "max_tries", "draft_head_steps") else float)(value)
-    return replace(base, **changes)
-
-
 def compare_settings(
     target, draft, sampling: SamplingConfig, settings: dict[str, CSDConfig], batch: int, repeats: int
 ) -> list[dict]:
@@ -421,20 +400,19 @@ def main(argv: list[str] | None = None) -> dict:
     )
     args = parser.parse_args(argv)
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    device = start_up(args, parser)
     config = QUICK if args.quick else BenchConfig()
     grid = {"gammas": args.gammas, "batches": args.batches, "repeats": args.repeats, "n": args.n, "n_ref": args.n_ref}
     grid |= {"quality_gammas": args.quality_gammas}
     config = replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in grid.items() if v is not None})
     sampling, csd = settings_from_args(args)
-    target, draft = load_models(args.target, args.draft, torch.device(args.device))
+    target, draft = load_models(args.target, args.draft, device)
     if args.retime:
         return retime_frontier(target, draft, config, args)
     if args.frontier:
         return write_frontier(target, draft, sampling, csd, config, args, Path(args.out))
     if args.compare:
-        settings = {spec: parse_setting(spec, csd) for spec in args.compare}
+        settings = {spec: parse_setting(spec, csd, "--compare setting") for spec in args.compare}
         batch = single_batch(config, args.batches)
         rows = compare_settings(target, draft, sampling, settings, batch, config.repeats)
         print(f"batch {batch}, {sampling.num_steps} AR steps, {config.repeats} repeats; vs target-only:")

@@ -28,7 +28,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from csd.checks import check_int
-from csd.config import CRITERIA, FLOW_GRIDS, HEAD_SAMPLERS, TRAJECTORY_TERMS, CSDConfig, SamplingConfig
+from csd.cli import add_config_flags, add_machine_flags, config_from_args, start_up
+from csd.config import CSDConfig, SamplingConfig
 from csd.cost import csd_passes
 from csd.decoding import Generation, model_device
 from csd.experiments import defaults
@@ -36,7 +37,6 @@ from csd.experiments.pairs import image_tokenizer
 from csd.family import FamilyTraits
 from csd.models.registry import load_model
 from csd.sampling import generate
-from csd.schedule import HEAD_SCHEDULES
 from csd.shapes.data import CLASS_NAMES, contact_sheet, make_dataset
 from csd.shapes.metrics import (
     DEFAULT_CLASSIFIER,
@@ -328,167 +328,27 @@ def evaluate(
 
 
 def add_setting_args(parser: argparse.ArgumentParser) -> None:
-    """Model paths and the sampling / CSD knobs, defaulting to :mod:`csd.experiments.defaults`
-    (shared with the bench)."""
-    s, c = defaults.SAMPLING, defaults.CSD
+    """Model paths, a named preset, every sampling and CSD knob (flags made from the configs' declarations,
+    :mod:`csd.cli`, defaulting to :mod:`csd.experiments.defaults`; shared with the bench) and the machine's
+    threads and device."""
     parser.add_argument("--target", default=str(defaults.TARGET_PATH), help="target model (.safetensors + .json)")
     parser.add_argument("--draft", default=str(defaults.DRAFT_PATH), help="draft model (.safetensors + .json)")
     parser.add_argument("--classifier", default=str(DEFAULT_CLASSIFIER), help="metrics classifier (.safetensors)")
-    parser.add_argument("--num-steps", type=int, default=s.num_steps, help="AR steps S")
-    parser.add_argument("--cfg-scale", type=float, default=s.cfg_scale)
-    parser.add_argument("--cfg-schedule", default=s.cfg_schedule)
-    parser.add_argument("--temperature", type=float, default=s.temperature)
-    parser.add_argument("--head-steps", type=int, default=s.head_steps, help="head steps (default: the model's)")
     parser.add_argument(
-        "--head-steps-min", type=int, default=s.head_steps_min, help="anneal the head steps to this at the last AR step"
+        "--preset",
+        choices=list(defaults.PRESETS),
+        default="default",
+        help="a named setting (csd.experiments.defaults.PRESETS) that the flags below change",
     )
-    parser.add_argument(
-        "--head-schedule",
-        choices=HEAD_SCHEDULES,
-        default=s.head_schedule,
-        help="how the head steps anneal: linear, or DiSA's own disa / disa-cosine",
-    )
-    parser.add_argument(
-        "--cond-cache",
-        type=int,
-        nargs=2,
-        metavar=("START", "EVERY"),
-        help="LazyMAR's condition cache: full CFG passes for the first START and every EVERY-th after (MAR, Harmon)",
-    )
-    parser.add_argument(
-        "--token-cache",
-        type=float,
-        nargs=3,
-        metavar=("KEEP", "START", "EVERY"),
-        help="LazyMAR's token cache: full decoder passes for the first START and every EVERY-th after, the others "
-        "recompute a KEEP fraction of the decoder's rows (MAR, Harmon)",
-    )
-    parser.add_argument(
-        "--head-sampler",
-        choices=HEAD_SAMPLERS,
-        default=s.head_sampler,
-        help="the head's sampler (default: the model's own): ddim (MAR, Harmon), euler / heun (xAR's "
-        "probability-flow ODE)",
-    )
-    parser.add_argument("--ddim-eta", type=float, default=s.ddim_eta, help="DDIM's eta (0: deterministic)")
-    parser.add_argument("--flow-grid", choices=FLOW_GRIDS, default=s.flow_grid, help="xAR's time grid")
-    parser.add_argument(
-        "--gtr-stages",
-        type=int,
-        nargs="+",
-        default=list(s.gtr_stages),
-        metavar="STEPS",
-        help="GtR: the AR steps of each stage, the last the reconstruction (they add up to --num-steps; MAR, Harmon)",
-    )
-    parser.add_argument(
-        "--gtr-head-steps", type=int, default=s.gtr_head_steps, help="GtR: the reconstruction stage's head steps"
-    )
-    parser.add_argument(
-        "--gtr-detail",
-        type=float,
-        nargs=2,
-        metavar=("FRACTION", "STEPS"),
-        help="GtR's FTS: this fraction of each reconstruction step's tokens (most high-frequency energy) runs "
-        "STEPS head steps",
-    )
-    parser.add_argument(
-        "--draft-head-sampler", choices=HEAD_SAMPLERS, default=c.draft_head_sampler, help="the draft head's sampler"
-    )
-    parser.add_argument("--draft-ddim-eta", type=float, default=c.draft_ddim_eta, help="the draft's DDIM eta")
-    parser.add_argument(
-        "--draft-head-steps",
-        type=int,
-        default=None,
-        help="the draft head's steps (needs --no-align, --trajectory-term none)",
-    )
-    parser.add_argument("--gamma", type=int, default=c.gamma, help="draft length (AR steps per block)")
-    parser.add_argument(
-        "--gamma-schedule",
-        type=int,
-        nargs="*",
-        default=list(c.gamma_schedule),
-        metavar="G",
-        help="draft lengths of the first blocks, in order (gamma after them); default: none",
-    )
-    parser.add_argument("--prefill", type=float, default=c.prefill)
-    parser.add_argument("--tau-v", type=float, default=c.tau_v)
-    parser.add_argument(
-        "--criterion", choices=CRITERIA, default=c.criterion, help="acceptance test: the paper's or the exact one"
-    )
-    parser.add_argument(
-        "--trajectory-term",
-        choices=TRAJECTORY_TERMS,
-        default=c.trajectory_term,
-        help="the aligned criterion's trajectory term",
-    )
-    parser.add_argument(
-        "--align",
-        action=argparse.BooleanOptionalAction,
-        default=c.align,
-        help="trajectory alignment: the target's chains share the draft's noise (--no-align: independent noise)",
-    )
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-
-
-def cond_cache_settings(values: list[int] | None) -> dict:
-    """--cond-cache START EVERY as SamplingConfig fields (none when not given)."""
-    return {} if values is None else {"cond_cache_start": values[0], "cond_cache_every": values[1]}
-
-
-def token_cache_settings(values: list[float] | None) -> dict:
-    """--token-cache KEEP START EVERY as SamplingConfig fields (none when not given)."""
-    if values is None:
-        return {}
-    keep, start, every = values
-    if start != int(start) or every != int(every):
-        raise ValueError(f"--token-cache START and EVERY must be integers, got {start:g} and {every:g}")
-    return {"token_cache_keep": keep, "token_cache_start": int(start), "token_cache_every": int(every)}
-
-
-def gtr_detail_settings(values: list[float] | None) -> dict:
-    """--gtr-detail FRACTION STEPS as SamplingConfig fields (none when not given)."""
-    if values is None:
-        return {}
-    fraction, steps = values
-    if steps != int(steps):
-        raise ValueError(f"--gtr-detail STEPS must be an integer, got {steps:g}")
-    return {"gtr_detail_fraction": fraction, "gtr_detail_steps": int(steps)}
+    add_config_flags(parser, SamplingConfig, defaults.SAMPLING)
+    add_config_flags(parser, CSDConfig, defaults.CSD)
+    add_machine_flags(parser)
 
 
 def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDConfig]:
-    sampling = replace(
-        defaults.SAMPLING,
-        num_steps=args.num_steps,
-        cfg_scale=args.cfg_scale,
-        cfg_schedule=args.cfg_schedule,
-        temperature=args.temperature,
-        head_steps=args.head_steps,
-        head_steps_min=args.head_steps_min,
-        head_schedule=args.head_schedule,
-        **cond_cache_settings(args.cond_cache),
-        **token_cache_settings(args.token_cache),
-        head_sampler=args.head_sampler,
-        ddim_eta=args.ddim_eta,
-        flow_grid=args.flow_grid,
-        gtr_stages=tuple(args.gtr_stages),
-        gtr_head_steps=args.gtr_head_steps,
-        **gtr_detail_settings(args.gtr_detail),
-    )
-    csd = replace(
-        defaults.CSD,
-        gamma=args.gamma,
-        gamma_schedule=tuple(args.gamma_schedule),
-        prefill=args.prefill,
-        tau_v=args.tau_v,
-        criterion=args.criterion,
-        trajectory_term=args.trajectory_term,
-        align=args.align,
-        draft_head_steps=args.draft_head_steps,
-        draft_head_sampler=args.draft_head_sampler,
-        draft_ddim_eta=args.draft_ddim_eta,
-    )
-    return sampling, csd
+    """The preset's settings with the knobs the flags set."""
+    sampling, csd = defaults.preset(args.preset)
+    return config_from_args(args, SamplingConfig, sampling), config_from_args(args, CSDConfig, csd)
 
 
 def load_models(target_path: str | Path, draft_path: str | Path, device: torch.device):
@@ -529,11 +389,10 @@ def main(argv: list[str] | None = None) -> dict | None:
     )
     args = parser.parse_args(argv)
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    device = start_up(args, parser)
     sampling, csd = settings_from_args(args)
     config = EvalConfig(args.mode, args.n, args.batch_size, args.seed_offset, args.n_ref, args.ref_seed)
-    rank, world, device = init_distributed(args.device)
+    rank, world, device = init_distributed(str(device))
     try:
         target, draft = load_models(args.target, args.draft, device)
         if args.perturb_draft:
