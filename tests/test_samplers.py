@@ -120,6 +120,7 @@ def toy_velocity(x: torch.Tensor, t: float) -> torch.Tensor:
 def test_the_grids_are_the_official_one_and_even_steps():
     torch.testing.assert_close(flow_times(4), torch.tensor([1.0, 0.68, 0.36, 0.04, 0.0], dtype=torch.float64))
     torch.testing.assert_close(flow_times(4, "uniform"), torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(flow_times(25), flow_times(25, "uniform"))  # 0.96 / 24 = 1 / 25: one grid
     with pytest.raises(ValueError, match="flow_grid must be one of"):
         flow_times(4, "cosine")
 

@@ -21,7 +21,7 @@ FLOW_SAMPLERS = ("euler-maruyama", "euler", "heun")
 def flow_times(num_steps: int, grid: str = "official") -> Tensor:
     """The ``num_steps + 1`` times of a flow chain (float64), from 1 to 0: the official grid, ``num_steps``
     times from 1 to 0.04 then 0 (num_steps - 1 stochastic steps and a deterministic last one), or the
-    uniform one, num_steps equal steps."""
+    uniform one, num_steps equal steps. At 25 steps the two are one grid (steps of 0.96 / 24 = 1 / 25)."""
     if not isinstance(num_steps, int) or num_steps < 2:
         raise ValueError(f"flow steps must be an int >= 2, got {num_steps!r}")
     check_choice("flow_grid", grid, FLOW_GRIDS)
