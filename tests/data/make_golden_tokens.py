@@ -1,22 +1,36 @@
 """Tokens of short target-only and CSD runs, saved before the package was reorganised, so that a test
-can show the same seeds still give the same tokens. Regenerate only on a deliberate change of output:
+can show the same seeds still give the same tokens (tests/test_same_tokens.py). Beside each run's tokens
+(key ``pair/run``) the file keeps what the test compares exactly: the orders (``pair/run/ar_step``, the AR
+step that made each position) and, for CSD runs, who made each token (``maker``), its draft block
+(``block``), the resampler's tries (``tries``), the two terms of log r (``log_ratio_trajectory``,
+``log_ratio_final``) and the uniform u each drafted token was tested with (``draw``). The file's metadata
+(``made_by``) names the CPU capability (``torch.backends.cpu.get_cpu_capability()``) and torch version
+that made each array.
 
-    python -m tests.data.make_golden_tokens
+Regenerate only on a deliberate change of output:
+
+    python -m tests.data.make_golden_tokens                # every array
+    python -m tests.data.make_golden_tokens --only xar     # one pair's arrays (new weights shipped)
+    python -m tests.data.make_golden_tokens --keep-tokens  # every array but the tokens (a new trace field)
 """
 
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
-from dataclasses import replace
-
+from csd.config import CSDConfig, SamplingConfig
+from csd.decoding import Generation
 from csd.experiments.pairs import embedded_pair, random_pair
-from tests.helpers import pair_name
-from csd.config import SamplingConfig
 from csd.sampling import generate
-from csd.config import CSDConfig
 from csd.speculative import speculative_generate
+from tests.helpers import pair_name
 
 OUT = Path(__file__).resolve().parent / "golden_tokens.safetensors"
 LABELS, SEEDS = [3, 7], [11, 12]
@@ -42,33 +56,60 @@ def pairs():
     yield "xar", embedded_pair(pair_name("xar", "embedded")), LABELS, XAR_SAMPLING
 
 
-def runs() -> dict[str, torch.Tensor]:
+def runs() -> dict[str, Generation]:
+    """Every run, one torch thread; CSD runs keep their details (the acceptance draws)."""
     torch.set_num_threads(1)
     out = {}
     for name, pair, conditions, sampling in pairs():
-        out[f"{name}/target"] = generate(pair.target, conditions, SEEDS, sampling).tokens
+        out[f"{name}/target"] = generate(pair.target, conditions, SEEDS, sampling)
         for case, csd in CASES.items():
-            run = speculative_generate(pair.target, pair.draft, conditions, SEEDS, sampling, csd)
-            out[f"{name}/csd_{case}"] = run.tokens
+            out[f"{name}/csd_{case}"] = speculative_generate(
+                pair.target, pair.draft, conditions, SEEDS, sampling, csd, keep_details=True
+            )
     return out
 
 
+def arrays(key: str, run: Generation) -> dict[str, torch.Tensor]:
+    """What the file keeps of one run: its tokens under ``key``, its orders and, for a CSD run, its decisions."""
+    t = run.trace
+    out = {key: run.tokens.contiguous(), f"{key}/ar_step": torch.from_numpy(t.ar_step)}
+    if t.details is not None:
+        out |= {
+            f"{key}/maker": torch.from_numpy(t.maker),
+            f"{key}/block": torch.from_numpy(t.block),
+            f"{key}/tries": torch.from_numpy(t.resample_tries),
+            f"{key}/log_ratio_trajectory": torch.from_numpy(t.log_ratio_trajectory),
+            f"{key}/log_ratio_final": torch.from_numpy(t.log_ratio_final),
+            f"{key}/draw": torch.from_numpy(t.details.accept_draw),
+        }
+    return out
+
+
+def this_machine() -> str:
+    """The capability and torch version of this process, as the metadata records them."""
+    return f"{torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
+
+
+def made_by(path: Path = OUT) -> dict[str, str]:
+    """Which capability and torch version made each saved array (the file's ``made_by`` metadata)."""
+    with safe_open(path, "pt") as f:
+        return json.loads((f.metadata() or {}).get("made_by", "{}"))
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Write every run's tokens, or with ``--only PAIR ...`` remake those pairs' keys alone (after new
-    weights ship for an embedded pair: the others stay the tokens saved before the move)."""
-    import argparse
-
-    from safetensors.torch import load_file
-
-    p = argparse.ArgumentParser()
-    p.add_argument("--only", nargs="+", help="pair names (embedded, text, xar, random, ...)")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", nargs="+", help="pair names (embedded, text, xar, random, ...): remake their arrays")
+    p.add_argument("--keep-tokens", action="store_true", help="keep every saved token array, remake the rest")
     args = p.parse_args(argv)
-    fresh = runs()
-    if args.only:
-        saved = load_file(OUT)
-        fresh = saved | {k: v for k, v in fresh.items() if k.split("/")[0] in args.only}
-    save_file({k: v.contiguous() for k, v in fresh.items()}, OUT)
-    print(f"wrote {OUT}")
+    fresh = {name: a for key, run in runs().items() for name, a in arrays(key, run).items()}
+    saved, origin = (load_file(OUT), made_by()) if OUT.exists() else ({}, {})
+    remade = {k for k in fresh if not args.only or k.split("/")[0] in args.only}
+    if args.keep_tokens:
+        remade -= {k for k in saved if k.count("/") == 1}
+    out = saved | {k: fresh[k] for k in remade}
+    origin |= dict.fromkeys(remade, this_machine())
+    save_file({k: v.contiguous() for k, v in sorted(out.items())}, OUT, metadata={"made_by": json.dumps(origin)})
+    print(f"wrote {OUT}: {len(remade)} arrays made by {this_machine()}, {len(out) - len(remade)} kept")
 
 
 if __name__ == "__main__":
