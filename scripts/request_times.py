@@ -1,18 +1,22 @@
 """Wall time of every default request and every preset the app offers, on each embedded pair, as the app
 serves them (one torch thread, its request code, the time limit lifted to see the true time), beside the
-estimate the page shows before the click. Writes bench/results/request_times.json.
+estimate the page shows before the click. Writes bench/results/request_times.json, one record per CPU
+capability (the machine's own, or another's under its environment variables, docs/specification_notes.md),
+each naming its CPU and capability; a run replaces its capability's record (with --pairs, those pairs' rows)
+and keeps the others.
 
-Usage: python -m scripts.request_times [--out FILE] [--pairs NAME ...]. Run it alone: it measures wall time."""
+Usage: python -m scripts.request_times [--out FILE] [--pairs NAME ...]. Run it alone: it measures wall time.
+As an AVX2 machine: ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python -m scripts.request_times"""
 
 import argparse
 import json
-import platform
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
+from csd.experiments.timing import machine
 from demo import server
 from demo.controls import PRESETS, preset_values
 from demo.estimate import HEADROOM
@@ -98,7 +102,10 @@ def main() -> None:
     limits = LIMITS
     app = server.make_app(None, replace(limits, max_seconds=1e9))  # see the true time; the estimate uses `limits`
     server.warm_up(app)
-    results = {name: measure(app, name) for name in (args.pairs or app.store.names)}
+    records = json.loads(args.out.read_text()) if args.out.exists() else {}
+    here = machine()
+    kept = records.get(here["capability"], {}).get("pairs", {}) if args.pairs else {}  # other pairs' rows stay
+    results = kept | {name: measure(app, name) for name in (args.pairs or app.store.names)}
     most = HEADROOM * limits.max_seconds
     worst = max(((p, k, v["seconds"]) for p, rows in results.items() for k, v in rows.items()), key=lambda x: x[2])
     out = {
@@ -107,9 +114,10 @@ def main() -> None:
         "pairs": results,
         "worst": {"pair": worst[0], "request": worst[1], "seconds": worst[2]},
         "all_within_limit": all(v["seconds"] <= limits.max_seconds for rows in results.values() for v in rows.values()),
-        "machine": f"{platform.machine()}, 1 torch thread",
+        "machine": here,
     }
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    records[here["capability"]] = out
+    args.out.write_text(json.dumps(records, indent=2) + "\n")
     print(json.dumps(out, indent=2))
 
 

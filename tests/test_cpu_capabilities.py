@@ -9,6 +9,7 @@ about 30 s per capability on 2 cores."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -62,3 +63,12 @@ def test_the_float_comparing_tests_pass_under_another_capability(capability):
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *FILES]
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, f"under {MACHINES[capability]}:\n{run.stdout[-6000:]}\n{run.stderr[-2000:]}"
+
+
+def test_a_timing_names_the_cpu_and_the_kernels_it_ran_on():
+    """What bench/results/request_times.json records of its machine, one record per capability."""
+    probe = "import json; from csd.experiments.timing import machine; print(json.dumps(machine()))"
+    env = machine_env("default")
+    got = json.loads(subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True).stdout)
+    assert got["capability"] == "DEFAULT" and got["kernel_env"] == MACHINES["default"]
+    assert got["cpu"] and got["torch"] == torch.__version__

@@ -5,14 +5,42 @@ speed figures (absolute times depend on the machine).
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+import torch
 
 from csd.cost import StepCosts
+
+# Environment variables that choose the float kernels (docs/specification_notes.md, "Numbers on other CPUs").
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what the platform reports."""
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict:
+    """What a timing ran on: the CPU, the kernels torch runs there (its CPU capability and the variables set
+    to choose them), torch's version and threads. Absolute times are only comparable between equal ones."""
+    return {
+        "cpu": cpu_model(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
 
 
 @dataclass
