@@ -11,7 +11,8 @@ The noise is always an argument, so draft and target can share it (trajectory al
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -40,10 +41,19 @@ class HeadCondition:
     z: Tensor
     z_uncond: Tensor | None = None
     cfg: Tensor | None = None
+    # What a head makes of these rows once and reads at every transition of their chain (its embedding of
+    # them), by the head's key: see :meth:`derived`.
+    _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def rows(self) -> int:
         return int(self.z.shape[0])
+
+    def derived(self, key, make: Callable[[HeadCondition], Tensor]) -> Tensor:
+        """``make(self)``, made once per ``key`` and kept with this condition (a chain's transitions share it)."""
+        if key not in self._derived:
+            self._derived[key] = make(self)
+        return self._derived[key]
 
     def repeat(self, times: int) -> HeadCondition:
         """The condition tiled ``times`` times along rows (to evaluate T steps in one call)."""
@@ -145,7 +155,7 @@ def run_chain(head: GaussianChain, cond: HeadCondition, noise: ChainNoise, tempe
     states, means, stds = [], [], []
     for k in range(steps):
         mu, sd = head.transition(y, k, cond)
-        sd = sd * temperature
+        sd = sd if temperature == 1.0 else sd * temperature  # x * 1.0 is x: no copy
         states.append(y)
         means.append(mu)
         stds.append(sd)
@@ -164,7 +174,8 @@ def evaluate_path(
     steps, n, d = states.shape
     step_idx = torch.arange(steps, device=states.device).repeat_interleave(n)  # (T*n,)
     mu, sd = head.transition(states.reshape(steps * n, d), step_idx, cond.repeat(steps))
-    return mu.reshape(steps, n, d), sd.reshape(steps, n, d) * temperature
+    sd = sd.reshape(steps, n, d)
+    return mu.reshape(steps, n, d), sd if temperature == 1.0 else sd * temperature
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ Index conventions: ``t`` is a diffusion index into a (possibly respaced) :class:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -60,10 +61,29 @@ class Schedule:
     posterior_mean_coef1: Tensor
     posterior_mean_coef2: Tensor
     timestep_map: Tensor  # (T,) int64, original timestep given to the network
+    # Coefficients cast for the tensors they scale, one 0-dim tensor per step (see :meth:`scalars`).
+    _scalars: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_steps(self) -> int:
         return int(self.betas.shape[0])
+
+    @cached_property
+    def log_betas(self) -> Tensor:
+        return self.betas.log()
+
+    @cached_property
+    def timesteps(self) -> list[int]:
+        """The original timestep of every diffusion index (``timestep_map`` as ints)."""
+        return self.timestep_map.tolist()
+
+    def scalars(self, name: str, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
+        """Coefficient ``name`` cast to ``dtype`` on ``device``, one 0-dim tensor per step: cast once, since a
+        chain reads them at every transition (the same numbers as casting ``coef[t]`` each time)."""
+        key = (name, dtype, device)
+        if key not in self._scalars:  # a benign race: both writers store equal lists
+            self._scalars[key] = list(getattr(self, name).to(device=device, dtype=dtype).unbind())
+        return self._scalars[key]
 
     @classmethod
     def cosine(cls, train_steps: int = 1000, sampling_steps: int | None = None) -> Schedule:
@@ -100,11 +120,12 @@ class Schedule:
         )
 
 
-def _at(coef: Tensor, t: int | Tensor, like: Tensor) -> Tensor:
-    """coef[t] cast to ``like``; an int t gives a scalar, a (n,) t a column that broadcasts over d."""
+def _at(schedule: Schedule, name: str, t: int | Tensor, like: Tensor) -> Tensor:
+    """Coefficient ``name`` of the schedule at t, cast to ``like``; an int t gives a scalar, a (n,) t a column
+    that broadcasts over d."""
     if isinstance(t, int):
-        return coef[t].to(device=like.device, dtype=like.dtype)
-    return coef.to(like.device)[t].to(like.dtype).unsqueeze(-1)
+        return schedule.scalars(name, like.dtype, like.device)[t]
+    return getattr(schedule, name).to(like.device)[t].to(like.dtype).unsqueeze(-1)
 
 
 def model_timesteps(schedule: Schedule, t: int | Tensor, rows: int, device: torch.device) -> Tensor:
@@ -117,24 +138,27 @@ def model_timesteps(schedule: Schedule, t: int | Tensor, rows: int, device: torc
 
 def q_sample(schedule: Schedule, x0: Tensor, t: Tensor, noise: Tensor) -> Tensor:
     """Forward process: x_t = sqrt(ab_t) x0 + sqrt(1 - ab_t) noise. x0, noise: (n, d); t: (n,)."""
-    return _at(schedule.sqrt_alphas_cumprod, t, x0) * x0 + _at(schedule.sqrt_one_minus_alphas_cumprod, t, x0) * noise
+    return (
+        _at(schedule, "sqrt_alphas_cumprod", t, x0) * x0 + _at(schedule, "sqrt_one_minus_alphas_cumprod", t, x0) * noise
+    )
 
 
 def predict_x0(schedule: Schedule, x_t: Tensor, t: int | Tensor, eps: Tensor) -> Tensor:
     return (
-        _at(schedule.sqrt_recip_alphas_cumprod, t, x_t) * x_t - _at(schedule.sqrt_recipm1_alphas_cumprod, t, x_t) * eps
+        _at(schedule, "sqrt_recip_alphas_cumprod", t, x_t) * x_t
+        - _at(schedule, "sqrt_recipm1_alphas_cumprod", t, x_t) * eps
     )
 
 
 def posterior_mean(schedule: Schedule, x0: Tensor, x_t: Tensor, t: int | Tensor) -> Tensor:
-    return _at(schedule.posterior_mean_coef1, t, x_t) * x0 + _at(schedule.posterior_mean_coef2, t, x_t) * x_t
+    return _at(schedule, "posterior_mean_coef1", t, x_t) * x0 + _at(schedule, "posterior_mean_coef2", t, x_t) * x_t
 
 
 def learned_log_variance(schedule: Schedule, v: Tensor, t: int | Tensor) -> Tensor:
     """Learned-range variance: v in [-1, 1] interpolates log beta_t and the clipped posterior log var."""
     frac = (v + 1.0) / 2.0
-    max_log = _at(schedule.betas.log(), t, v)
-    min_log = _at(schedule.posterior_log_variance_clipped, t, v)
+    max_log = _at(schedule, "log_betas", t, v)
+    min_log = _at(schedule, "posterior_log_variance_clipped", t, v)
     return frac * max_log + (1.0 - frac) * min_log
 
 
@@ -152,7 +176,7 @@ def p_mean_logvar(
 
 def predict_eps(schedule: Schedule, x_t: Tensor, t: int | Tensor, x0: Tensor) -> Tensor:
     """The eps that x_t and x0 imply: (x_t / sqrt(ab_t) - x0) / sqrt(1 / ab_t - 1)."""
-    return (_at(schedule.sqrt_recip_alphas_cumprod, t, x_t) * x_t - x0) / _at(
+    return (_at(schedule, "sqrt_recip_alphas_cumprod", t, x_t) * x_t - x0) / _at(
         schedule.sqrt_recipm1_alphas_cumprod, t, x_t
     )
 
@@ -172,7 +196,7 @@ def ddim_mean_std(
     if clip_x0 is not None:
         x0 = x0.clamp(-clip_x0, clip_x0)
         eps = predict_eps(schedule, x_t, t, x0)
-    ab, ab_prev = _at(schedule.alphas_cumprod, t, x_t), _at(schedule.alphas_cumprod_prev, t, x_t)
+    ab, ab_prev = _at(schedule, "alphas_cumprod", t, x_t), _at(schedule, "alphas_cumprod_prev", t, x_t)
     sigma = eta * ((1.0 - ab_prev) / (1.0 - ab) * (1.0 - ab / ab_prev)).sqrt()
     mean = ab_prev.sqrt() * x0 + (1.0 - ab_prev - sigma**2).clamp(min=0.0).sqrt() * eps
     return mean, sigma.expand_as(mean)
@@ -219,7 +243,7 @@ def diffusion_loss(schedule: Schedule, net_out: Tensor, x0: Tensor, x_t: Tensor,
     # The bound sees a frozen mean so that it only shapes the variance (as in improved DDPM).
     mean, logvar = p_mean_logvar(schedule, x_t, t, eps.detach(), v)
     true_mean = posterior_mean(schedule, x0, x_t, t)
-    true_logvar = _at(schedule.posterior_log_variance_clipped, t, x0)
+    true_logvar = _at(schedule, "posterior_log_variance_clipped", t, x0)
     kl = normal_kl(true_mean, true_logvar, mean, logvar).mean(-1) / math.log(2.0)
     nll = -discretized_gaussian_log_likelihood(x0, mean, 0.5 * logvar).mean(-1) / math.log(2.0)
     return mse + torch.where(t == 0, nll, kl)

@@ -94,11 +94,36 @@ class MLPAdaLN(nn.Module):
             nn.init.zeros_(p)
 
     def forward(self, x: Tensor, t: Tensor, z: Tensor) -> Tensor:
-        y = self.time_embed(t) + self.cond_embed(z)
+        return self.forward_embedded(x, self.time_embed(t) + self.cond_embed(z))
+
+    def forward_embedded(self, x: Tensor, y: Tensor) -> Tensor:
+        """The network given its conditioning y = time_embed(t) + cond_embed(z) (n, width): a chain's
+        transitions share the condition's embedding, and a chain's rows one timestep's."""
         h = self.input_proj(x)
         for block in self.res_blocks:
             h = block(h, y)
         return self.final_layer(h, y)
+
+
+class StepEmbeddings:
+    """The network's time embedding of one timestep over ``rows`` rows, kept once made: a chain's transition
+    embeds one timestep for all of its rows, and the AR steps of a generation repeat those shapes. The same
+    numbers as embedding it again (the same call on an equal input), kept per version of the embedder's
+    weights (training them, or loading others, makes new ones); at most ``size`` are kept."""
+
+    def __init__(self, embedder: TimestepEmbedder, size: int = 512):
+        self.embedder, self.size = embedder, size
+        self._kept: dict[tuple, Tensor] = {}
+
+    def __call__(self, timestep: int, rows: int, device: torch.device) -> Tensor:
+        weights = tuple((p._version, p.dtype, p.device) for p in self.embedder.parameters())
+        key = (timestep, rows, device, weights, torch.is_inference_mode_enabled())
+        out = self._kept.get(key)
+        if out is None:
+            if len(self._kept) >= self.size:
+                self._kept.clear()
+            out = self._kept[key] = self.embedder(torch.full((rows,), timestep, device=device))
+        return out
 
 
 class DiffusionHead(nn.Module):
@@ -127,6 +152,7 @@ class DiffusionHead(nn.Module):
         self.clip_x0 = clip_x0
         self.train_schedule = gd.Schedule.cosine(train_steps)
         self._schedules: dict[int, gd.Schedule] = {}
+        self._step_embeddings = StepEmbeddings(self.net.time_embed)  # shared by every chain of this head
 
     def chain(self, steps: int | None = None, sampler: str = "ddpm", eta: float = 0.0) -> DiffusionChain:
         """The head at ``steps`` sampling steps (None: its default) with ``sampler`` "ddpm" (the trained
@@ -136,7 +162,8 @@ class DiffusionHead(nn.Module):
         check_choice("head_sampler (a diffusion head's)", sampler, ("ddpm", "ddim"))
         if steps not in self._schedules:  # a benign race: both writers store equal schedules
             self._schedules[steps] = gd.Schedule.cosine(self.train_steps, steps)
-        return DiffusionChain(self.net, self._schedules[steps], self.clip_x0, None if sampler == "ddpm" else eta)
+        eta = None if sampler == "ddpm" else eta
+        return DiffusionChain(self.net, self._schedules[steps], self.clip_x0, eta, self._step_embeddings)
 
     # --- training ------------------------------------------------------------------------------
 
@@ -172,25 +199,43 @@ class DiffusionChain:
     and does not depend on the model; DDIM's last transition reports DDPM's learned std at t = 0 (the
     two last means are both x0), the width the acceptance test gives the final token."""
 
-    def __init__(self, net: MLPAdaLN, schedule: gd.Schedule, clip_x0: float | None, ddim_eta: float | None = None):
+    def __init__(
+        self,
+        net: MLPAdaLN,
+        schedule: gd.Schedule,
+        clip_x0: float | None,
+        ddim_eta: float | None = None,
+        step_embeddings: StepEmbeddings | None = None,
+    ):
         self.net, self.schedule, self.clip_x0, self.ddim_eta = net, schedule, clip_x0, ddim_eta
         self.token_dim = net.token_dim
+        self.step_embeddings = step_embeddings or StepEmbeddings(net.time_embed)
 
     def num_steps(self) -> int:
         return self.schedule.num_steps
 
     def eps_and_var(self, y: Tensor, t: int | Tensor, cond: HeadCondition) -> tuple[Tensor, Tensor]:
-        """Guided eps and the (conditional) variance value at diffusion index t. All (n, d)."""
-        d = self.token_dim
-        tt = gd.model_timesteps(self.schedule, t, y.shape[0], y.device)
-        if cond.z_uncond is None:
-            out = self.net(y, tt, cond.z)
+        """Guided eps and the (conditional) variance value at diffusion index t. All (n, d). One network call
+        for both branches (the chain state is shared, the variance is the conditional one). The network's
+        embedding of the condition is made once per condition (every transition of its chain reads it), of
+        an int t's timestep once per row count: the numbers of the network's own forward."""
+        d, guided = self.token_dim, cond.z_uncond is not None
+        x = torch.cat([y, y]) if guided else y
+        if isinstance(t, int):
+            time = self.step_embeddings(self.schedule.timesteps[t], x.shape[0], x.device)
+        else:
+            tt = gd.model_timesteps(self.schedule, t, y.shape[0], y.device)
+            time = self.net.time_embed(torch.cat([tt, tt]) if guided else tt)
+        out = self.net.forward_embedded(x, time + cond.derived(self.net, self._embed_condition))
+        if not guided:
             return out[:, :d], out[:, d:]
-        # One call for both branches; the chain state is shared, the variance is the conditional one.
-        out = self.net(torch.cat([y, y]), torch.cat([tt, tt]), torch.cat([cond.z, cond.z_uncond]))
         out_c, out_u = out.chunk(2)
         scale = cond.cfg if cond.cfg is not None else 1.0
         return gd.guide_eps(out_c[:, :d], out_u[:, :d], scale), out_c[:, d:]
+
+    def _embed_condition(self, cond: HeadCondition) -> Tensor:
+        """The network's embedding of a condition's rows: (n, width), or (2n, width) for [z; z_uncond]."""
+        return self.net.cond_embed(cond.z if cond.z_uncond is None else torch.cat([cond.z, cond.z_uncond]))
 
     def transition(self, y: Tensor, step: int | Tensor, cond: HeadCondition) -> tuple[Tensor, Tensor]:
         t = self.num_steps() - 1 - step  # transition k runs at diffusion index T-1-k

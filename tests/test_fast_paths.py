@@ -1,0 +1,144 @@
+"""The samplers' shortcuts make exactly the numbers of the plain computation (torch.equal, on any CPU: the same
+operations on the same inputs): the diffusion head's embeddings kept per condition and per timestep, its
+schedule's coefficients cast once, a temperature of 1 that multiplies nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from csd.chain import HeadCondition, evaluate_path, run_chain, standard_noise
+from csd.config import SamplingConfig
+from csd.experiments.pairs import random_pair
+from csd.models import diffusion as gd
+from csd.models.head import DiffusionChain, DiffusionHead
+from csd.sampling import generate
+from csd.speculative import speculative_generate
+
+
+def _head(seed: int = 0) -> DiffusionHead:
+    """A small head with every weight drawn (the zero-initialised modulations would hide the conditioning)."""
+    head = DiffusionHead(token_dim=4, z_dim=6, width=16, depth=2, sampling_steps=10, clip_x0=1.0)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for p in head.parameters():
+                p.copy_(0.3 * torch.randn_like(p))
+    return head
+
+
+def plain_transition(chain: DiffusionChain, y, step, cond: HeadCondition):
+    """DDPM's transition as computed before the shortcuts: one network call on (x, t, z), every coefficient
+    indexed and cast at the call."""
+    d, s = chain.token_dim, chain.schedule
+    t = chain.num_steps() - 1 - step
+    tt = s.timestep_map[t].expand(y.shape[0]) if isinstance(t, int) else s.timestep_map[t]
+    at = (lambda c: c[t].to(y.dtype)) if isinstance(t, int) else (lambda c: c[t].to(y.dtype).unsqueeze(-1))
+    if cond.z_uncond is None:
+        out = chain.net(y, tt, cond.z)
+        eps, v = out[:, :d], out[:, d:]
+    else:
+        out_c, out_u = chain.net(torch.cat([y, y]), torch.cat([tt, tt]), torch.cat([cond.z, cond.z_uncond])).chunk(2)
+        scale = cond.cfg.to(y.dtype).unsqueeze(-1)
+        eps, v = out_u[:, :d] + scale * (out_c[:, :d] - out_u[:, :d]), out_c[:, d:]
+    x0 = (at(s.sqrt_recip_alphas_cumprod) * y - at(s.sqrt_recipm1_alphas_cumprod) * eps).clamp(-1.0, 1.0)
+    mean = at(s.posterior_mean_coef1) * x0 + at(s.posterior_mean_coef2) * y
+    frac = (v + 1.0) / 2.0
+    logvar = frac * at(s.betas.log()) + (1.0 - frac) * at(s.posterior_log_variance_clipped)
+    return mean, (0.5 * logvar).exp()
+
+
+def _condition(rows: int, guided: bool, g: torch.Generator) -> HeadCondition:
+    z = torch.randn(rows, 6, generator=g)
+    if not guided:
+        return HeadCondition(z)
+    return HeadCondition(z, torch.randn(rows, 6, generator=g), 1.0 + 3.0 * torch.rand(rows, generator=g))
+
+
+@pytest.mark.parametrize("guided", [False, True])
+def test_a_chain_with_kept_embeddings_makes_the_plain_numbers(guided):
+    head, g = _head(), torch.Generator().manual_seed(1)
+    chain = head.chain()
+    for rows in (3, 5, 3):  # the third call finds the first one's embeddings kept
+        cond, noise = _condition(rows, guided, g), standard_noise(rows, 4, 10, g, "cpu", torch.float32)
+        with torch.inference_mode():
+            traj = run_chain(chain, cond, noise)
+        y = noise.xi
+        for k in range(chain.num_steps()):
+            mean, std = plain_transition(chain, y, k, cond)
+            assert torch.equal(traj.mean[k], mean) and torch.equal(traj.std[k], std), (rows, k)
+            y = mean + std * noise.eps[k] if k < chain.num_steps() - 1 else mean
+        assert torch.equal(traj.x, y)
+
+
+def test_a_path_evaluated_at_once_makes_the_plain_numbers():
+    head, g = _head(), torch.Generator().manual_seed(2)
+    chain, cond = head.chain(), _condition(4, True, g)
+    states = torch.randn(chain.num_steps(), 4, 4, generator=g)
+    mean, std = evaluate_path(chain, cond, states)
+    steps = torch.arange(chain.num_steps()).repeat_interleave(4)
+    plain_mean, plain_std = plain_transition(chain, states.reshape(-1, 4), steps, cond.repeat(chain.num_steps()))
+    assert torch.equal(mean, plain_mean.reshape(mean.shape)) and torch.equal(std, plain_std.reshape(std.shape))
+
+
+def test_new_weights_are_embedded_again():
+    head, g = _head(), torch.Generator().manual_seed(3)
+    chain, cond = head.chain(), _condition(2, True, g)
+    y = torch.randn(2, 4, generator=g)
+    with torch.inference_mode():
+        chain.transition(y, 0, cond)  # keeps the timestep's embedding
+    with torch.no_grad():
+        for p in head.net.time_embed.parameters():
+            p.add_(0.5)  # as an optimizer step does, in place
+    fresh = HeadCondition(cond.z, cond.z_uncond, cond.cfg)
+    with torch.inference_mode():
+        mean, std = chain.transition(y, 0, fresh)
+    plain_mean, plain_std = plain_transition(chain, y, 0, fresh)
+    assert torch.equal(mean, plain_mean) and torch.equal(std, plain_std)
+
+
+def test_a_condition_keeps_what_a_head_made_of_it_per_key():
+    cond, made = HeadCondition(torch.ones(2, 3)), []
+    make = lambda c: made.append(1) or c.z * 2
+    first = cond.derived("a", make)
+    assert cond.derived("a", make) is first and len(made) == 1
+    cond.derived("b", make)
+    assert len(made) == 2
+    assert cond.select(torch.tensor([0])).derived("a", make).shape == (1, 3) and len(made) == 3  # rows of its own
+
+
+def test_coefficients_cast_once_are_the_coefficients_cast_at_each_step():
+    s = gd.Schedule.cosine(1000, 25)
+    for name in ("sqrt_recip_alphas_cumprod", "posterior_mean_coef1", "alphas_cumprod_prev", "log_betas"):
+        kept = s.scalars(name, torch.float32, torch.device("cpu"))
+        coef = getattr(s, name)
+        assert len(kept) == 25 and all(torch.equal(kept[t], coef[t].to(torch.float32)) for t in range(25))
+    assert torch.equal(s.log_betas, s.betas.log()) and s.timesteps == s.timestep_map.tolist()
+
+
+def _plain_head(model, monkeypatch, calls: list) -> None:
+    """Make ``model``'s head chains compute every transition the plain way (:func:`plain_transition`)."""
+    chain = model.head.chain
+
+    def plain_chain(*args, **kwargs):
+        c = chain(*args, **kwargs)
+        c.transition = lambda y, step, cond: calls.append(step) or plain_transition(c, y, step, cond)
+        return c
+
+    monkeypatch.setattr(model.head, "chain", plain_chain)
+
+
+@pytest.mark.parametrize("family", ["mar", "harmon"])
+def test_generation_makes_the_tokens_of_the_plain_head(family, random_models, monkeypatch):
+    pair = random_models if family == "mar" else random_pair(family=family)
+    conditions = list(pair.prompts[:1] or [3]) * 2
+    sampling = SamplingConfig(num_steps=6, cfg_scale=3.0)
+    fast = generate(pair.target, conditions, [0, 1], sampling)
+    csd = speculative_generate(pair.target, pair.draft, conditions, [0, 1], sampling)
+    calls = []
+    for model in (pair.target, pair.draft):
+        _plain_head(model, monkeypatch, calls)
+    assert torch.equal(generate(pair.target, conditions, [0, 1], sampling).tokens, fast.tokens)
+    plain = speculative_generate(pair.target, pair.draft, conditions, [0, 1], sampling)
+    assert torch.equal(plain.tokens, csd.tokens) and (plain.trace.maker == csd.trace.maker).all()
+    assert len(calls) > 6 * 10  # the plain transitions ran
