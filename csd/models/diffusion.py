@@ -177,7 +177,7 @@ def p_mean_logvar(
 def predict_eps(schedule: Schedule, x_t: Tensor, t: int | Tensor, x0: Tensor) -> Tensor:
     """The eps that x_t and x0 imply: (x_t / sqrt(ab_t) - x0) / sqrt(1 / ab_t - 1)."""
     return (_at(schedule, "sqrt_recip_alphas_cumprod", t, x_t) * x_t - x0) / _at(
-        schedule.sqrt_recipm1_alphas_cumprod, t, x_t
+        schedule, "sqrt_recipm1_alphas_cumprod", t, x_t
     )
 
 
