@@ -25,17 +25,36 @@ from csd.speculative import speculative_generate
 # --- MAR's head: DDIM ---------------------------------------------------------------------------------
 
 
-class ToyEps:
-    """A noise predictor: eps = 0.5 x + z, variance value 0.3; records the timesteps it is called at."""
+class _Timesteps(nn.Module):
+    """The toy's time embedding: records the timesteps it is asked for and adds nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def forward(self, t):
+        self.calls.append(t.tolist())
+        return torch.zeros(t.shape[0], 2, dtype=torch.float64)
+
+
+class ToyEps(nn.Module):
+    """A noise predictor in the head network's shape: eps = 0.5 x + z, variance value 0.3."""
 
     token_dim = 2
 
     def __init__(self):
-        self.calls = []
+        super().__init__()
+        self.time_embed, self.cond_embed = _Timesteps(), nn.Identity()
 
-    def __call__(self, x, t, z):
-        self.calls.append(t.tolist())
-        return torch.cat([0.5 * x + z, torch.full_like(x, 0.3)], dim=-1)
+    @property
+    def calls(self):
+        return self.time_embed.calls
+
+    def forward(self, x, t, z):
+        return self.forward_embedded(x, self.time_embed(t) + self.cond_embed(z))
+
+    def forward_embedded(self, x, y):
+        return torch.cat([0.5 * x + y.to(x.dtype), torch.full_like(x, 0.3)], dim=-1)
 
 
 def cosine_alpha_bar(t: int) -> float:
