@@ -116,6 +116,24 @@ def test_coefficients_cast_once_are_the_coefficients_cast_at_each_step():
     assert torch.equal(s.log_betas, s.betas.log()) and s.timesteps == s.timestep_map.tolist()
 
 
+@pytest.mark.parametrize("t", [0, 7, 24])
+def test_an_int_step_reads_the_numbers_a_step_per_row_reads(t):
+    """The cast-once scalars (an int t) against the coefficients indexed per row (a (n,) t), in every function
+    of a transition: DDPM's mean and variance, DDIM's step with a clipped x0 (and its eps), the forward
+    process."""
+    s, g = gd.Schedule.cosine(1000, 25), torch.Generator().manual_seed(4)
+    x, eps, v = (torch.randn(5, 4, generator=g) for _ in range(3))
+    rows = torch.full((5,), t)
+    for fn in (
+        lambda t: gd.p_mean_logvar(s, x, t, eps, v, clip_x0=1.0),
+        lambda t: gd.ddim_mean_std(s, x, t, eps, 0.5, clip_x0=1.0),
+        lambda t: (gd.learned_log_variance(s, v, t), gd.predict_eps(s, x, t, eps)),
+    ):
+        for a, b in zip(fn(t), fn(rows), strict=True):
+            assert torch.equal(a.expand_as(b), b)
+    assert torch.equal(gd.q_sample(s, x, rows, eps), gd.q_sample(s, x, torch.tensor(t).expand(5), eps))
+
+
 def _plain_head(model, monkeypatch, calls: list) -> None:
     """Make ``model``'s head chains compute every transition the plain way (:func:`plain_transition`)."""
     chain = model.head.chain
