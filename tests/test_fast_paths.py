@@ -1,6 +1,7 @@
 """The samplers' shortcuts make exactly the numbers of the plain computation (torch.equal, on any CPU: the same
 operations on the same inputs): the diffusion head's embeddings kept per condition and per timestep, its
-schedule's coefficients cast once, a temperature of 1 that multiplies nothing."""
+schedule's coefficients cast once, a temperature of 1 that multiplies nothing; xAR's positions read as views
+of its tables, its block mask made once per block shape."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from csd.config import SamplingConfig
 from csd.experiments.pairs import random_pair
 from csd.models import diffusion as gd
 from csd.models.head import DiffusionChain, DiffusionHead
+from csd.models.xar.chains import CellCondition
+from csd.models.xar.network import XAR, xar_config
 from csd.sampling import generate
 from csd.speculative import speculative_generate
 
@@ -160,3 +163,27 @@ def test_generation_makes_the_tokens_of_the_plain_head(family, random_models, mo
     plain = speculative_generate(pair.target, pair.draft, conditions, [0, 1], sampling)
     assert torch.equal(plain.tokens, csd.tokens) and (plain.trace.maker == csd.trace.maker).all()
     assert len(calls) > 6 * 10  # the plain transitions ran
+
+
+def test_xar_positions_as_a_slice_read_what_indexing_reads():
+    """xAR's network at a slice of the cell order (views of its tables) against the same positions indexed
+    (a copy per call, as before): the cache of three context cells and a drafted one, and over it the block of
+    cells 3 and 4 (each attending to the cells before it and to itself)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        model = XAR(xar_config("xar_test", grid=8, cells=16, token_dim=3)).eval()  # cells of 4 tokens
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        clean, x, labels = torch.randn(2, 16, 3), torch.randn(2, 8, 3), torch.tensor([1, 2])
+    t, mask, zeros = torch.full((2, 2), 0.5), model.mask[..., :16, :16], torch.zeros(2, 4)
+    with torch.inference_mode():
+        kept, indexed = [], []
+        model._network(clean, labels, zeros, slice(0, 16), mask, None, kept)
+        model._network(clean, labels, zeros, torch.arange(16), mask, None, indexed)
+        assert all(torch.equal(a, b) for ka, kb in zip(kept, indexed, strict=True) for a, b in zip(ka, kb, strict=True))
+        cond = CellCondition(labels, 3, 2, kept)
+        block = cond.attention_mask(4, "cpu")
+        assert block is cond.attention_mask(4, "cpu")  # made once per block shape
+        at = model._network(x, labels, t, cond.positions(4), block, kept)
+        assert torch.equal(at, model._network(x, labels, t, torch.arange(12, 20), block, kept))

@@ -5,6 +5,7 @@ criterion's resampler)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -43,17 +44,26 @@ class CellCondition:
     cfg: Tensor | None = None  # None: unguided
 
     def attention_mask(self, cell_len: int, device) -> Tensor | None:
-        """Drafted cell j attends to the clean cells before it and to itself: (1, 1, Q, K) additive."""
+        """Drafted cell j attends to the clean cells before it and to itself: (1, 1, Q, K) additive (made once
+        per block shape: every velocity call of a chain reads it; never written)."""
         if self.cells == 1:
             return None  # all of the cache is earlier
-        clean = self.first + self.cells - 1
-        query_cell = self.first + torch.arange(self.cells * cell_len, device=device) // cell_len  # absolute
-        clean_cell = torch.arange(clean * cell_len, device=device) // cell_len
-        own = torch.arange(self.cells * cell_len, device=device) // cell_len
-        allowed = torch.cat(
-            [clean_cell[None] < query_cell[:, None], own[None] == (query_cell[:, None] - self.first)], dim=1
-        )
-        return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, float("-inf"))[None, None]
+        # (an inference tensor is kept apart: autograd may not save one)
+        return _block_mask(self.first, self.cells, cell_len, torch.device(device), torch.is_inference_mode_enabled())
+
+    def positions(self, cell_len: int) -> slice:
+        """Where the chains' tokens sit in the cell order."""
+        return slice(self.first * cell_len, (self.first + self.cells) * cell_len)
+
+
+@functools.lru_cache(maxsize=256)
+def _block_mask(first: int, cells: int, cell_len: int, device: torch.device, inference: bool) -> Tensor:
+    clean = first + cells - 1
+    query_cell = first + torch.arange(cells * cell_len, device=device) // cell_len  # absolute
+    clean_cell = torch.arange(clean * cell_len, device=device) // cell_len
+    own = torch.arange(cells * cell_len, device=device) // cell_len
+    allowed = torch.cat([clean_cell[None] < query_cell[:, None], own[None] == (query_cell[:, None] - first)], dim=1)
+    return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, float("-inf"))[None, None]
 
 
 class CellFlow:
@@ -81,6 +91,7 @@ class CellFlow:
     ):
         check_choice("head_sampler (a flow chain's)", sampler, FLOW_SAMPLERS)
         self.model, self.times = model, flow_times(num_steps, grid)  # an xAR network (csd.models.xar.network.XAR)
+        self._times = self.times.tolist()  # read at every transition, as Python floats
         self.token_dim, self.precision, self.sampler = model.token_dim, precision, sampler
 
     def num_steps(self) -> int:
@@ -91,8 +102,7 @@ class CellFlow:
         m, c = self.model, self.model.config
         b, k = cond.labels.shape[0], cond.cells
         dtype, dev = m.z_proj.weight.dtype, x.device
-        positions = torch.arange(cond.first * c.cell_len, (cond.first + k) * c.cell_len, device=dev)
-        mask = cond.attention_mask(c.cell_len, dev)
+        positions, mask = cond.positions(c.cell_len), cond.attention_mask(c.cell_len, dev)
 
         def net(xx: Tensor, labels: Tensor) -> Tensor:
             with torch.autocast(dev.type, dtype=self.precision or torch.float32, enabled=self.precision is not None):
@@ -108,7 +118,7 @@ class CellFlow:
 
     def transition(self, y: Tensor, step: int, cond: CellCondition) -> tuple[Tensor, Tensor]:
         c = self.model.config
-        t, t_next = self.times[step].item(), self.times[step + 1].item()
+        t, t_next = self._times[step], self._times[step + 1]
         dt, b, k = t_next - t, cond.labels.shape[0], cond.cells
         x = y.reshape(b, k * c.cell_len, c.token_dim)
         v = self.velocity(x, t, cond)

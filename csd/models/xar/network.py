@@ -184,11 +184,11 @@ class Rope2d(nn.Module):
         self.register_buffer("freqs_cos", table.cos())
         self.register_buffer("freqs_sin", table.sin())
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """x (B, H, L, head_dim) at ``positions`` (L,) in cell order (default: the first L)."""
-        cos = self.freqs_cos[: x.shape[2]] if positions is None else self.freqs_cos[positions]
-        sin = self.freqs_sin[: x.shape[2]] if positions is None else self.freqs_sin[positions]
-        return x * cos + rotate_pairs(x) * sin
+    def forward(self, x: Tensor, positions: slice | None = None) -> Tensor:
+        """x (B, H, L, head_dim) at the L ``positions`` in cell order (default: the first L); a slice, whose
+        tables are views (no copy per call)."""
+        positions = slice(0, x.shape[2]) if positions is None else positions
+        return x * self.freqs_cos[positions] + rotate_pairs(x) * self.freqs_sin[positions]
 
 
 class Attention(nn.Module):
@@ -199,9 +199,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.rope = Rope2d(dim // num_heads, grid, cells, theta)
 
-    def forward(
-        self, x: Tensor, mask: Tensor | None, positions: Tensor | None = None, past=None, record=None
-    ) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None, positions: slice | None = None, past=None, record=None) -> Tensor:
         """``past``: (k, v) of earlier tokens to attend to as well; ``record``: a list that receives
         this call's (k, v) (a context pass filling a cache)."""
         b, n, c = x.shape
@@ -298,10 +296,10 @@ class XAR(XARFamily, nn.Module):
         n = x.shape[1]
         if n % c.cell_len or n > c.seq_len:
             raise ValueError(f"x must hold whole cells of {c.cell_len} tokens (at most {c.seq_len}), got {n}")
-        return self._network(x, labels, t, torch.arange(n, device=x.device), self.mask[..., :n, :n])
+        return self._network(x, labels, t, slice(0, n), self.mask[..., :n, :n])
 
     def _network(self, x, labels, t, positions, mask, pasts=None, record=None) -> Tensor:
-        """The encoder-decoder on tokens x at ``positions`` (cell order), cells at times t (B, K)."""
+        """The encoder-decoder on tokens x at ``positions`` (a slice of the cell order), cells at times t (B, K)."""
         c = self.config
         cond = self.cell_conditions(labels, t).repeat_interleave(c.cell_len, dim=1)  # (B, L, D)
         blocks = [*self.encoder_blocks, *self.decoder_blocks]
@@ -323,7 +321,7 @@ class XAR(XARFamily, nn.Module):
             return None
         record: list = []
         t = clean.new_zeros(clean.shape[0], n // self.config.cell_len)
-        self._network(clean, labels, t, torch.arange(n, device=clean.device), self.mask[..., :n, :n], None, record)
+        self._network(clean, labels, t, slice(0, n), self.mask[..., :n, :n], None, record)
         return record
 
     def forward(self, tokens: Tensor, labels: Tensor, generator: torch.Generator | None = None) -> Tensor:
