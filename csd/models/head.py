@@ -113,10 +113,11 @@ class StepEmbeddings:
 
     def __init__(self, embedder: TimestepEmbedder, size: int = 512):
         self.embedder, self.size = embedder, size
+        self._weights = tuple(embedder.parameters())  # listed once: listing them per call costs more than a step
         self._kept: dict[tuple, Tensor] = {}
 
     def __call__(self, timestep: int, rows: int, device: torch.device) -> Tensor:
-        weights = tuple((p._version, p.dtype, p.device) for p in self.embedder.parameters())
+        weights = tuple((p._version, p.data_ptr(), p.dtype) for p in self._weights)
         key = (timestep, rows, device, weights, torch.is_inference_mode_enabled())
         out = self._kept.get(key)
         if out is None:
