@@ -2,8 +2,9 @@
 side by side: what a change to the samplers saved, phase by phase, and that it changed no token.
 
     git worktree add /tmp/before COMMIT
-    ATEN_CPU_CAPABILITY=avx2 python -m scripts.profile_phases --before /tmp/before [--batches 1 8] \\
-        [--repeats 5] [--out bench/results/profile_phases.json]
+    git worktree add /tmp/after HEAD  # optional: pins the newer tree while others edit this one
+    ATEN_CPU_CAPABILITY=avx2 python -m scripts.profile_phases --before /tmp/before [--after /tmp/after] \\
+        [--batches 1 8] [--repeats 5] [--out bench/results/profile_phases.json]
 
 Each tree runs in its own worker process (its own ``csd`` package and models, one torch thread, this
 environment's CPU capability) at the app's default setting (the pair's fixed AR steps and CFG ramp on xAR).
@@ -111,6 +112,12 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def _commit(tree: Path) -> str:
+    """The tree's commit, marked when it has uncommitted changes."""
+    git = lambda *a: subprocess.run(["git", "-C", str(tree), *a], capture_output=True, text=True).stdout.strip()
+    return git("rev-parse", "--short", "HEAD") + (" (modified)" if git("status", "--porcelain", "--", "csd") else "")
+
+
 def summary(samples: dict[str, list[dict]]) -> dict:
     """Per phase: each tree's median wall and CPU seconds and the median paired ratio (after / before)."""
     out = {}
@@ -151,13 +158,14 @@ def markdown(result: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", type=Path, required=True, help="the older tree (git worktree add DIR COMMIT)")
+    ap.add_argument("--after", type=Path, default=ROOT, help="the newer tree (default: this one)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--modes", nargs="+", default=["target", "csd"], choices=["target", "csd"])
     ap.add_argument("--pairs", type=int, nargs="+", default=None, help="indices of the embedded pairs (default: all)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None, help="JSON file (the Markdown table goes beside it)")
     args = ap.parse_args()
-    workers = {"before": Worker(args.before.resolve()), "after": Worker(ROOT)}
+    workers = {"before": Worker(args.before.resolve()), "after": Worker(args.after.resolve())}
     names = workers["after"].hello["pairs"]
     cases = [
         {"pair": p, "batch": b, "mode": m}
@@ -195,7 +203,7 @@ def main() -> None:
         "capability": workers["after"].hello["capability"],
         "load_average": loads,
         "repeats": args.repeats,
-        "before": str(args.before),
+        "trees": {name: _commit(path) for name, path in (("before", args.before), ("after", args.after))},
         "cases": [
             {
                 "pair": names[c["pair"]],
