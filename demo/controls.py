@@ -18,6 +18,10 @@ from demo.errors import refuse, short
 from demo.limits import Limits
 
 MAX_SEED = 2**31 - 1
+# The page's default batch: sized for the slowest CPU a free Space runs on (a default comparison within about
+# 12 s there: docs/app.md), two images per run side by side; the gallery keeps batch-8 comparisons, and a
+# visitor may ask for up to the server's limit. (csd.experiments.defaults.BATCH_SIZE is the benchmarks'.)
+BATCH_SIZE = 2
 
 
 def valid_values(component: gr.components.Component) -> str:
@@ -206,7 +210,7 @@ def declare_controls(store: PairStore, limits: Limits) -> dict[str, Control]:
         "class_name": Control("Class", gr.Dropdown, class_names[0], classes),
         "prompt": Control("Prompt", gr.Textbox, prompt, prompt_box | {"info": "for text-conditioned pairs"}),
         "seed": Control("Seed", gr.Number, 0, {"minimum": 0, "maximum": MAX_SEED, "precision": 0}),
-        "batch_size": slider("Batch size", min(defaults.BATCH_SIZE, limits.max_batch), 1, limits.max_batch),
+        "batch_size": slider("Batch size", min(BATCH_SIZE, limits.max_batch), 1, limits.max_batch),
         **{control_name(f): knob_control(f, limit.get(f)) for f in PAGE_FIELDS},
     }
 

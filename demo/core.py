@@ -24,6 +24,17 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PRECISION = "bfloat16" if DEVICE.type == "cuda" else "float32"  # backbone precision; heads stay float32
 
 
+def pair_defaults(app: App, controls: dict, pair_name: str) -> dict:
+    """``controls`` on another pair: its fixed AR steps and CFG ramp (xAR), a class it has."""
+    source = app.store.source(pair_name)
+    controls = controls | {"pair_name": pair_name}
+    if source.traits.fixed_num_steps:
+        controls |= {"ar_steps": source.traits.fixed_num_steps, "cfg_schedule": source.traits.cfg_schedule}
+    if not source.is_text and controls.get("class_name") not in source.class_names:
+        controls["class_name"] = source.class_names[0]
+    return controls
+
+
 class App:
     """What the handlers share. Holds only read-only things: the model store and the limits. Nothing a
     visitor sends names a file, a directory or a repository: pairs are chosen by name among those the
@@ -76,9 +87,12 @@ class App:
         return pair_name in self._rates
 
     def rates(self, pair: ModelPair) -> Rates:
+        """The pair's rates (:mod:`demo.estimate`), timed at its default setting the first time they are asked
+        for (the server asks for every pair's before it serves)."""
         with self._rates_lock:
             if pair.name not in self._rates:
-                self._rates[pair.name] = calibrate(pair)
+                r = self.request(None, True, **pair_defaults(self, self.default_controls(), pair.name))
+                self._rates[pair.name] = calibrate(pair, r.sampling, r.csd, r.labels[0])
             return self._rates[pair.name]
 
     def estimate(self, r: Request, runs: dict[str, int], images: int | None = None, measure: bool = True) -> float:
@@ -86,11 +100,13 @@ class App:
         0 unless the pair's rates are known already (a validator does not wait for a calibration)."""
         if not measure and r.pair.name not in self._rates:
             return 0.0
-        return self.rates(r.pair).seconds(r.sampling.num_steps, images or len(r.seeds), runs, r.csd.gamma)
+        return self.rates(r.pair).seconds(r.sampling.num_steps, images or len(r.seeds), runs, r.csd)
 
-    def check_fits(self, seconds: float, advice: str, control: str | None = None) -> None:
-        """Refuse, by name and before it runs, a request estimated to run past the per-request limit."""
+    def check_fits(self, seconds: float, advice: str, control: str | None = None, within: float | None = None) -> None:
+        """Refuse, by name and before it runs, a request estimated to run past the per-request limit (or past
+        ``within`` seconds, when less: what the page's defaults are sized to)."""
         most = HEADROOM * self.limits.max_seconds
+        most = most if within is None else min(most, within)
         if seconds > most:
             raise refuse(
                 f"This request would take {words(seconds)} on this server, more than the {most:.0f} s one request "

@@ -26,6 +26,12 @@ class Limits:
     max_seconds: float = _limit(
         75.0, "CSD_MAX_SECONDS", "a run still going after this many seconds stops at its next AR step, with an error"
     )
+    # Estimates err by up to a quarter: 36 s keeps the default analysis within 45 s on the slowest CPU served.
+    default_seconds: float = _limit(
+        36.0,
+        "CSD_DEFAULT_SECONDS",
+        "the page's analysis and frontier recomputes start at the most images (n) estimated to take at most this",
+    )
     per_session: int = _limit(2, None, "requests one visitor may have waiting or running")
     sessions: int = _limit(64, "CSD_SESSIONS", "visitor sessions whose state is kept (the oldest go first)")
     session_ttl: float = _limit(900.0, None, "seconds a visitor's latest run is kept for the Inspect tab")

@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -169,14 +170,17 @@ def make_app(checkpoints: Path | None, limits: Limits, hub_repo: str | None = No
     return App(store, limits, panels, precomputed_frontiers(FRONTIERS, store))
 
 
-def warm_up(app: App) -> None:
-    """Time the default pair for the page's estimates and run the default comparison once, so the first
-    visitor's timings do not include one-time costs."""
+def warm_up(app: App, log=lambda line: None) -> None:
+    """Time every pair at its default setting for the page's estimates (no visitor waits for a pair's timing,
+    and the page's defaults are sized from them), then run the default comparison once, so the first
+    visitor's timings do not include one-time costs. ``log``: a line per pair timed."""
     from demo.tabs.generate import compare
 
-    controls = app.default_controls()
-    app.rates(app.store.get(controls["pair_name"]))  # the page's estimates of the default pair, measured now
-    for _ in compare(app, lambda *args, **kwargs: None, fit=False, **controls):
+    for name in app.store.names:
+        t0 = time.perf_counter()
+        app.rates(app.store.get(name))
+        log(f"Timed {name} in {time.perf_counter() - t0:.0f} s")
+    for _ in compare(app, lambda *args, **kwargs: None, fit=False, **app.default_controls()):
         pass
 
 
@@ -234,6 +238,6 @@ def main(argv: list[str] | None = None) -> None:
     start_up(args)
     limits = limits_module.from_args(args)
     app = make_app(args.checkpoints, limits, args.hub_repo)
-    print(f"Pairs: {app.store.names}; device {DEVICE}; warming up ...", flush=True)
-    warm_up(app)
+    print(f"Pairs: {app.store.names}; device {DEVICE}; timing each pair ...", flush=True)
+    warm_up(app, lambda line: print(line, flush=True))
     serve(build(app), limits, args.host, args.port, args.share, gradio_env=args.gradio_env)

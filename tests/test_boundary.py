@@ -89,3 +89,45 @@ def test_an_estimate_is_linear_in_the_batch_through_the_two_timed_batches():
     assert rates.step("target", 8) == pytest.approx(4.5)  # beyond the timed batch: the same slope
     assert rates.step("draft", 8) == 0.5  # a kind whose cost does not grow with the batch
     assert rates.seconds(10, 4, {"target": 1, "csd": 2}) == pytest.approx(10 * (2.5 + 2 * 2.0))
+
+
+def test_a_csd_estimate_follows_its_target_and_draft_passes():
+    """A CSD run's step is the timed one with the passes per AR step of the request's draft length and pre-fill:
+    the faithful preset's extra verifications cost target steps, its fewer drafted steps save draft steps."""
+    from csd.config import CSDConfig
+    from csd.cost import csd_passes
+    from demo.estimate import Rates
+
+    timed = csd_passes(64, 32, 8, 0.05)  # the default setting's (target, draft) passes
+    per_step = {"target": 1.0, "draft": 0.1, "csd": 0.5}
+    rates = Rates(per_step, per_step, batch=4, passes=(timed[0] / 32, timed[1] / 32), tokens=64)
+    assert rates.seconds(32, 1, {"csd": 1}, CSDConfig()) == pytest.approx(32 * 0.5)
+    target, draft = csd_passes(64, 32, 2, 0.1)
+    assert target > timed[0] and draft < timed[1]
+    expected = 32 * 0.5 + (target - timed[0]) * 1.0 + (draft - timed[1]) * 0.1
+    assert rates.seconds(32, 1, {"csd": 1}, CSDConfig(gamma=2, prefill=0.1)) == pytest.approx(expected)
+    assert rates.seconds(32, 1, {"csd": 1}, CSDConfig(gamma=2, prefill=0.1)) > rates.seconds(32, 1, {"csd": 1})
+    assert rates.seconds(32, 1, {"csd": 1}, CSDConfig(gamma=32, prefill=0.0)) >= 32 * 0.1  # never below drafting
+
+
+def test_a_pair_is_timed_at_the_pages_default_setting(monkeypatch):
+    """Rates come from runs of the page's default setting on the pair (its AR steps within the limit, its draft
+    length and pre-fill), at one image and at the calibration batch, after a warm-up at the cheapest setting."""
+    import demo.estimate as estimate
+
+    timed = []
+    single = lambda model, conditions, seeds, sampling, *rest, **k: timed.append(("single", len(seeds), sampling, None))
+    csd = lambda target, draft, conditions, seeds, sampling, config, **k: timed.append(
+        ("csd", len(seeds), sampling, config)
+    )
+    monkeypatch.setattr(estimate, "generate", single)
+    monkeypatch.setattr(estimate, "speculative_generate", csd)
+    application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), Limits(max_steps=12))
+    rates = application.rates(application.store.get(RANDOM_SOURCE.name))
+    warm, one, many = timed[:3], timed[3:6], timed[6:]
+    assert {(n, s.num_steps) for _, n, s, _ in warm} == {(1, 1)}  # the cheapest setting: one AR step
+    assert {(n, s.num_steps) for _, n, s, _ in one} == {(1, 12)} and {(n, s.num_steps) for _, n, s, _ in many} == {
+        (4, 12)
+    }
+    assert [c.gamma for kind, _, _, c in one if kind == "csd"] == [application.controls["gamma"].default]
+    assert rates.tokens == 64 and rates.passes is not None

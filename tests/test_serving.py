@@ -16,6 +16,7 @@ from gradio_client import Client
 
 from csd.experiments import pairs
 from csd.experiments.pairs import HUB_FILES, PairSource, PairStore, discover, fetch_official
+from csd.trace import Maker
 from demo import server
 from demo.core import App
 from demo.limits import Limits
@@ -222,6 +223,42 @@ def test_a_refused_page_run_leaves_what_is_shown_and_says_why_while_the_api_rais
     assert update[analysis.status].endswith("The panels below are the ones shown before.")
 
 
+def test_the_page_shows_target_only_before_csd_starts_and_csd_before_draft_only(monkeypatch):
+    """Generate streams through the page's refusal wrapper: each run's images are on the page before the next
+    run starts (each next run waits until the page has them), and the last update carries every output."""
+    import demo.tabs.generate as generate_module
+
+    application = App(PairStore([SLOW_SOURCE], torch.device("cpu")), LIMITS)
+    tab = GenerateTab(application)
+    with gr.Blocks():
+        tab.build(Page({}))
+    shown = {"target": threading.Event(), "csd": threading.Event()}
+    real_csd, real_single = generate_module.run_csd, generate_module.run_single
+
+    def after(event: str, run):
+        def gated(*args, **kwargs):
+            assert shown[event].wait(20), f"the next run started before the page showed the {event} images"
+            return run(*args, **kwargs)
+
+        return gated
+
+    monkeypatch.setattr(generate_module, "run_csd", after("target", real_csd))
+    draft_only = after("csd", real_single)
+    pick = lambda *a, **k: (draft_only if Maker.DRAFT in a else real_single)(*a, **k)  # target-only runs at once
+    monkeypatch.setattr(generate_module, "run_single", pick)
+    updates = []
+    for update in tab.generate_ui(None, **_controls(application, ar_steps=8)):
+        updates.append(update)
+        for event, image in (("target", tab.target), ("csd", tab.csd)):
+            if update.get(image) is not None:
+                shown[event].set()
+    images = {"target": tab.target, "csd": tab.csd, "draft": tab.draft}
+    first = {key: next(i for i, u in enumerate(updates) if u.get(c) is not None) for key, c in images.items()}
+    assert first["target"] < first["csd"] < first["draft"] == len(updates) - 1
+    assert all(updates[-1].get(c) is not None for c in (tab.target, tab.csd, tab.map, tab.draft, tab.speed))
+    assert application.history[-1]["status"] == "done"
+
+
 # --- limits -------------------------------------------------------------------------------------------
 
 
@@ -360,8 +397,8 @@ def test_expected_refusals_are_one_log_line_without_a_traceback(caplog):
 
 
 def test_a_chosen_pair_starts_its_recomputes_at_the_images_its_own_rates_fit():
-    """Choosing a pair sets Images (n) to the most its measured rates fit (xAR's runs cost more than the
-    class pair's): a recompute at the page's n is never refused for time."""
+    """Choosing a pair sets Images (n) to the most its measured rates fit within --default-seconds (xAR's runs
+    cost more than the class pair's): a recompute at the page's n is never refused for time."""
     from csd.experiments.pairs import PairStore, pair_specs, random_source
     from demo.estimate import Rates
     from demo.tabs.analysis import AnalysisTab, check_analysis
@@ -381,6 +418,7 @@ def test_a_chosen_pair_starts_its_recomputes_at_the_images_its_own_rates_fit():
     controls = {k: v for k, v in application.default_controls().items() if k != "batch_size"}
     from demo.tabs.analysis import pair_defaults
 
-    check_analysis(application, n, None, False, **pair_defaults(application, controls, xar))  # fits
+    budget = application.limits.default_seconds  # what the page's defaults are sized to (--default-seconds)
+    check_analysis(application, n, None, False, budget, **pair_defaults(application, controls, xar))  # fits
     with pytest.raises(gr.Error, match="fewer images"):
-        check_analysis(application, n + 1, None, False, **pair_defaults(application, controls, xar))
+        check_analysis(application, n + 1, None, False, budget, **pair_defaults(application, controls, xar))

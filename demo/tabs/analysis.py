@@ -9,7 +9,7 @@ import gradio as gr
 from csd.experiments import frontier
 from csd.experiments.analysis import Analysis, AnalysisSettings
 from demo.controls import slider, take
-from demo.core import App
+from demo.core import App, pair_defaults
 from demo.errors import refuse
 from demo.requests import twin_events
 from demo.tab import Page, shown_refusal
@@ -48,22 +48,12 @@ def _images(components: dict | None, n_images):
         raise
 
 
-def pair_defaults(app: App, controls: dict, pair_name: str) -> dict:
-    """The default controls on another pair: its fixed AR steps and CFG ramp (xAR), a class it has."""
-    source = app.store.source(pair_name)
-    controls = controls | {"pair_name": pair_name}
-    if source.traits.fixed_num_steps:
-        controls |= {"ar_steps": source.traits.fixed_num_steps, "cfg_schedule": source.traits.cfg_schedule}
-    if not source.is_text and controls.get("class_name") not in source.class_names:
-        controls["class_name"] = source.class_names[0]
-    return controls
-
-
 def check_analysis(
-    app: App, n_images: int, components: dict | None = None, load: bool = True, **controls
+    app: App, n_images: int, components: dict | None = None, load: bool = True, within: float | None = None, **controls
 ) -> Analysis | None:
     """The planned runs of an analysis recompute, refused by name when over the server's limits
-    (``load=False``: a validator's check, :meth:`demo.core.App.request`)."""
+    (``load=False``: a validator's check, :meth:`demo.core.App.request`; ``within``: also when estimated
+    past that many seconds)."""
     r = app.request(components, load, **controls, batch_size=1)
     if r is None:
         return None
@@ -79,7 +69,7 @@ def check_analysis(
     settings = AnalysisSettings(n_images=n_images, seed=r.seeds[0], sampling=r.sampling, csd=r.csd, **r.condition())
     analysis = Analysis(r.pair, settings)
     seconds = app.estimate(r, analysis.run_counts(), n_images, measure=load)
-    app.check_fits(seconds, "ask for fewer images (n) or AR steps", control="n_images")
+    app.check_fits(seconds, "ask for fewer images (n) or AR steps", "n_images", within)
     return analysis
 
 
@@ -91,9 +81,9 @@ def analysis_panels(app: App, n_images: int, progress, components: dict | None =
 
 
 def check_frontier(
-    app: App, n_images: int, components: dict | None = None, load: bool = True, **controls
+    app: App, n_images: int, components: dict | None = None, load: bool = True, within: float | None = None, **controls
 ) -> frontier.SmallFrontier | None:
-    """The settings of a frontier recompute, refused by name when over the server's limits."""
+    """The settings of a frontier recompute, refused by name when over the server's limits (or ``within``)."""
     r = app.request(components, load, **controls, batch_size=1)
     if r is None:
         return None
@@ -111,7 +101,7 @@ def check_frontier(
     points = frontier.grid(r.sampling, r.csd, head, quick=True, fixed_steps=fixed)
     small = frontier.SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], **r.condition())
     seconds = app.estimate(r, {"csd": len(small)}, n_images, measure=load)
-    app.check_fits(seconds, "ask for fewer images (n) or AR steps", control="n_images")
+    app.check_fits(seconds, "ask for fewer images (n) or AR steps", "n_images", within)
     return small
 
 
@@ -121,6 +111,25 @@ def frontier_result(app: App, n_images: int, progress, components: dict | None =
     returns the frontier."""
     small = check_frontier(app, n_images, components, **controls)
     return (yield from app.run_all(small, small.result, progress))
+
+
+def default_images(app: App, check, pair_name: str | None = None) -> int:
+    """The Images (n) a recompute (``check``: :func:`check_analysis` or :func:`check_frontier`) of the default
+    controls of ``pair_name`` (default: the default pair) starts at on the page: the most (at most 4) estimated
+    to fit the server's limits and ``--default-seconds``, as measured for that pair; 2 before any measurement."""
+    most = min(4, app.limits.max_images)
+    controls = {k: v for k, v in app.default_controls().items() if k != "batch_size"}
+    if pair_name is not None and pair_name in app.store.names:
+        controls = pair_defaults(app, controls, pair_name)
+    if app.store.loaded(controls["pair_name"]) is None or not app.timed(controls["pair_name"]):
+        return min(2, most)
+    for n in range(most, 0, -1):
+        try:
+            check(app, n, None, False, app.limits.default_seconds, **controls)
+            return n
+        except gr.Error:
+            continue
+    return 1
 
 
 def analyze_stopped() -> str:
@@ -185,30 +194,13 @@ class AnalysisTab:
         status = frontier_status(result, pair=pair_name, regime=REGIMES[batch])
         return {self.f_status: status, self.f_plot: chart, self.f_table: table, self.f_data: data}
 
-    def fitting_images(self, check, pair_name: str | None = None) -> int:
-        """The most images (at most 4) whose recompute at the default controls of ``pair_name`` (default: the
-        default pair) fits this server's limits, as measured for that pair; 2 before any measurement."""
-        app, most = self.app, min(4, self.app.limits.max_images)
-        controls = {k: v for k, v in app.default_controls().items() if k != "batch_size"}
-        if pair_name is not None and pair_name in app.store.names:
-            controls = pair_defaults(app, controls, pair_name)
-        if app.store.loaded(controls["pair_name"]) is None or not app.timed(controls["pair_name"]):
-            return min(2, most)
-        for n in range(most, 0, -1):
-            try:
-                check(app, n, None, False, **controls)
-                return n
-            except gr.Error:
-                continue
-        return 1
-
     def analysis_images(self, pair_name: str) -> int:
         """The Images (n) an analysis recompute of the chosen pair starts at."""
-        return self.fitting_images(check_analysis, pair_name)
+        return default_images(self.app, check_analysis, pair_name)
 
     def frontier_images(self, pair_name: str) -> int:
         """The Images (n) a frontier recompute of the chosen pair starts at."""
-        return self.fitting_images(check_frontier, pair_name)
+        return default_images(self.app, check_frontier, pair_name)
 
     @staticmethod
     def _statuses(work, status):
@@ -231,7 +223,7 @@ class AnalysisTab:
         )
         with gr.Row():
             lim = app.limits
-            n_images = slider("Images (n)", self.fitting_images(check_analysis), 1, lim.max_images)
+            n_images = slider("Images (n)", default_images(app, check_analysis), 1, lim.max_images)
             n_images = n_images.component()
             recompute = gr.Button("Recompute for current controls", variant="primary")
             stop = gr.Button("Stop")
@@ -286,7 +278,7 @@ class AnalysisTab:
                 "for one token as for many.",
                 elem_id="frontier-regime",
             )
-            n_default = self.fitting_images(check_frontier)
+            n_default = default_images(app, check_frontier)
             n_images = slider("Images (n) for the frontier", n_default, 1, lim.max_images).component()
             n_images.elem_id = "frontier-n"
             quick = {"api_visibility": "private", "queue": False}
