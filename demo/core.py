@@ -16,7 +16,7 @@ from csd.experiments.pairs import ModelPair, PairStore
 from csd.panels import Panels
 from demo.controls import declare_controls
 from demo.errors import refuse
-from demo.estimate import HEADROOM, Rates, calibrate, words
+from demo.estimate import HEADROOM, Rates, calibrate, head_calls, words
 from demo.limits import Limits
 from demo.requests import Request, build_request
 
@@ -98,9 +98,22 @@ class App:
     def estimate(self, r: Request, runs: dict[str, int], images: int | None = None, measure: bool = True) -> float:
         """Seconds the request's runs should take on this server (:mod:`demo.estimate`); ``measure=False``:
         0 unless the pair's rates are known already (a validator does not wait for a calibration)."""
+        return self.estimate_runs(
+            r, [(r.sampling, r.csd, kind) for kind, n in runs.items() for _ in range(n)], images, measure
+        )
+
+    def estimate_runs(self, r: Request, planned: list[tuple], images: int | None = None, measure: bool = True) -> float:
+        """As :meth:`estimate`, for runs at settings of their own: (sampling, csd) or (sampling, csd, kind),
+        csd None for target-only (an analysis's sweeps, a frontier's points), each over ``images`` images."""
         if not measure and r.pair.name not in self._rates:
             return 0.0
-        return self.rates(r.pair).seconds(r.sampling.num_steps, images or len(r.seeds), runs, r.csd)
+        rates, images = self.rates(r.pair), images or len(r.seeds)
+        seconds = 0.0
+        for sampling, csd, *kind in planned:
+            kind = kind[0] if kind else "target" if csd is None else "csd"
+            calls = head_calls(r.pair, sampling)
+            seconds += rates.seconds(sampling.num_steps, images, {kind: 1}, csd, calls)
+        return seconds
 
     def check_fits(self, seconds: float, advice: str, control: str | None = None, within: float | None = None) -> None:
         """Refuse, by name and before it runs, a request estimated to run past the per-request limit (or past

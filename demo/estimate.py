@@ -14,7 +14,7 @@ name before it runs; the page shows the estimate before the click.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from csd.config import CSDConfig, SamplingConfig
 from csd.cost import csd_passes
@@ -31,36 +31,55 @@ HEADROOM = 0.8  # a request is refused when its estimate passes this share of th
 class Rates:
     """Seconds per AR step of each kind of run ("target", "draft", "csd") at one image (``one``) and at
     ``batch`` images (``many``), at the timed setting; ``passes``: the timed CSD run's target and draft passes
-    per AR step, and ``tokens`` the pair's tokens per image (None: CSD steps are not adjusted)."""
+    per AR step, and ``tokens`` the pair's tokens per image (None: CSD steps are not adjusted);
+    ``head_share``: the share of each kind's time in its head chains, at ``head_calls`` network calls per
+    chain (the timed setting's; 0: head steps are not adjusted)."""
 
     one: dict[str, float]
     many: dict[str, float]
     batch: int = CALIBRATION_BATCH
     passes: tuple[float, float] | None = None
     tokens: int = 0
+    head_share: dict[str, float] = field(default_factory=dict)
+    head_calls: float = 0.0
 
     def step(self, kind: str, images: int) -> float:
         """Seconds of one AR step of a run of ``kind`` over ``images`` images (linear in the batch)."""
         slope = max(0.0, self.many[kind] - self.one[kind]) / (self.batch - 1)
         return self.one[kind] + slope * (images - 1)
 
-    def seconds(self, steps: int, images: int, runs: dict[str, int], csd: CSDConfig | None = None) -> float:
+    def seconds(
+        self, steps: int, images: int, runs: dict[str, int], csd: CSDConfig | None = None, head_calls: float = 0.0
+    ) -> float:
         """``runs``: how many runs of each kind the request makes; ``csd``: the CSD runs' setting (None: the
-        timed one). A CSD step costs the timed one plus a target step per extra target pass per AR step and a
-        draft step per extra draft pass (fewer: less), never less than a draft step."""
+        timed one); ``head_calls``: the network calls of a chain (0: the timed number). A CSD step costs the
+        timed one plus a target step per extra target pass per AR step and a draft step per extra draft pass
+        (fewer: less), never less than a draft step; a kind's head chains cost in proportion to their calls."""
         cost = {kind: self.step(kind, images) for kind in runs}
         if "csd" in cost and csd is not None and self.passes is not None:
             target, draft = csd_passes(self.tokens, steps, csd.gamma, csd.prefill, csd.gamma_schedule)
             extra = self.step("target", images) * (target / steps - self.passes[0])
             extra += self.step("draft", images) * (draft / steps - self.passes[1])
             cost["csd"] = max(self.step("draft", images), cost["csd"] + extra)
+        if head_calls and self.head_calls:
+            cost = {
+                k: c * (1.0 + self.head_share.get(k, 0.0) * (head_calls / self.head_calls - 1.0))
+                for k, c in cost.items()
+            }
         return steps * sum(cost[kind] * count for kind, count in runs.items())
 
 
-def _seconds(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+def head_calls(pair: ModelPair, sampling: SamplingConfig) -> float:
+    """Network calls of a head chain per AR step at ``sampling``, on average over its AR steps (a head-step
+    schedule, Heun's two calls a step)."""
+    steps = sampling.head_steps_per_step(pair.target.head_steps(sampling.head_steps))
+    return sum(sampling.head_calls(h) for h in steps) / len(steps)
+
+
+def _head_share(trace) -> float:
+    """The share of a run's phase time spent in head chains (``*_head`` phases)."""
+    total = sum(trace.times.values())
+    return sum(v for k, v in trace.times.items() if k.endswith("_head")) / total if total > 0 else 0.0
 
 
 def calibrate(pair: ModelPair, sampling: SamplingConfig, csd: CSDConfig, condition) -> Rates:
@@ -81,10 +100,23 @@ def calibrate(pair: ModelPair, sampling: SamplingConfig, csd: CSDConfig, conditi
     warm = replace(sampling, num_steps=cheap.num_steps, head_steps=cheap.head_steps, cfg_schedule=cheap.cfg_schedule)
     for run in runs(1, warm).values():
         run()
-    per_step = lambda images: {kind: _seconds(run) / steps for kind, run in runs(images, sampling).items()}
+    traces = {}
+
+    def per_step(images: int) -> dict[str, float]:
+        out = {}
+        for kind, run in runs(images, sampling).items():
+            t0 = time.perf_counter()
+            traces[kind] = run().trace
+            out[kind] = (time.perf_counter() - t0) / steps
+        return out
+
     target, draft = csd_passes(pair.num_tokens, steps, csd.gamma, csd.prefill, csd.gamma_schedule)
     one, many = per_step(1), per_step(CALIBRATION_BATCH)
-    return Rates(one, many, passes=(target / steps, draft / steps), tokens=pair.num_tokens)
+    share = {kind: _head_share(trace) for kind, trace in traces.items()}  # at the larger batch
+    passes = (target / steps, draft / steps)
+    return Rates(
+        one, many, passes=passes, tokens=pair.num_tokens, head_share=share, head_calls=head_calls(pair, sampling)
+    )
 
 
 def words(seconds: float) -> str:

@@ -74,11 +74,10 @@ def measure(app, pair_name: str) -> dict:
     ):
         n = default_images(app, check, pair_name)  # what the page offers for this pair
         r = app.request(None, True, **analysis, batch_size=1)
-        planned = check(app, n, None, True, **analysis)
-        runs = planned.run_counts() if hasattr(planned, "run_counts") else {"csd": len(planned)}
+        planned = check(app, n, None, True, **analysis).planned()
         rows[f"{label}, default ({n} images)"] = {
             "images": n,
-            "estimate_s": app.estimate(r, runs, n),
+            "estimate_s": app.estimate_runs(r, planned, n),
             **_timed(run(app, n, NO_PROGRESS, None, **analysis)),
             "goal_s": GOALS.get(label),
         }

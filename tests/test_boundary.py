@@ -112,22 +112,40 @@ def test_a_csd_estimate_follows_its_target_and_draft_passes():
 
 def test_a_pair_is_timed_at_the_pages_default_setting(monkeypatch):
     """Rates come from runs of the page's default setting on the pair (its AR steps within the limit, its draft
-    length and pre-fill), at one image and at the calibration batch, after a warm-up at the cheapest setting."""
+    length and pre-fill), at one image and at the calibration batch, after a warm-up at the cheapest setting;
+    each kind's share of time in its head chains comes from the runs' phase times."""
+    from types import SimpleNamespace
+
     import demo.estimate as estimate
 
-    timed = []
-    single = lambda model, conditions, seeds, sampling, *rest, **k: timed.append(("single", len(seeds), sampling, None))
-    csd = lambda target, draft, conditions, seeds, sampling, config, **k: timed.append(
-        ("csd", len(seeds), sampling, config)
-    )
+    timed, made = [], SimpleNamespace(trace=SimpleNamespace(times={"target_backbone": 3.0, "target_head": 1.0}))
+
+    def single(model, conditions, seeds, sampling, *rest, **kwargs):
+        timed.append(("single", len(seeds), sampling, None))
+        return made
+
+    def csd(target, draft, conditions, seeds, sampling, config, **kwargs):
+        timed.append(("csd", len(seeds), sampling, config))
+        return made
+
     monkeypatch.setattr(estimate, "generate", single)
     monkeypatch.setattr(estimate, "speculative_generate", csd)
     application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), Limits(max_steps=12))
     rates = application.rates(application.store.get(RANDOM_SOURCE.name))
     warm, one, many = timed[:3], timed[3:6], timed[6:]
     assert {(n, s.num_steps) for _, n, s, _ in warm} == {(1, 1)}  # the cheapest setting: one AR step
-    assert {(n, s.num_steps) for _, n, s, _ in one} == {(1, 12)} and {(n, s.num_steps) for _, n, s, _ in many} == {
-        (4, 12)
-    }
+    assert {(n, s.num_steps) for _, n, s, _ in one} == {(1, 12)}
+    assert {(n, s.num_steps) for _, n, s, _ in many} == {(4, 12)}
     assert [c.gamma for kind, _, _, c in one if kind == "csd"] == [application.controls["gamma"].default]
     assert rates.tokens == 64 and rates.passes is not None
+    assert rates.head_share == dict.fromkeys(("target", "draft", "csd"), 0.25)
+
+
+def test_a_chain_of_fewer_head_calls_costs_its_share_less():
+    from demo.estimate import Rates
+
+    per_step = {"target": 1.0, "csd": 1.0}
+    rates = Rates(per_step, per_step, head_share={"target": 0.5, "csd": 0.2}, head_calls=25.0)
+    assert rates.seconds(10, 1, {"target": 1}, head_calls=12.5) == pytest.approx(10 * (0.5 + 0.5 * 0.5))
+    assert rates.seconds(10, 1, {"csd": 1}, head_calls=50.0) == pytest.approx(10 * (0.8 + 0.2 * 2))
+    assert rates.seconds(10, 1, {"target": 1}) == rates.seconds(10, 1, {"target": 1}, head_calls=25.0) == 10.0

@@ -179,10 +179,9 @@ class Analysis:
     def __len__(self) -> int:
         return len(self._plan) + len(self._timed)
 
-    def run_counts(self) -> dict[str, int]:
-        """How many of the runs are target-only and how many CSD (what an estimate of the cost needs)."""
-        kinds = [csd is None for _, _, csd in [*self._plan.values(), *self._timed]]
-        return {"target": sum(kinds), "csd": len(kinds) - sum(kinds)}
+    def planned(self) -> list[tuple[SamplingConfig, CSDConfig | None]]:
+        """The setting of every run, in order (CSD None: target-only): what an estimate of the cost needs."""
+        return [(sampling, csd) for _, sampling, csd in [*self._plan.values(), *self._timed]]
 
     def steps(
         self, on_step: Callable[[str], StepCallback | None] = lambda label: None

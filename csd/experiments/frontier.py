@@ -576,11 +576,18 @@ class SmallFrontier:
     def __len__(self) -> int:
         return len(self.points) + 1
 
+    def _order(self) -> list[Point]:
+        return [*self.points, self.points[0]]  # each setting, then the baseline again
+
+    def planned(self) -> list[tuple[SamplingConfig, CSDConfig | None]]:
+        """The setting of every run, in order (CSD None: target-only): what an estimate of the cost needs."""
+        return [(p.sampling, p.csd) for p in self._order()]
+
     def steps(
         self, on_step: Callable[[str], StepCallback | None] = lambda label: None
     ) -> Iterator[tuple[int, int, str]]:
         """Run every setting; yields (done, total, label of the next run) before each."""
-        order = [*self.points, self.points[0]]
+        order = self._order()
         self._runs = []
         for i, p in enumerate(order):
             label = p.name if i < len(self.points) else f"{p.name}, timed again"

@@ -68,7 +68,7 @@ def check_analysis(
         )
     settings = AnalysisSettings(n_images=n_images, seed=r.seeds[0], sampling=r.sampling, csd=r.csd, **r.condition())
     analysis = Analysis(r.pair, settings)
-    seconds = app.estimate(r, analysis.run_counts(), n_images, measure=load)
+    seconds = app.estimate_runs(r, analysis.planned(), n_images, measure=load)
     app.check_fits(seconds, "ask for fewer images (n) or AR steps", "n_images", within)
     return analysis
 
@@ -100,7 +100,7 @@ def check_frontier(
     head = r.pair.target.head_steps(r.sampling.head_steps)
     points = frontier.grid(r.sampling, r.csd, head, quick=True, fixed_steps=fixed)
     small = frontier.SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], **r.condition())
-    seconds = app.estimate(r, {"csd": len(small)}, n_images, measure=load)
+    seconds = app.estimate_runs(r, small.planned(), n_images, measure=load)
     app.check_fits(seconds, "ask for fewer images (n) or AR steps", "n_images", within)
     return small
 
