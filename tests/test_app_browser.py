@@ -51,7 +51,7 @@ def served():
         if os.environ.get("CI") == "true":
             pytest.fail(f"browser test required under CI: {reason}")
         pytest.skip(reason)
-    limits = Limits(max_batch=4)  # the default batch, capped: keeps one generation short
+    limits = Limits()  # what `python app.py` serves (a default run is two images)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as `python app.py --threads 1`: on a shared CPU, more threads can be 10x slower
     application = server.make_app(None, limits)  # what `python app.py` serves, models and panels included
@@ -89,8 +89,13 @@ def open_page(url: str, viewport: dict | None = None):
 
 
 def generate_and_wait(page) -> None:
-    """Press Generate and wait for this run's result (not the precomputed comparison the page opened on)."""
+    """Press Generate and wait for this run's result (not the precomputed comparison the page opened on); on
+    the way, target-only shows alone first (each run's images as it finishes, not all at the end)."""
     page.get_by_role("button", name="Generate", exact=True).click()
+    page.wait_for_function(
+        "() => document.querySelector('#img-target img') && !document.querySelector('#img-csd img')"
+        " && !document.querySelector('#gen-status')?.innerText.includes('Precomputed')"
+    )
     page.wait_for_function(
         "() => { const t = document.querySelector('#gen-status')?.innerText || '';"
         " return t.includes('Speedup') && !t.includes('Precomputed'); }"
