@@ -4,10 +4,12 @@ Stop and the time limit honoured at the next AR step)."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -21,6 +23,10 @@ from demo.limits import Limits
 from demo.requests import Request, build_request
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+# The page hears of a run's AR steps at most once every this many seconds (and at each run's first and last
+# step): every update costs the server's event loop a few milliseconds of Python, taken from the run itself
+# (the GIL), and one per AR step made the default Generate a third slower on the 2-core CPU (docs/app.md).
+PROGRESS_SECONDS = 0.25
 PRECISION = "bfloat16" if DEVICE.type == "cuda" else "float32"  # backbone precision; heads stay float32
 
 
@@ -33,6 +39,23 @@ def pair_defaults(app: App, controls: dict, pair_name: str) -> dict:
     if not source.is_text and controls.get("class_name") not in source.class_names:
         controls["class_name"] = source.class_names[0]
     return controls
+
+
+@dataclass
+class Throttle:
+    """Which AR steps of a run the page hears of: each run's first and last, and the others at most one every
+    ``every`` seconds (by ``clock``)."""
+
+    every: float = PROGRESS_SECONDS
+    clock: Callable[[], float] = time.monotonic
+    _last: float = -math.inf
+
+    def due(self, step: Step) -> bool:
+        now = self.clock()
+        if step.done in (1, step.total) or now - self._last >= self.every:
+            self._last = now
+            return True
+        return False
 
 
 class App:
@@ -136,13 +159,16 @@ class App:
         return Job(work, time_limit=self.limits.max_seconds)
 
     def follow(self, job: Job, runs: list[str], progress) -> Iterator[object]:
-        """Iterate ``job``: report each AR step to ``progress`` (phase in the label, the bar across
-        ``runs``) and pass on the values it posts; always stop the job on the way out (Stop closes
-        this generator), and turn its errors into the app's errors."""
+        """Iterate ``job``: report its AR steps to ``progress`` (phase in the label, the bar across ``runs``)
+        and pass them on, as a :class:`Throttle` lets them through, and pass on every value it posts; always
+        stop the job on the way out (Stop closes this generator), and turn its errors into the app's errors."""
         t0, status = time.perf_counter(), "stopped"  # stays so when Stop closes this generator
+        throttle = Throttle()
         try:
             for event in job:
                 if isinstance(event, Step):
+                    if not throttle.due(event):
+                        continue
                     i = runs.index(event.label) if event.label in runs else 0
                     progress((i * event.total + event.done, len(runs) * event.total), desc=event.text, unit="steps")
                 yield event

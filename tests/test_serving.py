@@ -149,17 +149,32 @@ def test_a_hub_repository_named_at_start_is_fetched_before_serving(tmp_path, mon
 # --- progress and stop ------------------------------------------------------------------------------
 
 
-def test_generate_reports_progress_per_ar_step_through_the_api(served):
+def test_generate_reports_progress_through_the_api_at_each_runs_ends_and_at_most_four_times_a_second(served):
     application, _, client = served
     job = client.submit(**_controls(application, ar_steps=16), api_name="/generate")
     job.result(timeout=120)
     statuses = [out[4] for out in job.outputs() if isinstance(out[4], str)]  # others: "no change" updates
     running = [s for s in statuses if s.startswith("Running")]
-    # 16 target-only steps, the CSD run's pre-fill, draft and verify steps, 16 draft-only steps.
-    assert sum("target-only: AR step" in s for s in running) == 16
-    assert sum("draft-only: AR step" in s for s in running) == 16
-    assert any("CSD: AR step" in s and "(verify)" in s for s in running)
+    for run in ("target-only", "draft-only"):
+        steps = [s for s in running if f"{run}: AR step" in s]
+        assert f"{run}: AR step 1/16" in steps[0] and f"{run}: AR step 16/16" in steps[-1] and len(steps) <= 16
+    assert any("CSD: AR step 16/16 (verify)" in s for s in running)  # the CSD run's last block
     assert statuses[-1].startswith("### Speedup") and application.history[-1]["status"] == "done"
+    assert application.history[-1]["steps"] > 32  # every step ran; the page heard of some
+
+
+def test_the_page_hears_of_a_runs_first_and_last_step_and_of_the_others_at_most_every_quarter_second():
+    from csd.experiments.jobs import Step
+    from demo.core import PROGRESS_SECONDS, Throttle
+
+    now = [0.0]
+    throttle = Throttle(clock=lambda: now[0])
+    heard = []
+    for done in range(1, 21):  # 20 steps, 0.1 s apart
+        heard += [done] if throttle.due(Step("target-only", done, 20, "target")) else []
+        now[0] += 0.1
+    assert heard == [1, 4, 7, 10, 13, 16, 19, 20] and PROGRESS_SECONDS == 0.25
+    assert throttle.due(Step("CSD", 1, 20, "pre-fill"))  # a new run's first step, at once
 
 
 def test_stop_ends_the_run_within_an_ar_step_and_the_queue_serves_the_next_request(served):
