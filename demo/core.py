@@ -35,7 +35,9 @@ def pair_defaults(app: App, controls: dict, pair_name: str) -> dict:
     source = app.store.source(pair_name)
     controls = controls | {"pair_name": pair_name}
     if source.traits.fixed_num_steps:
-        controls |= {"ar_steps": source.traits.fixed_num_steps, "cfg_schedule": source.traits.cfg_schedule}
+        controls["ar_steps"] = source.traits.fixed_num_steps
+    if source.traits.cfg_schedule:
+        controls["cfg_schedule"] = source.traits.cfg_schedule
     if not source.is_text and controls.get("class_name") not in source.class_names:
         controls["class_name"] = source.class_names[0]
     return controls
