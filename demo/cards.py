@@ -85,8 +85,9 @@ def model_line(source: PairSource) -> str:
     bench = _bench(target)
     if bench is not None:
         line += f"; target-only class accuracy {bench['accuracy_target']:.2f}"
-        if "colour_accuracy_target" in bench:
-            line += f", colour accuracy {bench['colour_accuracy_target']:.2f}"
+        for key, name in (("colour_accuracy", "colour"), ("background_accuracy", "background")):
+            if f"{key}_target" in bench:
+                line += f", {name} accuracy {bench[f'{key}_target']:.2f}"
         line += f" (draft {bench['accuracy_draft']:.2f})"
     return f"*{line}.*"
 

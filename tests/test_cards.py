@@ -26,8 +26,9 @@ def test_the_line_quotes_the_committed_benchmark_and_the_files_sizes(sources, sp
     assert f"target-only class accuracy {bench['accuracy_target']:.2f}" in line
     assert f"(draft {bench['accuracy_draft']:.2f})" in line
     assert line.startswith("*32 x 32 px") and "M parameters" in line and "?" not in line
-    if "colour_accuracy_target" in bench:
-        assert f"colour accuracy {bench['colour_accuracy_target']:.2f}" in line
+    for key, name in (("colour_accuracy", "colour"), ("background_accuracy", "background")):
+        if f"{key}_target" in bench:
+            assert f"{name} accuracy {bench[f'{key}_target']:.2f}" in line
     meta = json.loads((ROOT / "assets" / "models" / f"{spec.target}.json").read_text())
     if "tokenizer" in meta:  # a text pair: the vocabulary its file holds
         assert f"prompts over a {len(meta['tokenizer']['words'])}-word caption vocabulary" in line

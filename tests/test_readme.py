@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from visualize.report import headline_markdown
+from visualize.report import bench_markdown, headline_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -104,3 +104,21 @@ def test_the_xar_block_is_the_xar_benchmark_run():
     results = (ROOT / "docs" / "results.md").read_text()
     md = re.search(r"<!-- xar-bench:start -->\n(.*?)<!-- xar-bench:end -->", results, re.S)[1]
     assert md.strip() == (ROOT / "bench" / "results" / "xar" / "bench.md").read_text().split("\n", 2)[2].strip()
+
+
+def test_a_text_result_with_background_scores_gets_their_column():
+    """Results since issue 42 score the prompt's background too: every text table shows it beside colour,
+    one cell per sampler, and a result without it (a class pair) gets neither column."""
+    result = json.loads((ROOT / "bench" / "results" / "text" / "bench.json").read_text())
+    with_bg = result | {
+        f"background_accuracy_{k}": 0.25 + i / 10
+        for i, k in enumerate(("target", "csd", "fewer", "draft", "csd_unaligned"))
+    }
+    for table in (headline_markdown(with_bg), bench_markdown(with_bg)):
+        lines = [ln for ln in table.splitlines() if ln.startswith("|")]
+        assert "| colour accuracy | background accuracy |" in lines[0] or "background accuracy" in table
+        widths = {ln.count("|") for ln in lines[:6]}
+        assert len(widths) == 1, table  # every row has the header's cells
+    assert "| 0.250 |" in headline_markdown(with_bg) and "| 0.550 |" in headline_markdown(with_bg)
+    plain = {k: v for k, v in result.items() if not k.startswith(("colour_accuracy_", "background_accuracy_"))}
+    assert "colour accuracy" not in headline_markdown(plain) and "background" not in headline_markdown(plain)

@@ -15,6 +15,7 @@ import argparse
 import json
 import re
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 from csd.verdict import METRICS, result_metrics, verdict, verdict_line
@@ -64,10 +65,8 @@ def bench_markdown(result: dict) -> str:
         f"Quality at batch {s['default_batch']}, gamma {s['csd']['gamma']}: {n} images per sampler, Frechet distance "
         f"to {s['bench']['n_ref']} held-out real images (two real sets of {n}: {_f(result['fd_real'])}).",
         "",
-        "| sampler | time vs target | class accuracy |"
-        + (" colour accuracy |" if _colours(result) else "")
-        + " Frechet distance |",
-        "| --- | --- | --- | --- |" + (" --- |" if _colours(result) else ""),
+        "| sampler | time vs target | class accuracy |" + _prompt_header(result)[0] + " Frechet distance |",
+        "| --- | --- | --- |" + _prompt_header(result)[1] + " --- |",
     ]
     for key, name, rel_time in (
         ("target", "target only", 1.0),
@@ -77,7 +76,7 @@ def bench_markdown(result: dict) -> str:
         ("draft", "draft only", result["draft_time"]),
     ):
         acc, fd = result[f"accuracy_{key}"], result[f"fd_{key}"]
-        colour = f" {_f(result[f'colour_accuracy_{key}'], 3)} |" if _colours(result) else ""
+        colour = _prompt_cells(result, key)
         lines.append(f"| {name} | {_f(rel_time)} | {_f(acc, 3)} |{colour} {_f(fd)} |")
     by_gamma = result.get("quality_by_gamma", [])
     if len(by_gamma) > 1:
@@ -138,22 +137,41 @@ def _fewer(result: dict) -> str:
     return f"{row['target_passes']} AR steps"
 
 
+PROMPT_SCORES = {"colour_accuracy": "colour accuracy", "background_accuracy": "background accuracy"}
+
+
+def _prompt_scores(result: dict) -> list[str]:
+    """The prompt scores a result holds (a text pair's: the shape's colour and, in results since issue 42,
+    the background the prompt asked for), in table order."""
+    return [k for k in PROMPT_SCORES if f"{k}_target" in result]
+
+
 def _colours(result: dict) -> bool:
     """Whether a result scored prompts (a text pair): it then has colour accuracies too."""
-    return "colour_accuracy_target" in result
+    return bool(_prompt_scores(result))
+
+
+def _prompt_header(result: dict) -> tuple[str, str]:
+    """The prompt scores' header cells and their separator cells (empty for a class pair)."""
+    keys = _prompt_scores(result)
+    return "".join(f" {PROMPT_SCORES[k]} |" for k in keys), " --- |" * len(keys)
+
+
+def _prompt_cells(result: dict, key: str) -> str:
+    """A sampler's (``key``: target, csd, fewer, draft) prompt scores as table cells."""
+    return "".join(f" {_f(result[f'{k}_{key}'], 3)} |" for k in _prompt_scores(result))
 
 
 def headline_markdown(result: dict) -> str:
     """The README's table: every sampler of the quality section at the default batch, time as a speed-up
     (and the colour accuracy of what the prompts asked, for a text pair)."""
     s = result["settings"]
-    colour = lambda key: f" {_f(result[f'colour_accuracy_{key}'], 3)} |" if _colours(result) else ""
+    colour = partial(_prompt_cells, result)
+    header, rule = _prompt_header(result)
     lines = [
         f"| {s['sampling']['num_steps']} AR steps, batch {s['default_batch']}, {s['bench']['n']} images "
-        "| speed-up | target passes | acceptance | class accuracy |"
-        + (" colour accuracy |" if _colours(result) else "")
-        + " Frechet distance |",
-        "| --- | --- | --- | --- | --- |" + (" --- |" if _colours(result) else "") + " --- |",
+        "| speed-up | target passes | acceptance | class accuracy |" + header + " Frechet distance |",
+        "| --- | --- | --- | --- | --- |" + rule + " --- |",
         f"| target only | 1.00x | {s['sampling']['num_steps']} | | {_f(result['accuracy_target'], 3)} |"
         f"{colour('target')} {_f(result['fd_target'], 1)} |",
     ]
@@ -171,7 +189,7 @@ def headline_markdown(result: dict) -> str:
         default = " (default)" if g == s["csd"]["gamma"] else ""
         lines.append(
             f"| CSD, gamma {g}{default} | {_f(q['speedup'])}x | {q['target_passes']} | {_f(q['acceptance'], 2)} "
-            f"| {_f(q['accuracy'], 3)} |{q.get('colour', ' |' if _colours(result) else '')} {_f(q['fd'], 1)} |"
+            f"| {_f(q['accuracy'], 3)} |{q.get('colour', ' |' * len(_prompt_scores(result)))} {_f(q['fd'], 1)} |"
         )
     lines += [
         f"| target, {_fewer(result)} | {_f(1 / result['fewer_steps_time'])}x "

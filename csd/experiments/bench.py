@@ -158,8 +158,9 @@ def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, con
         images, stats = gen(mode, setting)
         scores, feats[key] = quality(images, labels, ref, classifier)
         out[f"accuracy_{key}"], out[f"fd_{key}"] = scores["accuracy"], scores["fd"]
-        if "colour_accuracy" in scores:  # prompts: the colour they asked for, too
-            out[f"colour_accuracy_{key}"] = scores["colour_accuracy"]
+        for score in ("colour_accuracy", "background_accuracy"):  # prompts: the colour and background they ask
+            if scores.get(score) is not None:
+                out[f"{score}_{key}"] = scores[score]
         if mode == "csd":
             out[key] = summarize_stats(stats)
 
@@ -306,21 +307,7 @@ def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out:
     (frontier_subset_b<batch> for a run of some settings, --frontier-only)."""
     from csd.experiments import frontier
 
-    fixed = target.traits.fixed_num_steps is not None  # xAR: no fewer-AR-step settings
-    head = target.head_steps(sampling.head_steps)
-    traits = target.traits
-    points = frontier.grid(
-        sampling,
-        csd,
-        head,
-        args.quick,
-        fixed,
-        caches_guidance=traits.caches_guidance,
-        caches_tokens=traits.caches_tokens,
-        head_samplers=traits.head_samplers,
-        takes_gtr=traits.takes_gtr,
-    )
-    points = frontier.select(points, args.frontier_only)
+    points = frontier.select(frontier.pair_grid(target, sampling, csd, args.quick), args.frontier_only)
     classifier = load_classifier(args.classifier)
     ref = reference_features(config.n_ref, REFERENCE_SEED, classifier)
     batches = frontier_batches(args.batches)
