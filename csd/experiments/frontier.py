@@ -294,6 +294,23 @@ def grid(
     return points
 
 
+def pair_grid(target, sampling: SamplingConfig, csd: CSDConfig, quick: bool = False) -> list[Point]:
+    """:func:`grid` for a loaded target: its head steps at ``sampling`` and its family's traits (fixed AR
+    steps, the LazyMAR caches, few-step samplers and GtR it takes)."""
+    traits = target.traits
+    return grid(
+        sampling,
+        csd,
+        target.head_steps(sampling.head_steps),
+        quick,
+        traits.fixed_num_steps is not None,  # xAR: no fewer-AR-step settings
+        caches_guidance=traits.caches_guidance,
+        caches_tokens=traits.caches_tokens,
+        head_samplers=traits.head_samplers,
+        takes_gtr=traits.takes_gtr,
+    )
+
+
 def select(points: list[Point], only: Sequence[str] | None) -> list[Point]:
     """The baseline and the points whose name holds one of ``only`` (all of them when None)."""
     if not only:
