@@ -333,3 +333,23 @@ def test_two_process_gloo_run(tmp_path):
     assert meta["train"]["world_size"] == 2 and meta["train"]["global_batch_size"] == 8
     assert len(safe_torch_load(out.with_name("ddp.train_state.pt"))["rng"]) == 2
     load_model(out)
+
+
+def test_the_init_is_the_runs_seed_whatever_the_callers_generator_holds(tmp_path):
+    """Layer init draws the run's own seed stream (what torch.manual_seed of it gives, through
+    csd.rng.drawing_from), not whatever the caller's global generator holds."""
+    from csd.rng import stream_seed
+
+    cfg = tiny_config(tmp_path / "run")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(stream_seed(cfg.seed, "train/init"))
+        expected = MAR(cfg.model_config()).state_dict()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(12345)
+        trainer = Trainer(cfg)
+    for name, value in expected.items():
+        assert torch.equal(trainer.model.state_dict()[name], value), name
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(999)
+        other = Trainer(cfg)
+    assert all(torch.equal(a, b) for a, b in zip(other.model.parameters(), trainer.model.parameters(), strict=True))

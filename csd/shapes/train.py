@@ -37,7 +37,7 @@ from csd.models.checkpoint import CheckpointError, file_digest, load_state_stric
 from csd.models.mar import MAR, MAR_CONFIGS, MARConfig, mar_config
 from csd.models.registry import load_model, save_model, weights_path
 from csd.models.tokenizer import PixelTokenizer
-from csd.rng import stream_seed
+from csd.rng import drawing_from, stream_seed
 from csd.shapes.data import NUM_CLASSES, ShapesConfig, make_dataset
 from csd.speculative import check_pair
 
@@ -268,8 +268,8 @@ class Trainer:
         rank = self.dist.rank
 
         self.parent: dict | None = None  # what init_from / init_weights started from
-        torch.manual_seed(stream_seed(cfg.seed, "train/init"))  # the same init on every rank
-        self.model = self.build_model().to(self.device).train()
+        with drawing_from(torch.Generator().manual_seed(stream_seed(cfg.seed, "train/init"))):  # same on every rank
+            self.model = self.build_model().to(self.device).train()
         self.ema = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.net = DistributedDataParallel(self.model) if self.dist.world > 1 else self.model
         self.optimizer = torch.optim.AdamW(self._param_groups(), lr=cfg.lr, betas=BETAS)
