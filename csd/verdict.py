@@ -54,8 +54,18 @@ def verdict(rows: list[dict], metric: str = "fd", slack: float = SLACK, clear: f
     if not rated:
         return {"verdict": "unrated", "metric": metric, "slack": slack, "clear": clear, "best": None}
     best = max(rated, key=lambda m: m["margin"])
-    word = "clearly ahead" if best["margin"] > clear else "on par" if best["margin"] >= -clear else "behind"
-    return {"verdict": word, "metric": metric, "slack": slack, "clear": clear, "best": best}
+    return {
+        "verdict": verdict_word(best["margin"], clear),
+        "metric": metric,
+        "slack": slack,
+        "clear": clear,
+        "best": best,
+    }
+
+
+def verdict_word(margin: float, clear: float = CLEAR) -> str:
+    """The rule's word for CSD's deciding margin (standard errors, positive: CSD better)."""
+    return "clearly ahead" if margin > clear else "on par" if margin >= -clear else "behind"
 
 
 def verdict_line(result: dict) -> str:

@@ -289,11 +289,104 @@ def frontier_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- a decision: the deciding settings on the same seeds, paired ---------------------------------------------
+
+
+def _pm(c: dict, digits: int) -> str:
+    """A paired comparison's difference +- its standard error."""
+    return f"{c['diff']:+.{digits}f} +- {c['se']:.{digits}f}"
+
+
+def decide_markdown(result: dict) -> str:
+    """A decision's tables (csd.experiments.decide): the verdicts per batch and slack with their margins in
+    paired standard errors, every setting's time and quality, each CSD setting against each alternative, and
+    per batch the fastest setting within target-only's standard error."""
+    rows, batches = result["rows"], list(result["keeps_target"])
+    times = lambda r: " | ".join(f"{r['time'][b]:.2f}" for b in batches)
+    lines = [
+        f"# Enough images to decide: {result.get('family', '?')}",
+        "",
+        f"{result['n']} images per setting on the same labels and seeds; Frechet distance (FD) to "
+        f"{result.get('settings', {}).get('n_ref', '?')} held-out real images, class accuracy beside it. Differences "
+        f"are paired image by image: the FD's standard error from {result['bootstrap']} bootstrap resamples that draw "
+        "the same images for both settings (the reference fixed), the accuracy's from the per-image differences. "
+        "A margin is CSD's difference from an alternative in paired standard errors, positive where CSD is "
+        "better. Each CSD setting faces every alternative at no more than its time + slack (ratios of "
+        "target-only's time at that batch) and its smallest margin counts; the best CSD setting decides: "
+        f"clearly ahead above +{result['clear']:g}, behind below -{result['clear']:g}, else on par. Time: "
+        + "; ".join(f"batch {b}: {t}" for b, t in result.get("timing", {}).items())
+        + ".",
+        "",
+        "| batch | slack | metric | verdict | margin | CSD setting (time) | rival (time) | difference (paired SE) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for v in result["verdicts"]:
+        head = f"| {v['batch']} | {v['slack']:g} | {'FD' if v['metric'] == 'fd' else v['metric']} | "
+        b = v["best"]
+        if b is None:
+            lines.append(head + "unrated (no alternative as fast) | | | | |")
+            continue
+        digits = _digits(v["metric"])
+        lines.append(
+            head + f"**{v['verdict']}** | {b['margin']:+.1f} | {b['csd']} ({b['time']:.2f}) | {b['rival']} "
+            f"({b['rival_time']:.2f}) | {_pm(b, digits)} |"
+        )
+    lines += [
+        "",
+        "| setting | " + " | ".join(f"time, batch {b}" for b in batches) + " | FD | accuracy "
+        "| FD vs target-only (paired) | accuracy vs target-only (paired) |",
+        "| --- |" + " --- |" * (len(batches) + 4),
+    ]
+    for r in rows:
+        vs = r["vs_target"]
+        paired = f"{_pm(vs['fd'], 1)} | {_pm(vs['accuracy'], 3)}" if vs else "| "
+        lines.append(
+            f"| {r['name']} | {times(r)} | {r['fd']:.1f} +- {r['fd_se']:.1f} | {r['accuracy']:.3f} +- "
+            f"{r['accuracy_se']:.3f} | {paired} |"
+        )
+    by_name = {r["name"]: r for r in rows}
+    for name in dict.fromkeys(p["csd"] for p in result["pairs"]):
+        lines += [
+            "",
+            f"{name} against each alternative (difference: CSD - alternative; margin: positive where CSD is better):",
+            "",
+            "| alternative | "
+            + " | ".join(f"time, batch {b}" for b in batches)
+            + " | FD difference | FD margin | accuracy difference | accuracy margin |",
+            "| --- |" + " --- |" * (len(batches) + 4),
+            f"| (CSD itself) | {times(by_name[name])} | | | | |",
+        ]
+        for p in sorted(
+            (p for p in result["pairs"] if p["csd"] == name),
+            key=lambda p: by_name[p["alternative"]]["time"][batches[0]],
+        ):
+            lines.append(
+                f"| {p['alternative']} | {times(by_name[p['alternative']])} | {_pm(p['fd'], 1)} | "
+                f"{p['fd']['margin']:+.1f} | {_pm(p['accuracy'], 3)} | {p['accuracy']['margin']:+.1f} |"
+            )
+    lines += [
+        "",
+        "The fastest setting within target-only's standard error (FD at most target-only's + its SE, accuracy at "
+        "least target-only's - its SE):",
+        "",
+        "| batch | setting | time | speed-up | FD | accuracy |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for b, k in result["keeps_target"].items():
+        lines.append(
+            f"| {b} | {k['name']} | {k['time']:.2f} | {k['speedup']:.2f}x | {k['fd']:.1f} | {k['accuracy']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def write_tables(path: Path) -> Path:
     """A result's Markdown beside its JSON: bench.md for a benchmark, frontier_b8.md for frontier_b8.json."""
     path = Path(path)
     result = json.loads(path.read_text())
-    if "metrics" in result:  # a frontier (csd.experiments.frontier.run_frontier)
+    if result.get("kind") == "decide":  # csd.experiments.decide
+        out = path.with_suffix(".md")
+        out.write_text(decide_markdown(result))
+    elif "metrics" in result:  # a frontier (csd.experiments.frontier.run_frontier)
         out = path.with_suffix(".md")
         out.write_text(f"# Quality-time frontier, batch {result['batch']}\n\n" + frontier_markdown(result))
     else:
@@ -361,6 +454,8 @@ def report(path: Path, root: Path = ROOT) -> str:
     (``frontier_b8.png`` and ``frontier_b8_cost.png`` beside ``frontier_b8.json``), a benchmark its docs blocks."""
     result = json.loads(Path(path).read_text())
     table = write_tables(path)
+    if result.get("kind") == "decide":  # its table only: the docs take its numbers by hand
+        return f"wrote {table}"
     if "metrics" in result:  # a frontier (csd.experiments.frontier.run_frontier)
         out = Path(path).with_suffix(".png")
         save_png(frontier_chart(result), out)
