@@ -22,7 +22,7 @@ from csd.experiments.decide import (
 )
 from csd.experiments.frontier import Point, fd_standard_error, grid
 from tests.helpers import save_tiny_pixel_pair
-from visualize.report import decide_markdown
+from visualize.report import decide_markdown, decide_summary
 
 
 def feature_sets(n: int = 200, d: int = 4, noise: float = 0.1, seed: int = 0):
@@ -177,6 +177,11 @@ def test_summarize_pairs_every_csd_setting_with_every_alternative():
     md = decide_markdown(result)
     assert md.startswith("# Enough images to decide") and "| 1 | 0.05 | FD | **" in md
     assert md.count("\n| target, 3 AR steps |") == 2  # its row and its comparison with CSD
+    summary = decide_summary([result | {"family": "MAR"}]).splitlines()
+    assert len(summary) == 2 + 2 + 1 + 1  # a header, a rule, a row per batch, a blank line, a line per family
+    v = [v for v in result["verdicts"] if v["batch"] == 8 and v["metric"] == "fd"]
+    assert summary[3].startswith("| MAR (class pair) | 8 | 50 |") and f"{v[0]['best']['margin']:+.1f} / " in summary[3]
+    assert summary[-1].startswith("- MAR (class pair): ") and "target-only: FD" in summary[-1]
 
 
 def test_candidates_are_csds_best_the_alternatives_near_its_time_and_the_unmeasured():

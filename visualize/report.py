@@ -1,7 +1,8 @@
 """Benchmark results into the repository: each result's tables (Markdown) and each frontier's charts beside
 its JSON, each benchmark's tables into docs/results.md and its headline into the README (the class
 pair's blocks, or the text and xAR pairs' own: ``text-bench`` / ``xar-bench``, ``text-headline`` /
-``xar-headline``).
+``xar-headline``). A decision (``csd.experiments.decide``) gets its table beside it, and the decisions named
+together their summary on stdout, for the README.
 
     python -m visualize.report bench/results/bench.json bench/results/frontier_b1.json [...]
 
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
-from csd.verdict import METRICS, result_metrics, verdict, verdict_line
+from csd.verdict import METRICS, SLACK, result_metrics, verdict, verdict_line
 from visualize.frontier import cost_chart, frontier_chart
 from visualize.render import save_png
 
@@ -379,6 +380,60 @@ def decide_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+FAMILY_LABELS = {"MAR": "MAR (class pair)", "Harmon": "Harmon (text pair)", "xAR": "xAR (cells pair)"}
+
+
+def _decided(result: dict, batch: str, metric: str) -> dict[float, dict]:
+    """A decision's verdicts at one batch on one metric, by slack."""
+    return {v["slack"]: v for v in result["verdicts"] if v["batch"] == int(batch) and v["metric"] == metric}
+
+
+def _margins(verdicts: dict[float, dict]) -> str:
+    return " / ".join("-" if v["best"] is None else f"{v['best']['margin']:+.1f}" for v in verdicts.values())
+
+
+def decide_summary(results: Sequence[dict], slack: float = SLACK) -> str:
+    """Decisions side by side (csd.experiments.decide), for the README: per family and batch the FD verdict
+    with its margins in paired SEs at every slack, CSD's deciding setting and the rival at ``slack`` with
+    their time, FD and accuracy; then per family the fastest setting within target-only's standard error."""
+    slacks = " / ".join(f"{s:g}" for s in results[0]["slacks"]) if results else ""
+    lines = [
+        f"| family | batch | n | verdict (FD) | FD margin, slack {slacks} | CSD (time, FD, accuracy) | rival at slack "
+        f"{slack:g} (time, FD, accuracy) | accuracy margin, slack {slacks} |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    quality = lambda r, t: f"{t:.2f}, {r['fd']:.1f}, {r['accuracy']:.3f}"
+    for result in results:
+        rows, label = {r["name"]: r for r in result["rows"]}, FAMILY_LABELS.get(result.get("family"), "?")
+        for b in result["keeps_target"]:
+            fd, acc = _decided(result, b, "fd"), _decided(result, b, "accuracy")
+            head = f"| {label} | {b} | {result['n']} |"
+            at = fd[slack]["best"]
+            if at is None:
+                lines.append(f"{head} unrated | {_margins(fd)} | | | {_margins(acc)} |")
+                continue
+            csd, rival = quality(rows[at["csd"]], at["time"]), quality(rows[at["rival"]], at["rival_time"])
+            lines.append(
+                f"{head} **{fd[slack]['verdict']}** | {_margins(fd)} | {at['csd']} ({csd}) | {at['rival']} ({rival}) "
+                f"| {_margins(acc)} |"
+            )
+    lines.append("")
+    for result in results:
+        base, kept = result["rows"][0], list(result["keeps_target"].items())
+        one = len({k["name"] for _, k in kept}) == 1  # the same setting at every batch: named once
+        speeds = "; ".join(
+            f"batch {b}: {'' if one else k['name'] + ', '}{k['speedup']:.2f}x "
+            f"({'CSD' if k['method'] == 'CSD' else 'not CSD'}, FD {k['fd']:.1f}, accuracy {k['accuracy']:.3f})"
+            for b, k in kept
+        )
+        lines.append(
+            f"- {FAMILY_LABELS.get(result.get('family'), '?')}: {kept[0][1]['name'] + ', ' if one else ''}{speeds}; "
+            f"target-only: FD {base['fd']:.1f} +- {base['fd_se']:.1f}, accuracy {base['accuracy']:.3f} +- "
+            f"{base['accuracy_se']:.3f} ({result['n']} images)."
+        )
+    return "\n".join(lines) + "\n"
+
+
 def write_tables(path: Path) -> Path:
     """A result's Markdown beside its JSON: bench.md for a benchmark, frontier_b8.md for frontier_b8.json."""
     path = Path(path)
@@ -473,9 +528,14 @@ def report(path: Path, root: Path = ROOT) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m visualize.report", description=__doc__.split("\n")[0])
-    p.add_argument("results", nargs="+", type=Path, help="bench.json / frontier.json files")
+    p.add_argument("results", nargs="+", type=Path, help="bench.json / frontier.json / decide.json files")
+    decisions = []
     for path in p.parse_args(argv).results:
         print(report(path))
+        result = json.loads(path.read_text())
+        decisions += [result] if result.get("kind") == "decide" else []
+    if decisions:  # their summary, for the README
+        print(decide_summary(decisions), end="")
 
 
 if __name__ == "__main__":
