@@ -81,6 +81,8 @@ def test_the_where_csd_pays_paragraph_quotes_the_committed_frontiers():
     quoted = re.findall(r"\((\d\.\d\d), FD (\d+\.\d)\)", reading)
     assert len(quoted) >= 2, reading
     rows = {(f"{r['time']:.2f}", f"{r['fd']:.1f}") for res in results for r in res["rows"]}
+    for path in ROOT.glob("bench/results/**/decide.json"):  # the paired decisions: a row's time at batch 1
+        rows |= {(f"{r['time']['1']:.2f}", f"{r['fd']:.1f}") for r in json.loads(path.read_text())["rows"]}
     for pair in quoted:
         assert pair in rows, pair
 
