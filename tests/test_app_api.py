@@ -112,7 +112,8 @@ def test_frontier_recomputes_every_alternative_for_the_current_controls(served):
     assert "Recomputed" in status and "1 images each" in status and plot is not None
     rows = data["rows"]
     assert rows[0]["name"].startswith("target-only (8 AR steps") and rows[0]["time"] == 1.0
-    assert {r["method"] for r in rows} == {"target, fewer AR steps", "target, cheaper head", "target, DiSA", "CSD"}
+    methods = {"target, fewer AR steps", "target, cheaper head", "target, DiSA", "target, GtR", "CSD"}
+    assert {r["method"] for r in rows} == methods  # GtR: the alternative that decided the paired verdicts
     assert data["weights"] == RANDOM_SOURCE.weights and data["n"] == 1
     assert table.count("\n|") == len(rows) + 2
     assert any(r["front_accuracy"] for r in rows)

@@ -1,6 +1,7 @@
 """The quality-time frontier: its grid of settings, the Pareto front, and a tiny run end to end."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -352,3 +353,23 @@ def test_every_new_point_is_a_setting_its_family_takes_and_csd_accepts(family):
                 traits.check_sampling(p.csd.draft_sampling(p.sampling), pair.draft.seq_len)
             if p.sampling.gtr_stages:
                 pair.target.plan([0], p.sampling, "cpu")  # every stage fits its tokens
+
+
+@pytest.mark.parametrize("name", ["shapes_target", "shapes_xar_target", "shapes_text_target"])
+def test_the_apps_deciding_points_are_the_full_grids_settings(name):
+    """The app's quick frontier adds the alternatives that decided the paired verdicts (GtR's stages on
+    the masked pairs, Euler and Heun ODE steps on xAR), under the names and settings of the full grid."""
+    from csd.experiments import defaults
+    from csd.experiments.frontier import deciding_points, pair_grid
+    from csd.models.registry import load_model
+
+    target = load_model(Path(__file__).resolve().parents[1] / "assets" / "models" / f"{name}.safetensors")
+    steps = target.traits.fixed_num_steps or defaults.SAMPLING.num_steps
+    s = replace(defaults.SAMPLING, num_steps=steps)
+    head = target.head_steps(s.head_steps)
+    points = deciding_points(s, head, target.traits.head_samplers, target.traits.takes_gtr)
+    full = {p.name: p for p in pair_grid(target, s, defaults.CSD)}
+    expected = ["GtR"] if target.traits.takes_gtr else ["Euler ODE flow 6", "Heun ODE flow 4"]
+    assert [e for e in expected if any(e in p.name for p in points)] == expected
+    for p in points:
+        assert p.csd is None and full[p.name].sampling == p.sampling, p.name

@@ -92,13 +92,15 @@ def check_frontier(
     if work > most:
         raise refuse(
             f"Images (n) x AR steps of the frontier must be at most {most} on this server (half of "
-            f"--max-analysis-steps, CSD_MAX_ANALYSIS_STEPS: it runs 14 settings), got "
+            f"--max-analysis-steps, CSD_MAX_ANALYSIS_STEPS: it runs about 15 settings), got "
             f"{n_images} x {r.sampling.num_steps} = {work}: ask for fewer images or AR steps",
             control="n_images",
         )
     fixed = r.pair.traits.fixed_num_steps is not None  # xAR: one AR step per cell
     head = r.pair.target.head_steps(r.sampling.head_steps)
+    traits = r.pair.traits
     points = frontier.grid(r.sampling, r.csd, head, quick=True, fixed_steps=fixed)
+    points += frontier.deciding_points(r.sampling, head, traits.head_samplers, traits.takes_gtr)
     small = frontier.SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], **r.condition())
     seconds = app.estimate_runs(r, small.planned(), n_images, measure=load)
     app.check_fits(seconds, "ask for fewer images (n) or AR steps", "n_images", within)
