@@ -298,19 +298,13 @@ def deciding_points(
     sampling: SamplingConfig, head_steps: int, head_samplers: Sequence[str] = (), takes_gtr: bool = False
 ) -> list[Point]:
     """The alternatives that decided the verdicts on 200 paired images (docs/results.md, "Enough images to
-    decide"), named as in the full grid, for the app's quick frontier: GtR's stages alone at half the AR
+    decide"), taken from the full grid for the app's quick frontier: GtR's stages alone at half the AR
     steps (masked families), the probability-flow ODE with Euler at 6 and Heun at 4 flow steps on the
-    uniform grid (xAR), each where the family takes it and it is cheaper than ``head_steps``."""
-    s, points = sampling, []
-    if takes_gtr:
-        half = gtr_setting(s.num_steps // 2, head_steps, detail=False)
-        points.append(Point(f"target, {gtr_name(half)}", replace(s, **half)))
-    if "euler" in head_samplers:
-        for sampler, k in (("euler", 6), ("heun", 4)):
-            if k < head_steps:
-                ode = replace(s, head_steps=k, head_sampler=sampler, flow_grid="uniform")
-                points.append(Point(f"target, {sampler.title()} ODE flow {k} steps, uniform grid", ode))
-    return points
+    uniform grid (xAR), each where the family takes it."""
+    points = gtr_points(sampling, CSDConfig(), head_steps, quick=True)[:1] if takes_gtr else []
+    wanted = {f"target, {name} ODE flow {k} steps, uniform grid" for name, k in (("Euler", 6), ("Heun", 4))}
+    every = sampler_points(sampling, CSDConfig(), head_steps, head_samplers, quick=False)
+    return points + [p for p in every if p.name in wanted]
 
 
 def pair_grid(target, sampling: SamplingConfig, csd: CSDConfig, quick: bool = False) -> list[Point]:
