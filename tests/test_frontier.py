@@ -159,6 +159,63 @@ def test_the_bench_frontier_records_the_weights_the_app_matches(tmp_path, restor
     assert result["weights"] == file_digest(Path(target), Path(draft)) and result["metrics"] == ["fd", "accuracy"]
 
 
+def test_the_parts_of_a_grid_cover_it_once_each_with_the_baseline_and_the_fewest_steps_in_every_part():
+    from csd.experiments.frontier import part
+
+    points = grid(SamplingConfig(num_steps=32, cfg_scale=3.0), CSDConfig(gamma=8), 25, quick=False)
+    fewest = next(p.name for p in points if p.name == "target, 8 AR steps")
+    parts = [part(points, k, 3) for k in (1, 2, 3)]
+    for q in parts:
+        assert q[0] is points[0] and fewest in [p.name for p in q]
+        assert [points.index(p) for p in q] == sorted(points.index(p) for p in q)  # the grid's order
+    names = [p.name for q in parts for p in q[1:] if p.name != fewest]
+    assert sorted(names + [fewest]) == sorted(p.name for p in points[1:])  # each other point in one part
+    assert max(len(q) for q in parts) - min(len(q) for q in parts) <= 1
+    assert [p.name for p in part(points, 1, 1)] == [p.name for p in points]
+    for k, n in ((0, 2), (3, 2), (1, 0)):
+        with pytest.raises(ValueError, match="1..n"):
+            part(points, k, n)
+
+
+def test_a_frontier_run_in_parts_merges_into_the_grids_rows_with_fronts_and_verdict_recomputed(
+    tmp_path, restore_threads
+):
+    from csd.experiments.bench import main
+    from csd.verdict import verdict
+
+    target, draft = save_tiny_pixel_pair(tmp_path)
+    args = ["--frontier", "--quick", "--target", target, "--draft", draft, "--n", "4", "--n-ref", "20"]
+    args += ["--repeats", "1", "--batches", "2", "--num-steps", "6", "--threads", "1", "--out", str(tmp_path)]
+    parts = [main(args + ["--frontier-part", f"{k}/2"])[2] for k in (1, 2)]
+    assert sorted(p.name for p in tmp_path.glob("frontier_part*")) == [
+        "frontier_part1of2_b2.json",
+        "frontier_part2of2_b2.json",
+    ]
+    with pytest.raises(SystemExit, match="other weights"):
+        main(args[1:] + ["--merge-parts", "2", "--target", draft, "--draft", target])
+    merged = main(args[1:] + ["--merge-parts", "2"])[2]
+    saved = json.loads((tmp_path / "frontier_b2.json").read_text())
+    assert [r["name"] for r in saved["rows"]] == [r["name"] for r in merged["rows"]]
+    assert len(saved["rows"]) == len({r["name"] for p in parts for r in p["rows"]}) > len(parts[0]["rows"])
+    by_name = {r["name"]: r for r in parts[1]["rows"]} | {r["name"]: r for r in parts[0]["rows"]}
+    for r in saved["rows"]:
+        assert r["time"] == by_name[r["name"]]["time"] and r["fd"] == by_name[r["name"]]["fd"]
+    assert saved["verdict"] == verdict(saved["rows"]) and len(saved["parts"]) == 2
+    assert saved["minutes"] == max(p["minutes"] for p in parts)
+    assert saved["rows"][0]["name"].startswith("target-only (6 AR steps")
+    with pytest.raises(SystemExit, match="missing"):
+        main(args[1:] + ["--merge-parts", "3"])
+
+
+@pytest.mark.parametrize("bad", ["2", "0/2", "3/2", "a/b"])
+def test_a_bad_frontier_part_names_the_flag(bad, capsys):
+    from csd.experiments.bench import main
+
+    with pytest.raises(SystemExit):
+        main(["--frontier", "--frontier-part", bad])
+    assert "--frontier-part" in capsys.readouterr().err
+
+
 # --- the app's recompute at a few images ----------------------------------------------------------
 
 

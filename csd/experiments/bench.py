@@ -297,6 +297,17 @@ def single_batch(config: BenchConfig, batches: list[int] | None) -> int:
     return config.batches[-1] if batches is None else batches[0]
 
 
+def frontier_part_arg(text: str) -> tuple[int, int]:
+    """--frontier-part K/N -> (K, N), 1 <= K <= N."""
+    try:
+        k, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--frontier-part must be K/N, e.g. 1/2, got {text!r}") from None
+    if not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"--frontier-part K/N needs 1 <= K <= N, got {text!r}")
+    return k, n
+
+
 def frontier_batches(batches: list[int] | None) -> tuple[int, ...]:
     """The batches a frontier is timed at: every --batches, else the latency and throughput regimes."""
     return tuple(dict.fromkeys(batches)) if batches else (1, 8)
@@ -308,6 +319,8 @@ def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out:
     from csd.experiments import frontier
 
     points = frontier.select(frontier.pair_grid(target, sampling, csd, args.quick), args.frontier_only)
+    if args.frontier_part:
+        points = frontier.part(points, *args.frontier_part)
     classifier = load_classifier(args.classifier)
     ref = reference_features(config.n_ref, REFERENCE_SEED, classifier)
     batches = frontier_batches(args.batches)
@@ -322,10 +335,42 @@ def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out:
         result["models"] = recorded_models(args.target, args.draft)
         result["weights"] = file_digest(Path(args.target), Path(args.draft))  # as ModelPair.weights: the app checks it
         result["family"] = target.traits.family
-        path = out / (f"frontier_subset_b{b}.json" if args.frontier_only else f"frontier_b{b}.json")
+        path = out / frontier_file(b, args.frontier_only, args.frontier_part)
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"{verdict_line(result)}\nwrote {path}; its table (.md) and charts: python -m visualize.report {path}")
     return results
+
+
+def frontier_file(batch: int, only=None, part: tuple[int, int] | None = None) -> str:
+    """frontier_b<batch>.json; frontier_subset_b<batch>.json (--frontier-only); frontier_part<k>of<n>_b<batch>.json
+    (--frontier-part k/n)."""
+    if part:
+        return f"frontier_part{part[0]}of{part[1]}_b{batch}.json"
+    return f"frontier_subset_b{batch}.json" if only else f"frontier_b{batch}.json"
+
+
+def merge_frontier(target, sampling, csd, args, out: Path) -> dict[int, dict]:
+    """--merge-parts N: the parts 1..N of a frontier run at once (--frontier-part k/N) put together into
+    frontier_b<batch>.json, the rows in the grid's order; its minutes: the longest part's."""
+    from csd.experiments import frontier
+
+    order = [p.name for p in frontier.select(frontier.pair_grid(target, sampling, csd, args.quick), args.frontier_only)]
+    n = args.merge_parts
+    merged = {}
+    for b in frontier_batches(args.batches):
+        paths = [out / frontier_file(b, part=(k, n)) for k in range(1, n + 1)]
+        if missing := [str(p) for p in paths if not p.is_file()]:
+            raise SystemExit(f"--merge-parts {n}: missing {', '.join(missing)}")
+        parts = [json.loads(p.read_text()) for p in paths]
+        if {p["weights"] for p in parts} != {file_digest(Path(args.target), Path(args.draft))}:
+            raise SystemExit(f"--merge-parts {n}: the parts were measured on other weights than --target / --draft")
+        result = frontier.merge_parts(parts, order)
+        result["minutes"] = max(p["minutes"] for p in parts)  # the parts ran at once
+        path = out / frontier_file(b, args.frontier_only)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"{verdict_line(result)}\nwrote {path}; its table (.md) and charts: python -m visualize.report {path}")
+        merged[b] = result
+    return merged
 
 
 def retime_frontier(target, draft, config: BenchConfig, args) -> dict:
@@ -379,6 +424,19 @@ def main(argv: list[str] | None = None) -> dict:
         "(frontier_subset_b<batch>.json)",
     )
     parser.add_argument(
+        "--frontier-part",
+        type=frontier_part_arg,
+        metavar="K/N",
+        help="with --frontier: part K of N of the grid, for N processes at once, one per core "
+        "(frontier_part<K>of<N>_b<batch>.json); then --merge-parts N",
+    )
+    parser.add_argument(
+        "--merge-parts",
+        type=int,
+        metavar="N",
+        help="put the N parts in --out together into frontier_b<batch>.json (same --target/--draft and settings)",
+    )
+    parser.add_argument(
         "--compare",
         nargs="+",
         metavar="SETTING",
@@ -396,6 +454,8 @@ def main(argv: list[str] | None = None) -> dict:
     target, draft = load_models(args.target, args.draft, device)
     if args.retime:
         return retime_frontier(target, draft, config, args)
+    if args.merge_parts:
+        return merge_frontier(target, sampling, csd, args, Path(args.out))
     if args.frontier:
         return write_frontier(target, draft, sampling, csd, config, args, Path(args.out))
     if args.compare:

@@ -331,6 +331,44 @@ def select(points: list[Point], only: Sequence[str] | None) -> list[Point]:
     return [points[0]] + [p for p in points[1:] if any(part in p.name for part in only)]
 
 
+def part(points: list[Point], k: int, n: int) -> list[Point]:
+    """Part ``k`` (1..``n``) of a grid, for ``n`` processes run at once (one per core): every part holds
+    the baseline and the target's fewest-AR-step point (the cost model's fit), the rest is dealt in turn,
+    so each part gets its share of the costly settings. :func:`merge_parts` puts the results together."""
+    if not (isinstance(n, int) and n >= 1 and isinstance(k, int) and 1 <= k <= n):
+        raise ValueError(f"frontier part: k must be in 1..n and n >= 1, got {k}/{n}")
+    target_steps = [p.sampling.num_steps for p in points if p.csd is None]
+    fewest = replace(points[0].sampling, num_steps=min(target_steps))
+    shared = [0] + [i for i, p in enumerate(points) if p.csd is None and p.sampling == fewest and i > 0][:1]
+    rest = [i for i in range(len(points)) if i not in shared]
+    return [points[i] for i in sorted(shared + rest[k - 1 :: n])]
+
+
+def merge_parts(results: list[dict], order: Sequence[str]) -> dict:
+    """One frontier from the parts (:func:`part`) of a grid timed at the same batch: the rows in the
+    grid's ``order`` (a point in several parts kept from the first), the fronts and verdict recomputed.
+    Each row's time is a ratio to its own part's baseline, timed side by side in that part; the pass
+    costs are the first part's, each part's kept under ``parts``."""
+    if not results or len({r["batch"] for r in results}) != 1 or len({r["n"] for r in results}) != 1:
+        raise ValueError("merge_parts: results of one batch and one n, at least one")
+    rows: dict[str, dict] = {}
+    for result in results:
+        for row in result["rows"]:
+            rows.setdefault(row["name"], dict(row))
+    missing = [name for name in order if name not in rows]
+    extra = [name for name in rows if name not in order]
+    if missing or extra:
+        raise ValueError(f"merge_parts: rows missing {missing[:3]}, rows not in the grid {extra[:3]}")
+    merged = dict(results[0])
+    merged["rows"] = [rows[name] for name in order]
+    mark_fronts(merged["rows"], merged["metrics"])
+    merged["verdict"] = verdict(merged["rows"])
+    merged["parts"] = [
+        {"rows": [r["name"] for r in result["rows"]], "pass_costs": result["pass_costs"]} for result in results
+    ]
+    return merged
+
+
 def pareto(times: list[float], quality: list[float], higher_is_better: bool) -> list[bool]:
     """True for the points no other point beats on both: at most the time and at least the quality,
     better in one of them."""
