@@ -178,6 +178,9 @@ def test_generate_then_analysis_in_chromium(served, tmp_path):
         page.locator("#panel-frontier .hoverlayer").get_by_text("gamma", exact=False).first.wait_for(state="visible")
 
 
+RED_CIRCLE = "a large red circle on a plain white background"
+
+
 @pytest.mark.browser
 def test_a_prompt_run_on_the_text_pair_in_chromium(served, tmp_path):
     """Choose the text pair, pick an example prompt, generate; a word outside the vocabulary is refused."""
@@ -197,6 +200,7 @@ def test_a_prompt_run_on_the_text_pair_in_chromium(served, tmp_path):
         page.wait_for_function(
             "text => document.querySelector('#prompt textarea').value === text", arg=EXAMPLE_PROMPTS[1]
         )
+        prompt.fill(RED_CIRCLE)  # issue 42: the prompt a visitor tried, which the pair before it ignored
         generate_and_wait(page)
         page.screenshot(path=shots / "screenshot_prompt.png", full_page=True)
 
