@@ -3,6 +3,8 @@ options that make a text model follow it (prompt-only rows, a loss weighted towa
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -198,3 +200,60 @@ def test_every_example_prompt_pairs_a_colour_and_background_the_models_were_trai
         seen = sum((prompt_colour(c), c.split(" on ")[1]) == pairing for c in captions)
         assert seen >= 10, (prompt, seen)
     assert sum(("blue", "a plain black background") == (prompt_colour(c), c.split(" on ")[1]) for c in captions) == 0
+
+
+def _prompts_result(modes=("target", "csd")) -> dict:
+    example = {"class_accuracy": 0.5, "colour_accuracy": 0.75, "background_accuracy": 1.0}
+    held = {"accuracy": 0.74, "colour_accuracy": 0.96, "background_accuracy": 0.74, "fd": 24.2}
+    return {
+        "kind": "prompts",
+        "n": 100,
+        "seeds_per_prompt": 8,
+        "sampling": {"num_steps": 32, "cfg_scale": 3.0, "cfg_schedule": "linear"},
+        "modes": {
+            m: {
+                "held_out": held | ({"acceptance_rate": 0.41} if m == "csd" else {}),
+                "examples": {"a large red star on a plain white background": example},
+                "examples_mean": example,
+            }
+            for m in modes
+        },
+    }
+
+
+def test_a_prompt_result_becomes_its_table_and_the_docs_block(tmp_path):
+    from visualize.report import prompts_markdown, report
+
+    table = prompts_markdown(_prompts_result())
+    assert "| target only | 0.74 | 0.96 | 0.74 | 24.2 |  |" in table
+    assert "| CSD (default) | 0.74 | 0.96 | 0.74 | 24.2 | 0.41 |" in table
+    assert "| a large red star on a plain white background | 0.50 / 0.75 / 1.00 | 0.50 / 0.75 / 1.00 |" in table
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "results.md").write_text("x\n<!-- text-prompts:start -->\nold\n<!-- text-prompts:end -->\n")
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps(_prompts_result()))
+    report(path, root=tmp_path)
+    assert (tmp_path / "prompts.md").read_text().startswith("# Prompt following")
+    docs = (tmp_path / "docs" / "results.md").read_text()
+    assert table.strip() in docs and "old" not in docs
+
+
+def test_the_committed_prompt_scores_are_the_shipped_pairs_meet_the_colour_goals_and_are_in_the_docs():
+    """bench/results/text/prompts.json (python -m csd.experiments.prompts, issue 42's protocol) was measured on
+    the shipped text pair; the target's colour and background and the draft's colour meet issue 42's goals,
+    CSD keeps the target's colour within 0.10; docs/results.md shows it."""
+    from pathlib import Path
+
+    from csd.models.checkpoint import file_digest
+    from visualize.report import prompts_markdown
+
+    root = Path(__file__).resolve().parents[1]
+    result = json.loads((root / "bench" / "results" / "text" / "prompts.json").read_text())
+    models = root / "assets" / "models"
+    shipped = models / "shapes_text_target.safetensors", models / "shapes_text_draft.safetensors"
+    assert result["weights"] == file_digest(*shipped) and result["n"] == 100
+    held = {m: r["held_out"] for m, r in result["modes"].items()}
+    assert held["target"]["colour_accuracy"] >= 0.80 and held["target"]["background_accuracy"] >= 0.60
+    assert held["draft"]["colour_accuracy"] >= 0.50
+    assert held["csd"]["colour_accuracy"] >= held["target"]["colour_accuracy"] - 0.10
+    assert prompts_markdown(result).strip() in (root / "docs" / "results.md").read_text()

@@ -434,6 +434,40 @@ def decide_summary(results: Sequence[dict], slack: float = SLACK) -> str:
     return "\n".join(lines) + "\n"
 
 
+PROMPT_MODES = {"target": "target only", "draft": "draft only", "csd": "CSD (default)"}
+EXAMPLE_KEYS = ("class_accuracy", "colour_accuracy", "background_accuracy")
+
+
+def prompts_markdown(result: dict) -> str:
+    """A prompt-following result (``csd.experiments.prompts``): per sampler, the held-out captions' class,
+    colour and background accuracy and FD, then each example prompt's class / colour / background."""
+    modes = [m for m in PROMPT_MODES if m in result["modes"]]
+    s = result["sampling"]
+    lines = [
+        f"{result.get('n', '?')} held-out captions as prompts, {s['num_steps']} AR steps, CFG {s['cfg_scale']:g} "
+        f"({s['cfg_schedule']}); example prompts at {result.get('seeds_per_prompt', '?')} seeds each.",
+        "",
+        "| sampler | class accuracy | colour accuracy | background accuracy | Frechet distance | acceptance |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in modes:
+        h = result["modes"][m]["held_out"]
+        acc = f"{h['acceptance_rate']:.2f}" if "acceptance_rate" in h else ""
+        lines.append(
+            f"| {PROMPT_MODES[m]} | {h['accuracy']:.2f} | {h['colour_accuracy']:.2f} | "
+            f"{h['background_accuracy']:.2f} | {h['fd']:.1f} | {acc} |"
+        )
+    lines += ["", "Example prompts (the app's), class / colour / background:", ""]
+    lines.append("| prompt | " + " | ".join(PROMPT_MODES[m] for m in modes) + " |")
+    lines.append("| --- |" + " --- |" * len(modes))
+    cell = lambda e: " / ".join(f"{e[k]:.2f}" for k in EXAMPLE_KEYS)
+    for prompt in result["modes"][modes[0]]["examples"]:
+        lines.append(f"| {prompt} | " + " | ".join(cell(result["modes"][m]["examples"][prompt]) for m in modes) + " |")
+    means = " | ".join(cell(result["modes"][m]["examples_mean"]) for m in modes)
+    lines.append(f"| mean | {means} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_tables(path: Path) -> Path:
     """A result's Markdown beside its JSON: bench.md for a benchmark, frontier_b8.md for frontier_b8.json."""
     path = Path(path)
@@ -441,6 +475,9 @@ def write_tables(path: Path) -> Path:
     if result.get("kind") == "decide":  # csd.experiments.decide
         out = path.with_suffix(".md")
         out.write_text(decide_markdown(result))
+    elif result.get("kind") == "prompts":  # csd.experiments.prompts
+        out = path.with_suffix(".md")
+        out.write_text("# Prompt following\n\n" + prompts_markdown(result))
     elif "metrics" in result:  # a frontier (csd.experiments.frontier.run_frontier)
         out = path.with_suffix(".md")
         out.write_text(f"# Quality-time frontier, batch {result['batch']}\n\n" + frontier_markdown(result))
@@ -511,6 +548,9 @@ def report(path: Path, root: Path = ROOT) -> str:
     table = write_tables(path)
     if result.get("kind") == "decide":  # its table only: the docs take its numbers by hand
         return f"wrote {table}"
+    if result.get("kind") == "prompts":  # the text pair's: its block in docs/results.md
+        paste_block(root / "docs" / "results.md", "text-prompts", prompts_markdown(result))
+        return f"wrote {table}; pasted {path} into docs/results.md"
     if "metrics" in result:  # a frontier (csd.experiments.frontier.run_frontier)
         out = Path(path).with_suffix(".png")
         save_png(frontier_chart(result), out)
@@ -528,7 +568,9 @@ def report(path: Path, root: Path = ROOT) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m visualize.report", description=__doc__.split("\n")[0])
-    p.add_argument("results", nargs="+", type=Path, help="bench.json / frontier.json / decide.json files")
+    p.add_argument(
+        "results", nargs="+", type=Path, help="bench.json / frontier.json / decide.json / prompts.json files"
+    )
     decisions = []
     for path in p.parse_args(argv).results:
         print(report(path))

@@ -3,7 +3,9 @@ captions (the committed protocol: :func:`csd.experiments.evaluate.evaluate`) and
 prompts, each over several seeds.
 
     python -m csd.experiments.prompts --target assets/models/shapes_text_target.safetensors \\
-        --draft assets/models/shapes_text_draft.safetensors --modes target draft csd --n 100 --out prompts.json
+        --draft assets/models/shapes_text_draft.safetensors --modes target draft csd --n 100 \\
+        --out bench/results/text/prompts.json
+    python -m visualize.report bench/results/text/prompts.json   # prompts.md and the docs' block
 
 Every sampler runs the same settings (the embedded pair's defaults, csd.experiments.defaults: 32 AR steps,
 CFG 3 on the linear ramp, unless told otherwise), so a screen of training recipes, the shipped pair's card
@@ -24,10 +26,12 @@ from csd.config import CSDConfig, SamplingConfig
 from csd.experiments import defaults
 from csd.experiments.evaluate import EvalConfig, evaluate, generate_images, load_models
 from csd.experiments.pairs import EXAMPLE_PROMPTS
+from csd.models.checkpoint import file_digest
 from csd.shapes.metrics import load_classifier
 from csd.shapes.text import prompt_scores
 
 MODES = ("target", "draft", "csd")
+KIND = "prompts"  # a result's "kind": visualize.report writes prompts.md and the docs' text-prompts block
 
 
 def example_scores(
@@ -97,6 +101,8 @@ def main(argv: list[str] | None = None) -> dict:
     target, draft = load_models(args.target, args.draft, device)
     result = score_pair(target, draft, args.modes, args.n, args.seeds_per_prompt, sampling, csd)
     result["models"] = {"target": args.target, "draft": args.draft}
+    result |= {"kind": KIND, "weights": file_digest(Path(args.target), Path(args.draft)), "n": args.n}
+    result["seeds_per_prompt"] = args.seeds_per_prompt
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
