@@ -207,6 +207,37 @@ def test_a_frontier_run_in_parts_merges_into_the_grids_rows_with_fronts_and_verd
         main(args[1:] + ["--merge-parts", "3"])
 
 
+def test_a_grown_grid_runs_only_its_new_settings_and_keeps_the_earlier_rows_once_their_images_agree(
+    tmp_path, restore_threads
+):
+    from csd.experiments.bench import main
+
+    target, draft = save_tiny_pixel_pair(tmp_path)
+    args = ["--frontier", "--quick", "--target", target, "--draft", draft, "--n", "4", "--n-ref", "20"]
+    args += ["--repeats", "1", "--batches", "2", "--num-steps", "6", "--threads", "1"]
+    earlier = main(args + ["--out", str(tmp_path / "earlier")])[2]
+    new = ["--frontier-only", "CSD", "--out", str(tmp_path / "new")]
+    parts = [main(args + new + ["--frontier-part", f"{k}/2"])[2] for k in (1, 2)]
+    merged = main(args[1:] + new + ["--merge-parts", "2", "--keep-rows", str(tmp_path / "earlier")])[2]
+    assert [r["name"] for r in merged["rows"]] == [r["name"] for r in earlier["rows"]]  # the whole grid's order
+    fresh = {r["name"]: r for p in parts for r in p["rows"]}
+    old = {r["name"]: r for r in earlier["rows"]}
+    assert {n for n in fresh if n.startswith("CSD")} == {n for n in old if n.startswith("CSD")}
+    for r in merged["rows"]:
+        source = fresh.get(r["name"], old[r["name"]])  # a new setting's row from the parts, else the earlier one
+        assert r["time"] == source["time"] and r["fd"] == source["fd"]
+    assert merged["kept_rows"]["rows"] == len(earlier["rows"]) - len(fresh) > 0
+    saved = json.loads((tmp_path / "new" / "frontier_b2.json").read_text())
+    assert [(r["name"], r["fd"]) for r in saved["rows"]] == [(r["name"], r["fd"]) for r in merged["rows"]]
+
+    earlier["rows"][0]["fd"] *= 1.01  # the baseline's images changed since
+    (tmp_path / "earlier" / "frontier_b2.json").write_text(json.dumps(earlier))
+    with pytest.raises(SystemExit, match="images changed since"):
+        main(args[1:] + new + ["--merge-parts", "2", "--keep-rows", str(tmp_path / "earlier")])
+    with pytest.raises(SystemExit):
+        main(["--frontier", "--keep-rows", str(tmp_path / "earlier")])  # only with --merge-parts
+
+
 @pytest.mark.parametrize("bad", ["2", "0/2", "3/2", "a/b"])
 def test_a_bad_frontier_part_names_the_flag(bad, capsys):
     from csd.experiments.bench import main

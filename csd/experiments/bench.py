@@ -354,7 +354,8 @@ def merge_frontier(target, sampling, csd, args, out: Path) -> dict[int, dict]:
     frontier_b<batch>.json, the rows in the grid's order; its minutes: the longest part's."""
     from csd.experiments import frontier
 
-    order = [p.name for p in frontier.select(frontier.pair_grid(target, sampling, csd, args.quick), args.frontier_only)]
+    only = None if args.keep_rows else args.frontier_only  # kept rows: the parts were a subset of the grid
+    order = [p.name for p in frontier.select(frontier.pair_grid(target, sampling, csd, args.quick), only)]
     n = args.merge_parts
     merged = {}
     for b in frontier_batches(args.batches):
@@ -364,9 +365,22 @@ def merge_frontier(target, sampling, csd, args, out: Path) -> dict[int, dict]:
         parts = [json.loads(p.read_text()) for p in paths]
         if {p["weights"] for p in parts} != {file_digest(Path(args.target), Path(args.draft))}:
             raise SystemExit(f"--merge-parts {n}: the parts were measured on other weights than --target / --draft")
+        minutes = max(p["minutes"] for p in parts)  # the parts ran at once
+        if args.keep_rows:
+            earlier_path = Path(args.keep_rows) / frontier_file(b)
+            earlier = json.loads(earlier_path.read_text())
+            if earlier["weights"] != parts[0]["weights"] or earlier["batch"] != b or earlier["n"] != parts[0]["n"]:
+                raise SystemExit(f"--keep-rows: {earlier_path} was measured on other weights, batch or n")
+            try:
+                kept = frontier.kept_rows(earlier, parts)
+            except ValueError as e:
+                raise SystemExit(f"--keep-rows {earlier_path}: {e}") from None
+            parts.append(kept)
         result = frontier.merge_parts(parts, order)
-        result["minutes"] = max(p["minutes"] for p in parts)  # the parts ran at once
-        path = out / frontier_file(b, args.frontier_only)
+        result["minutes"] = minutes
+        if args.keep_rows:
+            result["kept_rows"] = {"from": str(earlier_path), "rows": len(kept["rows"]), "minutes": earlier["minutes"]}
+        path = out / frontier_file(b, only)
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"{verdict_line(result)}\nwrote {path}; its table (.md) and charts: python -m visualize.report {path}")
         merged[b] = result
@@ -437,6 +451,13 @@ def main(argv: list[str] | None = None) -> dict:
         help="put the N parts in --out together into frontier_b<batch>.json (same --target/--draft and settings)",
     )
     parser.add_argument(
+        "--keep-rows",
+        metavar="DIR",
+        help="with --merge-parts, for a grid that grew: the parts ran only the new settings (--frontier-only, "
+        "given again here), the other rows are kept from DIR/frontier_b<batch>.json once the settings measured "
+        "in both agree on quality; then --retime the result",
+    )
+    parser.add_argument(
         "--compare",
         nargs="+",
         metavar="SETTING",
@@ -445,6 +466,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
     args = parser.parse_args(argv)
 
+    if args.keep_rows and not args.merge_parts:
+        parser.error("--keep-rows goes with --merge-parts N")
     device = start_up(args, parser)
     config = QUICK if args.quick else BenchConfig()
     grid = {"gammas": args.gammas, "batches": args.batches, "repeats": args.repeats, "n": args.n, "n_ref": args.n_ref}

@@ -369,6 +369,27 @@ def merge_parts(results: list[dict], order: Sequence[str]) -> dict:
     return merged
 
 
+def kept_rows(earlier: dict, parts: list[dict], rtol: float = 1e-3) -> dict:
+    """The rows of an ``earlier`` frontier (same weights and batch) as one more part for :func:`merge_parts`,
+    for a grid that grew: only the new settings are run (``--frontier-only``), the rest is kept. A row's
+    quality does not depend on when it was measured, so the settings measured in both must agree on FD
+    and accuracy (relative ``rtol``); otherwise the images changed since (code, seeds) and the whole grid
+    must run again. Times from different runs do not mix: retime the merged frontier alone."""
+    fresh = {r["name"]: r for result in parts for r in result["rows"]}
+    shared = [r for r in earlier["rows"] if r["name"] in fresh]
+    if not shared:
+        raise ValueError("kept rows: no setting measured in both the earlier frontier and the parts to check it by")
+    for row in shared:
+        now = fresh[row["name"]]
+        for metric in ("fd", "accuracy"):
+            if abs(row[metric] - now[metric]) > rtol * max(1.0, abs(now[metric])):
+                raise ValueError(
+                    f"kept rows: {row['name']!r} {metric} {row[metric]:.4f} earlier, {now[metric]:.4f} now: "
+                    "the images changed since; run the whole grid"
+                )
+    return earlier | {"rows": [r for r in earlier["rows"] if r["name"] not in fresh]}
+
+
 def pareto(times: list[float], quality: list[float], higher_is_better: bool) -> list[bool]:
     """True for the points no other point beats on both: at most the time and at least the quality,
     better in one of them."""
