@@ -52,6 +52,44 @@ def test_the_stored_verdict_is_the_rule_applied_to_the_rows(result):
     assert ("target, LazyMAR condition cache" in methods) == (result["family"] != "xAR")
 
 
+# Issue 43's alternatives, named on every frontier of the family that takes them: the target's few-step
+# samplers, DiSA at its floor, GtR (masked families); CSD composed with the ones it composes with.
+NEW_ALTERNATIVES = {
+    "MAR": (
+        "target, DDIM eta 0 head 5 steps",
+        "target, DDIM eta 0.5 head 5 steps",
+        "target, DiSA floor",
+        "target, GtR 12/3/1 AR steps",
+        "CSD, gamma 4, tau_v 5, DDIM eta 0.5",
+        "CSD, gamma 8, draft DDIM eta 0",
+        "CSD, gamma 4, tau_v 5, GtR",
+    ),
+    "xAR": (
+        "target, Euler ODE flow 3 steps, official grid",
+        "target, Heun ODE flow 3 steps, uniform grid",
+        "target, flow 6 steps, uniform grid",
+        "CSD, gamma 4, tau_v 5, flow 8, uniform grid",
+        "CSD, gamma 8, draft Euler ODE",
+    ),
+}
+NEW_ALTERNATIVES["Harmon"] = NEW_ALTERNATIVES["MAR"]
+
+
+# xAR's frontier with the grown grid (78 settings) is half run (issue 43): strict, so it fails once it lands.
+PENDING = pytest.mark.xfail(strict=True, reason="xAR's frontier with issue 43's samplers not committed yet")
+
+
+@pytest.mark.parametrize(
+    "result",
+    [pytest.param(r, marks=PENDING) if r["family"] == "xAR" else r for r in RESULTS],
+    ids=lambda r: f"{r['family']}-b{r['batch']}",
+)
+def test_every_frontier_names_its_familys_strongest_alternatives_and_csd_on_them(result):
+    names = [r["name"] for r in result["rows"]]
+    missing = [a for a in NEW_ALTERNATIVES[result["family"]] if not any(n.startswith(a) for n in names)]
+    assert not missing, f"{result['family']} b{result['batch']}: {missing}"
+
+
 def test_the_readme_verdict_table_is_that_of_the_committed_frontiers():
     readme = (ROOT / "README.md").read_text()
     block = readme[readme.index("<!-- verdicts:start -->") : readme.index("<!-- verdicts:end -->")]
