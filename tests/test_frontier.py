@@ -207,6 +207,25 @@ def test_a_frontier_run_in_parts_merges_into_the_grids_rows_with_fronts_and_verd
         main(args[1:] + ["--merge-parts", "3"])
 
 
+def test_a_half_run_as_two_quarters_merges_into_the_same_frontier_as_the_half(tmp_path, restore_threads):
+    from csd.experiments.bench import main
+
+    target, draft = save_tiny_pixel_pair(tmp_path)
+    args = ["--frontier", "--quick", "--target", target, "--draft", draft, "--n", "4", "--n-ref", "20"]
+    args += ["--repeats", "1", "--batches", "2", "--num-steps", "6", "--threads", "1", "--out", str(tmp_path)]
+    for spec in ("1/2", "2/2", "2/4", "4/4"):
+        main(args + ["--frontier-part", spec])
+    halves = main(args[1:] + ["--merge-parts", "2"])[2]
+    quarters = main(args[1:] + ["--merge-parts", "1/2", "2/4", "4/4"])[2]
+    assert [(r["name"], r["fd"]) for r in quarters["rows"]] == [(r["name"], r["fd"]) for r in halves["rows"]]
+    assert len(quarters["parts"]) == 3 and all(p["minutes"] is not None for p in quarters["parts"])
+    with pytest.raises(SystemExit, match="rows missing"):
+        main(args[1:] + ["--merge-parts", "1/2", "2/4"])  # a quarter of the grid not merged
+    for bad in (["0"], ["1/2", "1/2"], ["3/2"]):
+        with pytest.raises(SystemExit):
+            main(args[1:] + ["--merge-parts", *bad])
+
+
 def test_a_grown_grid_runs_only_its_new_settings_and_keeps_the_earlier_rows_once_their_images_agree(
     tmp_path, restore_threads
 ):

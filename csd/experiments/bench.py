@@ -308,6 +308,22 @@ def frontier_part_arg(text: str) -> tuple[int, int]:
     return k, n
 
 
+def merge_parts_arg(values: list[str], parser: argparse.ArgumentParser) -> list[tuple[int, int]]:
+    """--merge-parts N -> [(1, N) .. (N, N)]; --merge-parts K/N ... -> those parts, each once."""
+    try:
+        if len(values) == 1 and "/" not in values[0]:
+            n = int(values[0])
+            if n < 1:
+                raise ValueError
+            return [(k, n) for k in range(1, n + 1)]
+        specs = [frontier_part_arg(v) for v in values]
+    except (ValueError, argparse.ArgumentTypeError):
+        parser.error(f"--merge-parts takes N >= 1 or parts K/N (1 <= K <= N), got {' '.join(values)!r}")
+    if len(set(specs)) != len(specs):
+        parser.error(f"--merge-parts names a part twice: {' '.join(values)!r}")
+    return specs
+
+
 def frontier_batches(batches: list[int] | None) -> tuple[int, ...]:
     """The batches a frontier is timed at: every --batches, else the latency and throughput regimes."""
     return tuple(dict.fromkeys(batches)) if batches else (1, 8)
@@ -350,16 +366,18 @@ def frontier_file(batch: int, only=None, part: tuple[int, int] | None = None) ->
 
 
 def merge_frontier(target, sampling, csd, args, out: Path) -> dict[int, dict]:
-    """--merge-parts N: the parts 1..N of a frontier run at once (--frontier-part k/N) put together into
-    frontier_b<batch>.json, the rows in the grid's order; its minutes: the longest part's."""
+    """--merge-parts N (or K/N ...): the parts 1..N of a frontier run at once (--frontier-part k/N), or the
+    parts named, put together into frontier_b<batch>.json, the rows in the grid's order; its minutes: the
+    longest part's (each part's under ``parts``)."""
     from csd.experiments import frontier
 
     only = None if args.keep_rows else args.frontier_only  # kept rows: the parts were a subset of the grid
     order = [p.name for p in frontier.select(frontier.pair_grid(target, sampling, csd, args.quick), only)]
-    n = args.merge_parts
+    specs = args.merge_parts
+    n = " ".join(f"{k}/{m}" for k, m in specs)
     merged = {}
     for b in frontier_batches(args.batches):
-        paths = [out / frontier_file(b, part=(k, n)) for k in range(1, n + 1)]
+        paths = [out / frontier_file(b, part=spec) for spec in specs]
         if missing := [str(p) for p in paths if not p.is_file()]:
             raise SystemExit(f"--merge-parts {n}: missing {', '.join(missing)}")
         parts = [json.loads(p.read_text()) for p in paths]
@@ -376,7 +394,10 @@ def merge_frontier(target, sampling, csd, args, out: Path) -> dict[int, dict]:
             except ValueError as e:
                 raise SystemExit(f"--keep-rows {earlier_path}: {e}") from None
             parts.append(kept)
-        result = frontier.merge_parts(parts, order)
+        try:
+            result = frontier.merge_parts(parts, order)
+        except ValueError as e:  # the parts do not cover the grid (a part missing or from another grid)
+            raise SystemExit(f"--merge-parts {n}: {e}") from None
         result["minutes"] = minutes
         if args.keep_rows:
             result["kept_rows"] = {"from": str(earlier_path), "rows": len(kept["rows"]), "minutes": earlier["minutes"]}
@@ -446,9 +467,10 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument(
         "--merge-parts",
-        type=int,
+        nargs="+",
         metavar="N",
-        help="put the N parts in --out together into frontier_b<batch>.json (same --target/--draft and settings)",
+        help="put the N parts in --out together into frontier_b<batch>.json (same --target/--draft and settings); "
+        "or the parts named as K/N, which together cover the grid (e.g. 1/2 2/4 4/4: half 2 run as two quarters)",
     )
     parser.add_argument(
         "--keep-rows",
@@ -468,6 +490,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     if args.keep_rows and not args.merge_parts:
         parser.error("--keep-rows goes with --merge-parts N")
+    if args.merge_parts:
+        args.merge_parts = merge_parts_arg(args.merge_parts, parser)
     device = start_up(args, parser)
     config = QUICK if args.quick else BenchConfig()
     grid = {"gammas": args.gammas, "batches": args.batches, "repeats": args.repeats, "n": args.n, "n_ref": args.n_ref}

@@ -364,7 +364,12 @@ def merge_parts(results: list[dict], order: Sequence[str]) -> dict:
     mark_fronts(merged["rows"], merged["metrics"])
     merged["verdict"] = verdict(merged["rows"])
     merged["parts"] = [
-        {"rows": [r["name"] for r in result["rows"]], "pass_costs": result["pass_costs"]} for result in results
+        {
+            "rows": [r["name"] for r in result["rows"]],
+            "pass_costs": result["pass_costs"],
+            "minutes": result.get("minutes"),
+        }
+        for result in results
     ]
     return merged
 
