@@ -27,9 +27,9 @@ def test_every_family_has_a_frontier_in_both_regimes_on_its_shipped_weights():
         assert r["settings"]["batches"] == [1, 8] and r["n"] >= 100
 
 
-# The one gap the dense grid left (docs/results.md, the xAR pair's frontier): at batch 1 CSD with 12 flow
-# steps is faster than the target with the grid's fewest flow steps (6).
-KNOWN_GAPS = {("xAR", 1, "CSD, gamma 8, flow 12")}
+# Gaps the dense grid leaves (none since issue 43: xAR's 25-setting grid left CSD with 12 flow steps at
+# batch 1 faster than the target's fewest flow steps, 6; the ODE samplers at 3 to 5 steps fill it).
+KNOWN_GAPS: set[tuple[str, int, str]] = set()
 
 
 def test_every_csd_setting_on_a_front_has_an_alternative_within_the_slack_of_its_time():
@@ -75,15 +75,7 @@ NEW_ALTERNATIVES = {
 NEW_ALTERNATIVES["Harmon"] = NEW_ALTERNATIVES["MAR"]
 
 
-# xAR's frontier with the grown grid (78 settings) is half run (issue 43): strict, so it fails once it lands.
-PENDING = pytest.mark.xfail(strict=True, reason="xAR's frontier with issue 43's samplers not committed yet")
-
-
-@pytest.mark.parametrize(
-    "result",
-    [pytest.param(r, marks=PENDING) if r["family"] == "xAR" else r for r in RESULTS],
-    ids=lambda r: f"{r['family']}-b{r['batch']}",
-)
+@pytest.mark.parametrize("result", RESULTS, ids=lambda r: f"{r['family']}-b{r['batch']}")
 def test_every_frontier_names_its_familys_strongest_alternatives_and_csd_on_them(result):
     names = [r["name"] for r in result["rows"]]
     missing = [a for a in NEW_ALTERNATIVES[result["family"]] if not any(n.startswith(a) for n in names)]
