@@ -13,10 +13,13 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 
 from csd.checks import SettingError, check_choice, check_int, check_ints, check_number
+from csd.precision import run_dtype
 from csd.schedule import CFG_SCHEDULES, HEAD_SCHEDULES, head_step_schedule
 
-# Backbone precisions; heads and every density stay in float32.
-PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Precisions, each with its backbones' autocast dtype (None: no autocast). float32 is the default; bfloat16 and
+# float16 autocast the backbones, heads and every density staying in float32; float64 runs every part in
+# float64, the models' weights too: the exact reference (csd.precision).
+PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": None}
 CRITERIA = ("aligned", "exact")
 TRAJECTORY_TERMS = ("derived", "published", "none")
 ACCEPTANCE_UNITS = ("row", "token")
@@ -153,7 +156,11 @@ class SamplingConfig:
         "head_steps_min (last AR step's head steps)",
     )
     precision: str = knob(
-        "float32", "backbone precision; heads and all densities stay in float32", "choice", choices=tuple(PRECISIONS)
+        "float32",
+        "bfloat16 / float16: the backbones under autocast (heads and densities in float32); float64: every part "
+        "in float64, the models' weights too (the exact reference)",
+        "choice",
+        choices=tuple(PRECISIONS),
     )
     head_schedule: str = knob(
         "linear",
@@ -317,6 +324,11 @@ class SamplingConfig:
     @property
     def guided(self) -> bool:
         return self.cfg_scale != 1.0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the run's canvas, noise, chains and densities (:func:`csd.precision.run_dtype`)."""
+        return run_dtype(self.precision)
 
     def full_guidance_pass(self, index: int) -> bool:
         """Whether a model's backbone pass ``index`` (0-based) runs both CFG halves under the condition

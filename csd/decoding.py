@@ -28,7 +28,7 @@ stop the run there (the app's Stop button does); a sampler without one pays noth
 
 @dataclass
 class Generation:
-    tokens: Tensor  # (B, N, d), float32 on the CPU
+    tokens: Tensor  # (B, N, d) on the CPU, float32 (float64 under precision "float64")
     trace: Trace
 
 
@@ -64,9 +64,23 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def draw_chain_noise(streams: ImageStreams, k: int, steps: int, d: int) -> ChainNoise:
-    """Noise for k tokens per image, rows image-major: xi (B*k, d), eps (T-1, B*k, d)."""
-    raw = streams.randn(steps, k, d)  # (B, T, k, d)
+def new_canvas(batch: int, n: int, d: int, config: SamplingConfig, device: torch.device) -> tuple[Tensor, Tensor]:
+    """An empty canvas: tokens (B, N, d) in the run's dtype, all zero, and the mask (B, N), all True."""
+    tokens = torch.zeros(batch, n, d, device=device, dtype=config.dtype)
+    return tokens, torch.ones(batch, n, dtype=torch.bool, device=device)
+
+
+def finished(tokens: Tensor) -> Tensor:
+    """A run's tokens as :class:`Generation` holds them: on the CPU, float32 (float64 in a float64 run)."""
+    return tokens.cpu() if tokens.dtype == torch.float64 else tokens.float().cpu()
+
+
+def draw_chain_noise(
+    streams: ImageStreams, k: int, steps: int, d: int, dtype: torch.dtype = torch.float32
+) -> ChainNoise:
+    """Noise for k tokens per image, rows image-major: xi (B*k, d), eps (T-1, B*k, d), drawn in float32
+    (every precision's numbers) and cast to the run's ``dtype``."""
+    raw = streams.randn(steps, k, d).to(dtype)  # (B, T, k, d)
     b = raw.shape[0]
     return ChainNoise(xi=raw[:, 0].reshape(b * k, d), eps=raw[:, 1:].permute(1, 0, 2, 3).reshape(steps - 1, b * k, d))
 
@@ -88,7 +102,13 @@ def predict_step(
     the tokens at ``pos`` (``{phase}_head``). Returns the trajectory and the chains it came from."""
     with timer(f"{phase}_backbone"):
         chain = model.predict(
-            tokens, mask, conditions, pos, torch.full((pos.numel(),), cfg, device=pos.device), config, steps
+            tokens,
+            mask,
+            conditions,
+            pos,
+            torch.full((pos.numel(),), cfg, device=pos.device, dtype=config.dtype),
+            config,
+            steps,
         )
     with timer(f"{phase}_head", tokens=pos.numel(), steps=config.head_calls(steps)):  # a Heun step: two calls
         traj = chain.run(noise)

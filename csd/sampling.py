@@ -13,8 +13,19 @@ import torch
 from torch import Tensor
 
 from csd.config import SamplingConfig
-from csd.decoding import Generation, PhaseTimer, StepCallback, commit, draw_chain_noise, model_device, predict_step
+from csd.decoding import (
+    Generation,
+    PhaseTimer,
+    StepCallback,
+    commit,
+    draw_chain_noise,
+    finished,
+    model_device,
+    new_canvas,
+    predict_step,
+)
 from csd.family import ModelFamily
+from csd.precision import check_model_precision
 from csd.rng import ImageStreams, check_seeds
 from csd.trace import Maker, Trace
 
@@ -35,6 +46,7 @@ def generate(
     ``on_step`` (see :data:`csd.decoding.StepCallback`) is called after each AR step."""
     config = config or SamplingConfig()
     seeds = check_seeds(seeds)
+    check_model_precision(model, config.precision)
     device = model_device(model)
     batch, n, d = len(seeds), model.seq_len, model.token_dim
     conditions = model.check_conditions(conditions, batch, device)
@@ -45,11 +57,10 @@ def generate(
     phase = "target" if maker == Maker.TARGET else "draft"
     trace = Trace.empty(batch, n, plan.sizes, {"sampling": asdict(config), "maker": maker.name.lower()})
 
-    tokens = torch.zeros(batch, n, d, device=device)
-    mask = torch.ones(batch, n, dtype=torch.bool, device=device)
+    tokens, mask = new_canvas(batch, n, d, config, device)
     for s, k in enumerate(plan.sizes):
         pos = plan.positions(s)
-        noise = draw_chain_noise(noise_streams, k, schedule[s], d)
+        noise = draw_chain_noise(noise_streams, k, schedule[s], d, config.dtype)
         args = (conditions, pos, plan.cfg[s], noise, config, schedule[s], timer, phase)
         traj, _ = predict_step(model, tokens, mask, *args)
         commit(tokens, mask, pos, traj.x)
@@ -58,4 +69,4 @@ def generate(
         if on_step is not None:
             on_step(s + 1, plan.num_steps, phase)
     trace.record_times(timer.times, timer.work)
-    return Generation(tokens.float().cpu(), trace)
+    return Generation(finished(tokens), trace)

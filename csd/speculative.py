@@ -18,8 +18,19 @@ from torch import Tensor
 from csd.acceptance import Criterion, Decision, Proposal, accept, criterion_of
 from csd.chain import ChainNoise, Trajectory, cat_rows
 from csd.config import CSDConfig, SamplingConfig, check_speculative
-from csd.decoding import Generation, PhaseTimer, StepCallback, commit, draw_chain_noise, model_device, predict_step
+from csd.decoding import (
+    Generation,
+    PhaseTimer,
+    StepCallback,
+    commit,
+    draw_chain_noise,
+    finished,
+    model_device,
+    new_canvas,
+    predict_step,
+)
 from csd.family import ModelFamily, Plan, TokenChain
+from csd.precision import check_model_precision
 from csd.rng import ImageStreams, check_seeds
 from csd.trace import Maker, Trace
 
@@ -102,15 +113,16 @@ class _RowDraws:
     rejected: Tensor  # (m,) rejected rows of the block
     per_image: int  # rows per image in the block
     batch: int
+    dtype: torch.dtype  # the run's: drawn in float32 (every precision's numbers), then cast
 
     def _counts(self, pending: Tensor) -> Tensor:
         return torch.bincount(self.rejected[pending] // self.per_image, minlength=self.batch)
 
     def normal(self, pending: Tensor, *shape: int) -> Tensor:
-        return self.stream.randn_rows(self._counts(pending), *shape)
+        return self.stream.randn_rows(self._counts(pending), *shape).to(self.dtype)
 
     def uniform(self, pending: Tensor, *shape: int) -> Tensor:
-        return self.stream.rand_rows(self._counts(pending), *shape)
+        return self.stream.rand_rows(self._counts(pending), *shape).to(self.dtype)
 
 
 @dataclass
@@ -135,6 +147,8 @@ class _Decoding:
     @classmethod
     def start(cls, target, draft, conditions, seeds, sampling, csd, on_step) -> _Decoding:
         check_pair(target, draft)
+        check_model_precision(target, sampling.precision, "target")
+        check_model_precision(draft, sampling.precision, "draft")
         check_speculative(sampling, csd)  # where CSD is defined on the head's samplers, GtR, ...
         draft.traits.check_sampling(csd.draft_sampling(sampling), draft.seq_len)
         seeds = check_seeds(seeds)
@@ -154,6 +168,7 @@ class _Decoding:
                 )
         criterion = criterion_of(csd, target.traits.tokens_per_row)
         streams = {name: ImageStreams(seeds, name, device) for name in ("chain", "accept", "resample", "independent")}
+        tokens, mask = new_canvas(batch, n, d, sampling, device)
         return cls(
             target=target,
             draft=draft,
@@ -167,8 +182,8 @@ class _Decoding:
             streams=streams,
             timer=PhaseTimer(device),
             trace=Trace.empty(batch, n, plan.sizes, {"sampling": asdict(sampling), "csd": asdict(csd)}),
-            tokens=torch.zeros(batch, n, d, device=device),
-            mask=torch.ones(batch, n, dtype=torch.bool, device=device),
+            tokens=tokens,
+            mask=mask,
             report=on_step or (lambda done, total, phase: None),
         )
 
@@ -178,11 +193,13 @@ class _Decoding:
 
     def _cfg_rows(self, steps: range) -> Tensor:
         """The guidance scale of every row of a block (its AR steps may have different scales)."""
-        per_step = [torch.full((self.batch * self.plan.sizes[j],), self.plan.cfg[j]) for j in steps]
+        per_step = [
+            torch.full((self.batch * self.plan.sizes[j],), self.plan.cfg[j], dtype=self.tokens.dtype) for j in steps
+        ]
         return cat_rows(per_step, self.batch).to(self.tokens.device)
 
     def _noise(self, stream: str, k: int, steps: int) -> ChainNoise:
-        return draw_chain_noise(self.streams[stream], k, steps, self.tokens.shape[-1])
+        return draw_chain_noise(self.streams[stream], k, steps, self.tokens.shape[-1], self.tokens.dtype)
 
     def _step(self, model, tokens, mask, s: int, phase: str, steps: int) -> tuple[Trajectory, ChainNoise, TokenChain]:
         pos, noise = self.plan.positions(s), self._noise("chain", self.plan.sizes[s], steps)
@@ -269,13 +286,13 @@ class _Decoding:
         proposal = Proposal(block.draft, check.target, block.chain_q, check.chain_p)
         with self.timer("verify"):
             verdict, x = crit.verdict(proposal)
-            uniforms = self.streams["accept"].rand(per_image).reshape(-1)
+            uniforms = self.streams["accept"].rand(per_image).reshape(-1).to(self.tokens.dtype)
             accepted = accept(verdict, uniforms)
         with self.timer("resample"):
             rejected = (~accepted).nonzero().squeeze(-1)
             resampled = None
             if rejected.numel():
-                draws = _RowDraws(self.streams["resample"], rejected, per_image, self.batch)
+                draws = _RowDraws(self.streams["resample"], rejected, per_image, self.batch, self.tokens.dtype)
                 resampled = crit.resample(proposal, verdict, rejected, draws)
                 x[rejected] = resampled.x
         decision = crit.rows(Decision(x, verdict, uniforms, accepted, rejected, resampled))
@@ -297,4 +314,4 @@ class _Decoding:
 
     def finish(self) -> Generation:
         self.trace.record_times(self.timer.times, self.timer.work)
-        return Generation(self.tokens.float().cpu(), self.trace)
+        return Generation(finished(self.tokens), self.trace)

@@ -5,14 +5,20 @@ import torch
 
 from csd.experiments.pairs import random_pair
 from csd.models.mar import MAR, mar_config
+from tests import kernels
+
+
+def pytest_configure(config):
+    kernels.apply()  # CSD_TEST_KERNELS: the perturbations tests/test_cpu_capabilities.py reruns under
 
 
 @pytest.fixture(scope="module")
 def one_thread():
-    """One torch thread for a module: bit-exact comparisons between runs need one reduction order, and tiny
-    models gain nothing from intra-op threads (on a shared CPU extra threads can cost 50x)."""
+    """One torch thread for a module (two under the ``threads2`` perturbation, tests/kernels.py): tiny models
+    gain nothing from intra-op threads (on a shared CPU extra threads can cost 50x). No test's claim rests
+    on it: float64 claims hold under any reduction order, float32 ones within a bound measured under both."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(kernels.threads_for_tests())
     yield
     torch.set_num_threads(threads)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -113,3 +114,35 @@ def save_tiny_xar_pair(folder) -> tuple[str, str]:
 
     pair = random_pair(family="xar")
     return str(save_model(pair.target, f"{folder}/xar_target")), str(save_model(pair.draft, f"{folder}/xar_draft"))
+
+
+# --- float64: the exact reference (csd.precision) --------------------------------------------------------
+
+# A float64 run computes what a float32 one does without its rounding; what another CPU's kernels, another
+# batch shape, two threads or oneDNN off change is float64's last bits (1e-16), which a chain of head steps
+# amplifies (x0 = (x_t - sqrt(1 - ab) eps) / sqrt(ab) divides by up to ~2e4 at the noisiest step). Measured
+# (tests/data/kernel_drift.json, ``f64_batch``): at most 7.3e-12 between image i of a batch and image i alone,
+# over every family, sampler, cache, GtR and criterion, under this CPU's kernels, two threads, oneDNN off and
+# the AVX2 and default capabilities. The bound is over 100x that, and 6 orders of magnitude under what float32
+# rounding moves the same runs (``f32_f64``: 5e-3) and under any change of logic (tenths), so a claim asserted
+# within it is a claim about logic, not about this CPU's rounding.
+F64_ATOL = 1e-9
+
+
+def assert_same64(actual, expected, what: str = "") -> None:
+    """Two float64 results equal up to float64 rounding amplified by a chain (:data:`F64_ATOL`)."""
+    actual, expected = torch.as_tensor(actual), torch.as_tensor(expected)
+    assert actual.dtype == expected.dtype == torch.float64, f"{what}: compare float64 runs, got {actual.dtype}"
+    torch.testing.assert_close(actual, expected, rtol=0.0, atol=F64_ATOL, msg=lambda m: f"{what}\n{m}")
+
+
+def random_pair64(family: str | None = None):
+    """The untrained pair of a family (csd.experiments.pairs.random_pair) in float64, made once per family."""
+    return _random_pair64(family)
+
+
+@functools.cache
+def _random_pair64(family):
+    from csd.experiments.pairs import random_pair
+
+    return random_pair(family=family).at_precision("float64")

@@ -12,7 +12,7 @@ PACKAGES = ("csd", "visualize", "demo")
 
 # Lowest first; a module may import its own layer and those below. The first prefix that matches names it.
 LAYERS = (
-    ("core math", ("csd.checks", "csd.rng", "csd.gaussian", "csd.schedule")),
+    ("core math", ("csd.checks", "csd.rng", "csd.gaussian", "csd.schedule", "csd.precision")),
     ("chains and settings", ("csd.chain", "csd.config")),
     (
         "family interface and records",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from csd.models.checkpoint import file_digest
 from csd.models.registry import FAMILIES, load_model, preset, read_traits
 from csd.models.spec import PairSpec
 from csd.models.tokenizer import LatentTokenizer, pixel_tokenizer, to_uint8
+from csd.precision import at_precision
 from csd.sampling import generate
 from csd.shapes.data import CLASS_NAMES
 from csd.shapes.text import TEXT_CONFIGS, caption_tokenizer
@@ -107,9 +108,15 @@ class ModelPair:
         return next(self.target.parameters()).device
 
     def images(self, tokens: Tensor) -> Tensor:
-        """Tokens (B, N, d) -> (B, H, W, 3) uint8 on the CPU."""
+        """Tokens (B, N, d) -> (B, H, W, 3) uint8 on the CPU (a float64 run's decoded in float32, the
+        tokenizer's precision)."""
         with torch.inference_mode():
-            return to_uint8(self.tokenizer.decode(tokens.to(self.device)))
+            return to_uint8(self.tokenizer.decode(tokens.to(self.device, torch.float32)))
+
+    def at_precision(self, precision: str) -> ModelPair:
+        """The pair with both models as ``precision`` needs them (:func:`csd.precision.at_precision`: a float64
+        copy for the exact reference, the pair itself otherwise); the tokenizer is shared."""
+        return replace(self, target=at_precision(self.target, precision), draft=at_precision(self.draft, precision))
 
 
 def _frozen(model: nn.Module, device: torch.device) -> nn.Module:

@@ -65,7 +65,7 @@ RESUMABLE_CHANGES = frozenset(
 )
 # The samplers' precisions without float16 (which would need loss scaling): bfloat16 autocasts the forward
 # pass; weights, optimizer and EMA stay float32.
-PRECISIONS = {k: v for k, v in SAMPLING_PRECISIONS.items() if k != "float16"}
+PRECISIONS = {k: v for k, v in SAMPLING_PRECISIONS.items() if k not in ("float16", "float64")}
 
 
 @dataclass(frozen=True)

@@ -43,13 +43,15 @@ class CellCondition:
     cache: list | None
     cfg: Tensor | None = None  # None: unguided
 
-    def attention_mask(self, cell_len: int, device) -> Tensor | None:
-        """Drafted cell j attends to the clean cells before it and to itself: (1, 1, Q, K) additive (made once
-        per block shape: every velocity call of a chain reads it; never written)."""
+    def attention_mask(self, cell_len: int, device, dtype: torch.dtype = torch.float32) -> Tensor | None:
+        """Drafted cell j attends to the clean cells before it and to itself: (1, 1, Q, K) additive, in the
+        queries' ``dtype`` (scaled_dot_product_attention misreads a float32 mask beside float64 queries), made
+        once per block shape: every velocity call of a chain reads it; never written."""
         if self.cells == 1:
             return None  # all of the cache is earlier
         # (an inference tensor is kept apart: autograd may not save one)
-        return _block_mask(self.first, self.cells, cell_len, torch.device(device), torch.is_inference_mode_enabled())
+        inference = torch.is_inference_mode_enabled()
+        return _block_mask(self.first, self.cells, cell_len, torch.device(device), inference, dtype)
 
     def positions(self, cell_len: int) -> slice:
         """Where the chains' tokens sit in the cell order."""
@@ -57,13 +59,13 @@ class CellCondition:
 
 
 @functools.lru_cache(maxsize=256)
-def _block_mask(first: int, cells: int, cell_len: int, device: torch.device, inference: bool) -> Tensor:
+def _block_mask(first: int, cells: int, cell_len: int, device: torch.device, inference: bool, dtype) -> Tensor:
     clean = first + cells - 1
     query_cell = first + torch.arange(cells * cell_len, device=device) // cell_len  # absolute
     clean_cell = torch.arange(clean * cell_len, device=device) // cell_len
     own = torch.arange(cells * cell_len, device=device) // cell_len
     allowed = torch.cat([clean_cell[None] < query_cell[:, None], own[None] == (query_cell[:, None] - first)], dim=1)
-    return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, float("-inf"))[None, None]
+    return torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill(~allowed, float("-inf"))[None, None]
 
 
 class CellFlow:
@@ -93,6 +95,8 @@ class CellFlow:
         self.model, self.times = model, flow_times(num_steps, grid)  # an xAR network (csd.models.xar.network.XAR)
         self._times = self.times.tolist()  # read at every transition, as Python floats
         self.token_dim, self.precision, self.sampler = model.token_dim, precision, sampler
+        # the chains' tokens and statistics come out in the run's dtype: float64 for a float64 model
+        self.out_dtype = torch.float64 if model.z_proj.weight.dtype == torch.float64 else torch.float32
 
     def num_steps(self) -> int:
         return len(self.times) - 1
@@ -102,7 +106,7 @@ class CellFlow:
         m, c = self.model, self.model.config
         b, k = cond.labels.shape[0], cond.cells
         dtype, dev = m.z_proj.weight.dtype, x.device
-        positions, mask = cond.positions(c.cell_len), cond.attention_mask(c.cell_len, dev)
+        positions, mask = cond.positions(c.cell_len), cond.attention_mask(c.cell_len, dev, dtype)
 
         def net(xx: Tensor, labels: Tensor) -> Tensor:
             with torch.autocast(dev.type, dtype=self.precision or torch.float32, enabled=self.precision is not None):
@@ -153,14 +157,15 @@ class CellChain:
     def run(self, noise: ChainNoise) -> Trajectory:
         noise = ChainNoise(noise.xi.to(torch.float64), noise.eps.to(torch.float64))  # float64 states
         traj = run_chain(self.flow, self.cond, noise, self.temperature)
-        # float64 inside the chain; float32 out, as every other family's tokens and statistics
-        return Trajectory(x=traj.x.float(), states=traj.states.float(), mean=traj.mean.float(), std=traj.std.float())
+        # float64 inside the chain; the run's dtype out, as every other family's tokens and statistics
+        out = self.flow.out_dtype
+        return Trajectory(x=traj.x.to(out), states=traj.states.to(out), mean=traj.mean.to(out), std=traj.std.to(out))
 
     def evaluate(self, states: Tensor) -> tuple[Tensor, Tensor]:
         """Every transition at another path's states (T, rows, d): one pass per step."""
         out = [self.flow.transition(states[k].to(torch.float64), k, self.cond) for k in range(states.shape[0])]
         mean, std = torch.stack([mu for mu, _ in out]), torch.stack([sd for _, sd in out]) * self.temperature
-        return mean.float(), std.float()
+        return mean.to(self.flow.out_dtype), std.to(self.flow.out_dtype)
 
     def select(self, rows: Tensor) -> SelectedCells:
         return SelectedCells(self, rows)

@@ -157,7 +157,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if weight else None
 
     def forward(self, x: Tensor) -> Tensor:
-        out = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))  # float32 at least, float64 kept
+        out = (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
         return out if self.weight is None else out * self.weight
 
 
@@ -284,7 +285,9 @@ class XAR(XARFamily, nn.Module):
 
     def cell_conditions(self, labels: Tensor, t: Tensor) -> Tensor:
         """labels (B,), t (B, K) the flow time of each of K cells -> (B, K, D)."""
-        steps = torch.floor(t * 1000).long()  # the official time input: floor(1000 t)
+        # the official time input, floor(1000 t) of t in float32 as the official sampler holds it: in every
+        # precision (a float64 t would floor 0.68 to 680 where float32's 0.67999... floors to 679)
+        steps = torch.floor(t.float() * 1000).long()
         return self.class_emb(labels)[:, None] + self.time_embed(steps.reshape(-1)).reshape(*t.shape, -1)
 
     def velocity(self, x: Tensor, labels: Tensor, t: Tensor) -> Tensor:
