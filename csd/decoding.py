@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -68,6 +69,11 @@ def new_canvas(batch: int, n: int, d: int, config: SamplingConfig, device: torch
     """An empty canvas: tokens (B, N, d) in the run's dtype, all zero, and the mask (B, N), all True."""
     tokens = torch.zeros(batch, n, d, device=device, dtype=config.dtype)
     return tokens, torch.ones(batch, n, dtype=torch.bool, device=device)
+
+
+def trace_dtype(config: SamplingConfig) -> type:
+    """The numpy dtype of a run's trace: float64 for a float64 run, float32 otherwise."""
+    return np.float64 if config.dtype == torch.float64 else np.float32
 
 
 def finished(tokens: Tensor) -> Tensor:

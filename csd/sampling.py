@@ -23,6 +23,7 @@ from csd.decoding import (
     model_device,
     new_canvas,
     predict_step,
+    trace_dtype,
 )
 from csd.family import ModelFamily
 from csd.precision import check_model_precision
@@ -55,7 +56,8 @@ def generate(
     noise_streams = ImageStreams(seeds, "chain", device)
     timer = PhaseTimer(device)
     phase = "target" if maker == Maker.TARGET else "draft"
-    trace = Trace.empty(batch, n, plan.sizes, {"sampling": asdict(config), "maker": maker.name.lower()})
+    settings = {"sampling": asdict(config), "maker": maker.name.lower()}
+    trace = Trace.empty(batch, n, plan.sizes, settings, trace_dtype(config))
 
     tokens, mask = new_canvas(batch, n, d, config, device)
     for s, k in enumerate(plan.sizes):

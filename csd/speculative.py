@@ -28,6 +28,7 @@ from csd.decoding import (
     model_device,
     new_canvas,
     predict_step,
+    trace_dtype,
 )
 from csd.family import ModelFamily, Plan, TokenChain
 from csd.precision import check_model_precision
@@ -181,7 +182,9 @@ class _Decoding:
             steps_p=steps_p,
             streams=streams,
             timer=PhaseTimer(device),
-            trace=Trace.empty(batch, n, plan.sizes, {"sampling": asdict(sampling), "csd": asdict(csd)}),
+            trace=Trace.empty(
+                batch, n, plan.sizes, {"sampling": asdict(sampling), "csd": asdict(csd)}, trace_dtype(sampling)
+            ),
             tokens=tokens,
             mask=mask,
             report=on_step or (lambda done, total, phase: None),

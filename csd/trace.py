@@ -6,14 +6,21 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
+import torch
 from torch import Tensor
+
+
+def _numpy(t: Tensor) -> np.ndarray:
+    """A tensor as numpy: float64 kept (a float64 run's trace), other floats as float32."""
+    t = t.detach()
+    return (t if t.dtype == torch.float64 or not t.is_floating_point() else t.float()).cpu().numpy()
 
 
 def _put(arr: np.ndarray, pos: Tensor, values) -> None:
     """arr[b, pos[b, j]] = values[b, j] for a (B, N) array; values (B*k,), (B, k) or a scalar."""
     p = pos.cpu().numpy()
     if isinstance(values, Tensor):
-        values = values.detach().float().cpu().numpy().reshape(p.shape)
+        values = _numpy(values).reshape(p.shape)
     arr[np.arange(p.shape[0])[:, None], p] = values
 
 
@@ -48,8 +55,8 @@ class TokenDetails:
     target_std: np.ndarray
 
     @classmethod
-    def empty(cls, batch: int, num_tokens: int, steps: int, dim: int) -> TokenDetails:
-        full = lambda *shape: np.full((batch, num_tokens, *shape), np.nan, dtype=np.float32)
+    def empty(cls, batch: int, num_tokens: int, steps: int, dim: int, dtype=np.float32) -> TokenDetails:
+        full = lambda *shape: np.full((batch, num_tokens, *shape), np.nan, dtype=dtype)
         return cls(full(dim), full(dim), full(), full(steps, dim), full(steps, dim), full(steps, dim), full(steps, dim))
 
 
@@ -57,18 +64,19 @@ class TokenDetails:
 class Trace:
     """Per token (arrays of shape (B, N), indexed by grid position) and per run.
 
-    Float arrays hold NaN where a quantity does not apply (e.g. acceptance of pre-filled tokens).
+    Float arrays hold NaN where a quantity does not apply (e.g. acceptance of pre-filled tokens); they are
+    float32 (float64 for a run at precision "float64", :meth:`empty`'s ``dtype``).
     """
 
     maker: np.ndarray  # int8, a Maker value
     ar_step: np.ndarray  # int16, AR step that produced the token
     block: np.ndarray  # int16, draft block index, -1 outside blocks
-    accept_prob: np.ndarray  # float32, min(1, r)
-    log_ratio_trajectory: np.ndarray  # float32, trajectory term of log r
-    log_ratio_final: np.ndarray  # float32, final-step term of log r
+    accept_prob: np.ndarray  # float, min(1, r)
+    log_ratio_trajectory: np.ndarray  # float, trajectory term of log r
+    log_ratio_final: np.ndarray  # float, final-step term of log r
     resample_tries: np.ndarray  # int32, proposals drawn by the resampler (0 if none)
-    distance_aligned: np.ndarray  # float32, ||x^q - x^p|| with shared noise
-    distance_independent: np.ndarray  # float32, ||x^q - x^p|| with independent noise
+    distance_aligned: np.ndarray  # float, ||x^q - x^p|| with shared noise
+    distance_independent: np.ndarray  # float, ||x^q - x^p|| with independent noise
     step_sizes: list[int]
     # Target passes: one per AR step or verified block; a backbone pass (MAR, Harmon) or a whole flow chain
     # (xAR, whose backbone runs once per flow step). A CFG pass over a doubled batch counts once.
@@ -82,8 +90,10 @@ class Trace:
     unit_accepted: np.ndarray | None = None
 
     @classmethod
-    def empty(cls, batch: int, num_tokens: int, step_sizes: list[int], settings: dict | None = None) -> Trace:
-        nan = lambda: np.full((batch, num_tokens), np.nan, dtype=np.float32)
+    def empty(
+        cls, batch: int, num_tokens: int, step_sizes: list[int], settings: dict | None = None, dtype=np.float32
+    ) -> Trace:
+        nan = lambda: np.full((batch, num_tokens), np.nan, dtype=dtype)
         return cls(
             maker=np.full((batch, num_tokens), -1, dtype=np.int8),
             ar_step=np.full((batch, num_tokens), -1, dtype=np.int16),
@@ -122,7 +132,7 @@ class Trace:
 
     def keep_details(self, steps: int, dim: int) -> None:
         """From now on keep :class:`TokenDetails` (chains of ``steps`` transitions, tokens of ``dim``)."""
-        self.details = TokenDetails.empty(self.batch, self.num_tokens, steps, dim)
+        self.details = TokenDetails.empty(self.batch, self.num_tokens, steps, dim, self.accept_prob.dtype)
 
     def record_chain(self, pos: Tensor, model: str, traj) -> None:
         """A chain's token and transitions for the tokens at ``pos`` (B, k); ``traj`` a Trajectory with
@@ -132,8 +142,8 @@ class Trace:
         b, k = pos.shape
         p = pos.cpu().numpy()
         rows = np.arange(b)[:, None]
-        per_token = lambda t: t.detach().float().cpu().numpy().reshape(b, k, *t.shape[1:])
-        per_step = lambda t: np.moveaxis(t.detach().float().cpu().numpy().reshape(t.shape[0], b, k, -1), 0, 2)
+        per_token = lambda t: _numpy(t).reshape(b, k, *t.shape[1:])
+        per_step = lambda t: np.moveaxis(_numpy(t).reshape(t.shape[0], b, k, -1), 0, 2)
         det = self.details
         tokens, mean, std = (
             (det.draft_tokens, det.draft_mean, det.draft_std)
@@ -177,7 +187,7 @@ class Trace:
         if fraction is None:
             return
         if self.unit_accepted is None:
-            self.unit_accepted = np.full(self.maker.shape, np.nan, dtype=np.float32)
+            self.unit_accepted = np.full(self.maker.shape, np.nan, dtype=self.accept_prob.dtype)
         _put(self.unit_accepted, pos, fraction)
 
     @property

@@ -1,4 +1,6 @@
-"""End-to-end properties of target-only generation and continuous speculative decoding."""
+"""End-to-end properties of target-only generation and continuous speculative decoding. Runs of the small MAR
+pair are compared in float64, the exact reference (tests/helpers.py): equal up to float64 rounding on every
+CPU; the distributional tests run the hand-made linear-Gaussian chains in float32."""
 
 import math
 
@@ -9,10 +11,11 @@ from scipy import stats
 
 from csd.config import CSDConfig, SamplingConfig
 from csd.models.mar import MAR, mar_config
+from csd.precision import at_precision
 from csd.sampling import generate
 from csd.speculative import speculative_generate
 from csd.trace import Maker
-from tests.helpers import LinearGaussianChain, ToyARModel
+from tests.helpers import LinearGaussianChain, ToyARModel, assert_differ64, assert_same64, sampling64
 
 TARGET_CHAIN = LinearGaussianChain([0.9, 0.7, 1.0], [0.0, 0.2, 0.0], [0.6, 0.5, 0.05], token_dim=2)
 DRAFT_CHAIN = LinearGaussianChain([0.8, 0.7, 1.0], [0.1, 0.0, 0.0], [0.7, 0.45, 0.05], token_dim=2)
@@ -47,7 +50,7 @@ def test_draft_alone_has_a_detectably_different_distribution():
 
 
 @pytest.fixture(scope="module")
-def mar_pair() -> tuple[MAR, MAR]:
+def mar_pair32() -> tuple[MAR, MAR]:
     """A small MAR target and a slightly perturbed copy as the draft."""
     with torch.random.fork_rng(devices=[]), torch.no_grad():  # layer init reads the global generator
         torch.manual_seed(0)
@@ -62,7 +65,13 @@ def mar_pair() -> tuple[MAR, MAR]:
     return target, draft
 
 
-SAMPLING = SamplingConfig(num_steps=6, cfg_scale=2.0)
+@pytest.fixture(scope="module")
+def mar_pair(mar_pair32) -> tuple[MAR, MAR]:
+    """The same pair in float64."""
+    return tuple(at_precision(m, "float64") for m in mar_pair32)
+
+
+SAMPLING = sampling64(num_steps=6, cfg_scale=2.0)
 
 
 def test_alignment_lowers_draft_target_distance(mar_pair):
@@ -76,7 +85,7 @@ def test_same_seed_gives_the_same_tokens(mar_pair):
     target, draft = mar_pair
     a = speculative_generate(target, draft, [1, 2], [7, 8], SAMPLING, CSDConfig(gamma=2))
     b = speculative_generate(target, draft, [1, 2], [7, 8], SAMPLING, CSDConfig(gamma=2))
-    assert torch.equal(a.tokens, b.tokens)
+    assert_same64(a.tokens, b.tokens)
     assert np.array_equal(a.trace.maker, b.trace.maker)
 
 
@@ -85,13 +94,11 @@ def test_batch_invariance_image_matches_single_run(mar_pair):
     batch = speculative_generate(target, draft, [1, 2, 3], [10, 11, 12], SAMPLING, CSDConfig(gamma=2))
     for i, (label, seed) in enumerate(zip([1, 2, 3], [10, 11, 12], strict=True)):
         alone = speculative_generate(target, draft, [label], [seed], SAMPLING, CSDConfig(gamma=2))
-        torch.testing.assert_close(batch.tokens[i], alone.tokens[0], rtol=1e-4, atol=1e-4)  # float reordering only
+        assert_same64(batch.tokens[i], alone.tokens[0], f"image {i}")
         assert np.array_equal(batch.trace.maker[i], alone.trace.maker[0])
     base = generate(target, [1, 2, 3], [10, 11, 12], SAMPLING)
     for i in range(3):
-        torch.testing.assert_close(
-            base.tokens[i], generate(target, [i + 1], [10 + i], SAMPLING).tokens[0], rtol=1e-4, atol=1e-4
-        )
+        assert_same64(base.tokens[i], generate(target, [i + 1], [10 + i], SAMPLING).tokens[0], f"image {i}")
 
 
 def test_draft_equal_to_target_reproduces_target_only_generation(mar_pair):
@@ -100,7 +107,7 @@ def test_draft_equal_to_target_reproduces_target_only_generation(mar_pair):
     target, _ = mar_pair
     base = generate(target, [0, 5], [3, 4], SAMPLING)
     spec = speculative_generate(target, target, [0, 5], [3, 4], SAMPLING, CSDConfig(gamma=1, prefill=0.0))
-    torch.testing.assert_close(spec.tokens, base.tokens, rtol=1e-5, atol=1e-5)
+    assert_same64(spec.tokens, base.tokens)
     assert spec.trace.acceptance_rate == 1.0
 
 
@@ -127,7 +134,7 @@ def test_prefill_makes_the_first_tokens_with_the_target(mar_pair):
     # Pre-filled tokens are exactly the first AR steps, made as in target-only generation.
     last_prefill_step = tr.ar_step[pre].max()
     assert np.all(tr.ar_step[~pre] > last_prefill_step)
-    torch.testing.assert_close(out.tokens[torch.from_numpy(pre)], base.tokens[torch.from_numpy(pre)])
+    assert_same64(out.tokens[torch.from_numpy(pre)], base.tokens[torch.from_numpy(pre)])
 
 
 def test_trace_counts_add_up_and_passes_follow_block_structure(mar_pair):
@@ -156,9 +163,9 @@ def test_every_criterion_and_alignment_makes_every_token_and_keeps_the_target_on
     made = sum(tr.count(m) for m in (Maker.PREFILL, Maker.ACCEPTED, Maker.RESAMPLED, Maker.CAPPED))
     assert made == 2 * target.seq_len and tr.count(Maker.PREFILL) > 0
     prefill = torch.from_numpy(tr.maker == Maker.PREFILL)
-    assert torch.equal(out.tokens[prefill], base.tokens[prefill])  # the same orders and noise as target-only
+    assert_same64(out.tokens[prefill], base.tokens[prefill], "pre-fill")  # the same orders and noise as target-only
     drafted = torch.from_numpy(tr.maker != Maker.PREFILL)
-    assert not torch.equal(out.tokens[drafted], base.tokens[drafted])  # the draft's tokens are not the target's
+    assert_differ64(out.tokens[drafted], base.tokens[drafted], "drafted")  # the draft's tokens are not the target's
     for distance in (tr.distance_aligned, tr.distance_independent):  # both noise choices recorded (counterfactual)
         assert np.isfinite(distance[tr.verified]).all() and (distance[tr.verified] > 0).all()
 
@@ -179,10 +186,10 @@ def test_cap_hit_takes_target_sample_and_is_recorded(mar_pair):
     assert (tr.resample_tries[tr.maker == Maker.CAPPED] == 1).all()
 
 
-def test_bfloat16_backbone_keeps_heads_in_float32_and_stays_close(mar_pair):
-    target, draft = mar_pair
+def test_bfloat16_backbone_keeps_heads_in_float32_and_stays_close(mar_pair32):
+    target, draft = mar_pair32
     cfg16 = SamplingConfig(num_steps=6, cfg_scale=2.0, precision="bfloat16")
-    a = generate(target, [1], [0], SAMPLING)
+    a = generate(target, [1], [0], SamplingConfig(num_steps=6, cfg_scale=2.0))
     b = generate(target, [1], [0], cfg16)
     assert b.tokens.dtype == torch.float32
     assert (a.tokens - b.tokens).abs().mean() < 0.1
@@ -197,7 +204,8 @@ def test_gamma_schedule_sets_the_first_blocks_and_a_uniform_one_equals_constant_
     uniform = speculative_generate(
         target, draft, labels, seeds, SAMPLING, CSDConfig(gamma=5, gamma_schedule=(2, 2, 2), prefill=0.0)
     )
-    assert torch.equal(const.tokens, uniform.tokens) and np.array_equal(const.trace.maker, uniform.trace.maker)
+    assert_same64(const.tokens, uniform.tokens)
+    assert np.array_equal(const.trace.maker, uniform.trace.maker)
 
     # Blocks of 1 and 2 steps, then gamma = 3: AR steps {0}, {1, 2}, {3, 4, 5}.
     growing = speculative_generate(
@@ -208,7 +216,7 @@ def test_gamma_schedule_sets_the_first_blocks_and_a_uniform_one_equals_constant_
     assert all(tr.block[i, k] == block_of_step[tr.ar_step[i, k]] for i in range(2) for k in range(target.seq_len))
     assert tr.target_passes == 3 and tr.draft_passes == SAMPLING.num_steps
     assert growing.trace.settings["csd"]["gamma_schedule"] == (1, 2)
-    assert not torch.equal(growing.tokens, const.tokens)
+    assert_differ64(growing.tokens, const.tokens, "another schedule")
 
 
 @pytest.mark.parametrize("schedule", [(2, 0), (2, True), (1.5,), 3])

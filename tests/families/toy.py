@@ -112,7 +112,7 @@ class ToyAR(nn.Module):
             )
         dtype = PRECISIONS[config.precision]
         with torch.autocast(tokens.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            z = self.backbone(tokens, labels).float()
+            z = self.backbone(tokens, labels).to(config.dtype)  # the run's dtype: float32, or float64
         return z.chunk(2) if guided else (z, None)
 
     # --- the samplers' view (csd.family.ModelFamily) ----------------------------------------------------
