@@ -80,7 +80,7 @@ def build(app: App) -> gr.Blocks:
                     tab.build(page)
         quick = {"api_visibility": "private", "queue": False}
         controls = page.controls
-        demo.load(generate.from_link, None, list(controls.values()), **quick).then(
+        demo.load(generate.from_link, None, [*controls.values(), *generate.panes], **quick).then(
             generate.estimate, inputs_kwargs=controls, outputs=generate.estimate_md, **quick
         )
     demo.csd_app = app  # serve() links the guard's stream count to the app

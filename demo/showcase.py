@@ -29,7 +29,7 @@ EXAMPLES = (
         "shapes (embedded)",
         {"class_name": "heart", "tau_v": 1.0, "align": False},
     ),
-    ("xar_squares", "Squares from the xAR pair (one cell per AR step)", "shapes, next-cell flow (embedded xAR)", {}),
+    ("xar_squares", "Circles from the xAR pair (one cell per AR step)", "shapes, next-cell flow (embedded xAR)", {}),
     (
         "text_red_star",
         "A text prompt (the Harmon-layout pair)",

@@ -338,3 +338,33 @@ def test_leaving_a_pair_with_fixed_steps_restores_the_visitors_own():
     steps, schedule = back[tab.controls["ar_steps"]], back[tab.controls["cfg_schedule"]]
     assert (steps["value"], schedule["value"]) == (24, "constant") and steps["interactive"] is True
     assert back[tab.saved] is None
+
+
+def test_choosing_another_pair_shows_its_own_example_or_clears_the_panes_never_the_last_pairs():
+    import numpy as np
+
+    from csd.experiments.pairs import random_source, random_spec
+    from demo.showcase import IMAGES, Shown
+
+    xar_source = random_source(random_spec("xar"))
+    application = App(PairStore([RANDOM_SOURCE, xar_source], torch.device("cpu")), Limits(max_batch=2))
+    tab = GenerateTab(application)
+    images = {k: np.full((8, 8, 3), 30 * i, dtype=np.uint8) for i, k in enumerate(IMAGES)}
+    made = {"pair_name": RANDOM_SOURCE.name, "class_name": RANDOM_SOURCE.class_names[2]}
+    tab.shown = [Shown("mine", "Its example", images, "### Speedup 1.50x", {"pair": "x"}, made, "w")]
+    with gr.Blocks():
+        tab.build(Page({}))
+    panes = [tab.target, tab.csd, tab.map, tab.draft, tab.speed, tab.summary, tab.slider, tab.composite]
+    # The panes hold the class pair's example; the xAR pair has none: every pane is cleared, and a line says so.
+    there = tab.pair_changed(xar_source.name, 16, "linear", None, RANDOM_SOURCE.name)
+    assert all(there[p] is None for p in panes) and there[tab.results] == xar_source.name
+    assert "Generate** to see this pair" in there[tab.stats] and xar_source.name in there[tab.stats]
+    # Back on the class pair: its own example, with the class it was made for, and no earlier time chart.
+    back = tab.pair_changed(RANDOM_SOURCE.name, 16, "linear", there[tab.saved], there[tab.results])
+    assert all(np.array_equal(back[p], images[k]) for p, k in zip(panes, IMAGES, strict=False))
+    assert back[tab.speed] is None and back[tab.summary] == {"pair": "x"} and back[tab.results] == RANDOM_SOURCE.name
+    assert f"Precomputed on {RANDOM_SOURCE.name}: Its example" in back[tab.stats]
+    assert back[tab.controls["class_name"]]["value"] == made["class_name"]
+    # A gallery example or a link that set the pair and its results together: nothing is replaced.
+    kept = tab.pair_changed(RANDOM_SOURCE.name, 16, "linear", None, RANDOM_SOURCE.name)
+    assert not set(panes) & set(kept) and "value" not in kept[tab.controls["class_name"]]

@@ -7,16 +7,20 @@ Needs Debian's ``chromium`` and Playwright for Python (its wheel carries the dri
 download). Without them the test is skipped, except under CI=true where it fails.
 """
 
+import base64
+import io
 import os
 import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
-from demo import server
+from demo import server, showcase
 from demo.limits import Limits
 from tests.helpers import pair_name
 
@@ -337,3 +341,114 @@ def test_a_settings_link_opens_the_page_on_its_settings_and_a_preset_sets_its_kn
         )
         assert seed.input_value() == "7"  # a preset keeps the visitor's seed
         assert "fast" in page.locator("#estimate").inner_text()  # every preset's expected time before the click
+
+
+PANES = {"#img-target": "target", "#img-csd": "csd", "#img-map": "map", "#img-draft": "draft"}
+
+
+def choose_pair(page, name: str) -> None:
+    page.get_by_label("Model pair").first.click()
+    page.get_by_role("option", name=name).click()
+
+
+def shown_image(page, box: str) -> np.ndarray | None:
+    """The pixels of the image in a result pane, as the browser fetched them (None when the pane is empty)."""
+    image = page.locator(f"{box} img")
+    if image.count() == 0:
+        return None
+    src = image.first.get_attribute("src")
+    if src.startswith("data:"):
+        body = base64.b64decode(src.split(",", 1)[1])
+    else:
+        body = page.request.get(src).body()
+    return np.asarray(Image.open(io.BytesIO(body)).convert("RGB"))
+
+
+def wait_for_image(page, box: str, expected: np.ndarray, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        pixels = shown_image(page, box)
+        if pixels is not None and pixels.shape == expected.shape and np.array_equal(pixels, expected):
+            return
+        assert time.monotonic() < deadline, f"{box} does not show the expected image"
+        time.sleep(0.25)
+
+
+def shot_between(page, first, last, path: Path) -> None:
+    """A screenshot of the page from ``first``'s top to ``last``'s bottom, the page's full width."""
+    top, bottom = first.bounding_box(), last.bounding_box()
+    scroll = page.evaluate("() => window.scrollY")
+    y = max(0, top["y"] + scroll - 8)
+    clip = {
+        "x": 0,
+        "y": y,
+        "width": page.viewport_size["width"],
+        "height": bottom["y"] + scroll + bottom["height"] - y + 8,
+    }
+    page.screenshot(path=path, full_page=True, clip=clip)
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_switching_pairs_shows_each_pairs_own_results_never_the_last_pairs(served, viewport, tmp_path):
+    """Issue 55: every pane after a pair switch is that pair's own precomputed comparison (pixel for pixel),
+    named with the pair in the status line, or cleared with a line saying to generate."""
+    application, url = served
+    names = application.store.names
+    examples = showcase.load(weights={n: application.store.source(n).weights for n in names})
+    own = {n: next((s for s in examples if s.controls["pair_name"] == n), None) for n in names}
+    made = [own[n].images["target"] for n in names if own[n] is not None]
+    assert len(made) >= 2 and not np.array_equal(made[0], made[1])  # the pairs' examples differ: a real check
+    suffix = "_phone" if viewport is PHONE else ""
+    with open_page(url, viewport) as page:
+        page.locator("#img-target img").wait_for(state="visible")
+        for name in [*names[1:], names[0]]:  # every other pair, then back to the first sight's
+            choose_pair(page, name)
+            status, shown = page.locator("#gen-status"), own[name]
+            if shown is None:
+                status.get_by_text("Generate to see this pair", exact=False).wait_for(state="visible")
+                assert all(page.locator(f"{box} img").count() == 0 for box in PANES)
+                continue
+            status.get_by_text(f"Precomputed on {name}: {shown.title}", exact=False).wait_for(state="visible")
+            for box, key in PANES.items():
+                wait_for_image(page, box, shown.images[key])
+            assert page.locator("#speed-plot .js-plotly-plot").count() == 0  # no time chart of another run
+            if not application.store.source(name).traits.fixed_num_steps:  # no word of xAR's locks either
+                page.wait_for_function(
+                    "() => !document.body.innerText.includes('fixed: one AR step per')", timeout=10_000
+                )
+            if shown.controls["pair_name"] == pair_name("harmon", "embedded"):  # the issue's own example
+                assert page.locator("#prompt textarea").input_value() == shown.controls["prompt"]
+                path = screenshots(tmp_path) / f"screenshot_pair_switch{suffix}.png"
+                shot_between(
+                    page, page.get_by_role("button", name="Generate", exact=True), page.locator("#gen-status"), path
+                )
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_the_frontier_opens_on_the_settings_that_decide_the_verdict_and_labels_them(served, viewport, tmp_path):
+    """Issue 55: the committed frontier's outliers (Frechet distance 700 and more) do not set the y-axis; they
+    are triangles at its edge, and the verdict's two settings are labelled."""
+    from visualize.frontier import frontier_chart
+
+    application, url = served
+    committed = application.committed_front(None, 1)
+    assert committed is not None, "the default pair's frontier ships in bench/results"
+    chart = frontier_chart(committed)
+    worst = max(r["fd"] for r in committed["rows"])
+    suffix = "_phone" if viewport is PHONE else ""
+    with open_page(url, viewport) as page:
+        page.get_by_role("tab", name="Analysis").click()
+        plot = page.locator("#panel-frontier .js-plotly-plot")
+        plot.wait_for(state="visible")
+        low, high = page.evaluate(
+            "() => document.querySelector('#panel-frontier .js-plotly-plot')._fullLayout.yaxis.range"
+        )
+        assert high < worst / 5 and (low, high) == pytest.approx(chart.y_range)
+        for label in ("CSD (verdict)", "rival (verdict)"):
+            plot.get_by_text(label, exact=True).wait_for(state="visible")
+        off = next(k for k, s in enumerate(chart.series) if "off the chart" in s.name)
+        triangles = plot.locator(".scatterlayer .trace").nth(off).locator(".point")
+        assert triangles.count() == len(chart.series[off].x) > 0  # the outliers, drawn at the edge
+        page.locator("#panel-frontier").screenshot(path=screenshots(tmp_path) / f"screenshot_frontier{suffix}.png")

@@ -233,7 +233,8 @@ def test_a_small_recompute_is_drawn_over_the_committed_frontier_never_in_its_pla
     small["rows"] = [r | {"accuracy": 1.0, "accuracy_se": 0.0} for r in small["rows"][:3]]
     alone, both = frontier_chart(committed, "accuracy"), frontier_chart(committed, "accuracy", overlay=small)
     assert [s.name for s in both.series[:-1]] == [s.name for s in alone.series]
-    assert [s.y for s in both.series[:-1]] == [s.y for s in alone.series]  # the committed points unchanged
+    points = [s.y for s in both.series[:-1] if "off the chart" not in s.name]  # the edge markers follow the axis
+    assert points == [s.y for s in alone.series if "off the chart" not in s.name]  # the committed points unchanged
     assert both.series[-1].name.startswith("recomputed here, n = 2") and both.series[-1].y == [1.0] * 3
     assert both.title == alone.title and f"({committed['n']} images per point)" in both.title
 
@@ -251,3 +252,80 @@ def test_the_cost_chart_puts_every_row_at_its_measured_and_predicted_time():
     assert chart.series[-1].dash and "largest gap 0.20" in chart.note and "batch 1" in chart.title
     with pytest.raises(ValueError, match="no predicted times"):
         cost_chart({"rows": [{k: v for k, v in rows[0].items() if k != "predicted"}], "batch": 8})
+
+
+def _frontier(values: dict[str, float], front: set[str], best: str, rival: str) -> dict:
+    """A frontier result of FD values by name (standard error 1, time growing with the order given), with the
+    verdict's deciding setting ``best`` (a CSD one) against ``rival``."""
+    rows = [
+        {
+            "name": name,
+            "method": "CSD" if name == best else "target",
+            "time": 0.1 + 0.05 * k,
+            "fd": fd,
+            "fd_se": 1.0,
+            "front_fd": name in front,
+            "sampling": {"num_steps": 16, "cfg_scale": 3.0},
+        }
+        for k, (name, fd) in enumerate(values.items())
+    ]
+    deciding = {"name": best, "rival": rival, "time": 0.0, "fd": values[best], "margin": -1.0}
+    return {"rows": rows, "n": 100, "batch": 1, "metrics": ["fd"], "verdict": {"metric": "fd", "best": deciding}}
+
+
+def test_the_frontier_chart_opens_on_the_bulk_and_the_verdicts_settings_with_outliers_at_its_edge():
+    from visualize.frontier import frontier_chart
+
+    values = {f"s{k}": 20.0 + k for k in range(12)} | {"DiSA 12 -> 1": 700.0, "xAR 3 steps": 1100.0}
+    result = _frontier(values, front={"s0", "s1", "s5"}, best="s5", rival="s2")
+    chart = frontier_chart(result)
+    # Q1 23.25, Q3 29.75: every setting within the fences (13.5 to 39.5) is held, 20 to 31, padded by 6%.
+    assert chart.y_range == pytest.approx((20.0 - 0.66, 31.0 + 0.66))
+    assert tuple(to_plotly(chart).layout.yaxis.range) == pytest.approx(chart.y_range)
+    (off,) = [s for s in chart.series if "off the chart" in s.name]
+    assert off.name.startswith("2 off the chart above") and off.symbol == "triangle-up"
+    assert off.x == pytest.approx([0.7, 0.75]) and all(
+        chart.y_range[1] - 0.5 < y < chart.y_range[1] for y in off.y
+    )  # at the edge
+    assert "Frechet distance 700.0" in off.hover[0] and "1100.0" in off.hover[1]  # its value, on hover
+    assert "2 off the chart, as triangles at its edge" in chart.note
+    (verdict,) = [s for s in chart.series if s.name == "the verdict's two settings"]
+    assert verdict.text == ["CSD (verdict)", "rival (verdict)"] and (verdict.x, verdict.y) == (
+        [0.35, 0.2],
+        [25.0, 22.0],
+    )
+    assert verdict.text_position == ["top right", "bottom right"]  # the upper label above, both inside the chart
+    assert [s.name for s in chart.series][-1] == "Pareto front"
+
+
+def test_the_verdicts_settings_stay_in_view_even_beyond_the_fences():
+    from visualize.frontier import frontier_chart
+
+    values = {f"s{k}": 20.0 + k for k in range(12)} | {"far CSD": 60.0, "DiSA": 900.0}
+    lo, hi = frontier_chart(_frontier(values, front={"s0"}, best="far CSD", rival="s3")).y_range
+    assert lo < 20.0 and 61.0 < hi < 100.0  # 60 + its standard error is in; 900 is not
+
+
+def test_a_frontier_without_outliers_keeps_an_axis_that_fits_every_setting():
+    from visualize.frontier import frontier_chart
+
+    chart = frontier_chart(_frontier({f"s{k}": 20.0 + k for k in range(12)}, {"s0"}, "s4", "s1"))
+    assert chart.y_range is None and not any("off the chart" in s.name for s in chart.series)
+
+
+@pytest.mark.parametrize("path", ["frontier_b1.json", "text/frontier_b1.json", "xar/frontier_b8.json"])
+def test_the_committed_frontiers_open_below_their_outliers_with_front_and_verdict_in_view(path):
+    from pathlib import Path
+
+    from visualize.frontier import deciding_rows, frontier_chart
+
+    result = json.loads((Path(__file__).resolve().parents[1] / "bench" / "results" / path).read_text())
+    chart = frontier_chart(result)
+    lo, hi = chart.y_range
+    rows = result["rows"]
+    assert max(r["fd"] for r in rows) > 700 and hi < 100  # FD 700-1175 outliers do not set the axis
+    assert sum(lo <= r["fd"] <= hi for r in rows) >= 0.8 * len(rows)  # the bulk of the settings is in view
+    assert all(lo <= r["fd"] <= hi for r in rows if r["front_fd"])  # and the whole front
+    assert all(lo <= r["fd"] - r["fd_se"] and r["fd"] + r["fd_se"] <= hi for r in deciding_rows(result))
+    off = [x for s in chart.series if "off the chart" in s.name for x in s.x]
+    assert sorted(off) == sorted(r["time"] for r in rows if not lo <= r["fd"] <= hi)  # every other one at the edge

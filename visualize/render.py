@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
-from visualize.chart import Chart, Series
+from visualize.chart import SYMBOLS, Chart, Series
 
 MAX_MARKERS = 60  # lines with more points (densities) are drawn without point markers
+MARGIN, LEFT = 60, 8  # pixels: the plot's left margin; the title and note from the figure's left edge
+NOTE_WIDTH = 50  # characters per line of a chart's note under its title (50 fit a phone's width)
 
 
 def _floats(values: list) -> np.ndarray:
@@ -56,8 +58,13 @@ def _plotly_traces(s: Series, color: str, overlay: bool) -> list[go.BaseTraceTyp
             extra |= {"hovertext": s.hover, "hoverinfo": "text"}
         if s.errors is not None:
             extra["error_y"] = {"type": "data", "array": s.errors, "visible": True, "thickness": 1}
+        marker = {k: v for k, v in (("symbol", s.symbol), ("size", s.size)) if v is not None}
+        if marker:
+            extra["marker"] = marker
         traces.append(
-            go.Scatter(x=s.x, y=s.y, name=s.name, mode=mode, line=line, text=s.text, textposition="top center", **extra)
+            go.Scatter(
+                x=s.x, y=s.y, name=s.name, mode=mode, line=line, text=s.text, textposition=s.text_position, **extra
+            )
         )
     return traces
 
@@ -68,17 +75,26 @@ def to_plotly(chart: Chart) -> go.Figure:
         fig.add_traces(_plotly_traces(s, color, chart.barmode == "overlay"))
     for y, label in chart.hlines:
         fig.add_hline(y=y, line_dash="dot", annotation_text=label, annotation_position="top left")
-    title = chart.title if not chart.note else f"{chart.title}<br><sup>{chart.note}</sup>"
+    # The note in lines of NOTE_WIDTH characters (Plotly wraps no text), just above the plot; the title above it.
+    note = textwrap.wrap(chart.note, NOTE_WIDTH)
+    top = 12 + 14 * len(note)  # pixels the note takes above the plot
     fig.update_layout(
-        title={"text": title, "font": {"size": 15}},
+        title={"text": chart.title, "font": {"size": 15}, "x": 0, "xref": "container", "y": 1, "yref": "paper"},
         xaxis_title=chart.x_label,
         yaxis_title=chart.y_label,
         barmode=chart.barmode,
         template="plotly_white",
-        height=360,
-        margin={"l": 60, "r": 20, "t": 70, "b": 50},
+        height=chart.height,
+        margin={"l": MARGIN, "r": 20, "t": top + 40, "b": 50},
         legend={"orientation": "h", "y": -0.2},
     )
+    fig.update_layout(title={"xanchor": "left", "yanchor": "bottom", "pad": {"b": top, "l": LEFT}})
+    if note:
+        fig.add_annotation(
+            text="<br>".join(note),
+            **{"x": 0, "y": 1, "xref": "paper", "yref": "paper", "xanchor": "left", "yanchor": "bottom"},
+            **{"showarrow": False, "align": "left", "font": {"size": 11}, "yshift": 4, "xshift": LEFT - MARGIN},
+        )
     if chart.y_range is not None:
         fig.update_yaxes(range=list(chart.y_range))
     return fig
@@ -91,6 +107,24 @@ def _category_positions(series: list[Series]) -> dict:
         for x in s.x:
             cats.setdefault(x, len(cats))
     return cats
+
+
+def _matplotlib_points(ax, s: Series, x: np.ndarray, y: np.ndarray, color: str) -> None:
+    """A line or markers series: its markers (symbol and size as in Plotly), error bars and text labels."""
+    style = ("--" if s.dash else "-") if s.kind == "line" else "none"
+    marker, hollow = SYMBOLS.get(s.symbol, ("o", False))
+    marker = marker if len(x) <= MAX_MARKERS or s.kind == "markers" else None
+    size = 3 if s.size is None else s.size / 2
+    fill = {"fillstyle": "none"} if hollow else {}
+    ax.plot(x, y, linestyle=style, marker=marker, markersize=size, color=color, label=s.name, **fill)
+    if s.errors is not None:
+        ax.errorbar(x, y, yerr=_floats(s.errors), linestyle="none", color=color, linewidth=0.8)
+    positions = [s.text_position] * len(x) if isinstance(s.text_position, str) else s.text_position
+    for xi, yi, t, where in zip(x, y, s.text or [], positions, strict=False):
+        vertical, horizontal = where.split()  # as Plotly's textposition: "top center", "bottom right", ...
+        dy, va = {"top": (5, "bottom"), "middle": (0, "center"), "bottom": (-5, "top")}[vertical]
+        dx, ha = {"left": (-5, "right"), "center": (0, "center"), "right": (5, "left")}[horizontal]
+        ax.annotate(t, (xi, yi), textcoords="offset points", xytext=(dx, dy), ha=ha, va=va, fontsize=7)
 
 
 def to_matplotlib(chart: Chart):
@@ -125,13 +159,7 @@ def to_matplotlib(chart: Chart):
         if s.kind == "area":
             ax.fill_between(x, 0, y, color=color, alpha=0.35, label=s.name)
         else:
-            style = ("--" if s.dash else "-") if s.kind == "line" else "none"
-            marker = "o" if len(x) <= MAX_MARKERS or s.kind == "markers" else None
-            ax.plot(x, y, linestyle=style, marker=marker, markersize=3, color=color, label=s.name)
-            if s.errors is not None:
-                ax.errorbar(x, y, yerr=_floats(s.errors), linestyle="none", color=color, linewidth=0.8)
-            for xi, yi, t in zip(x, y, s.text or [], strict=False):
-                ax.annotate(t, (xi, yi), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=7)
+            _matplotlib_points(ax, s, x, y, color)
     if categorical:
         ax.set_xticks(list(slots.values()), [str(c) for c in slots])
     for y, label in chart.hlines:

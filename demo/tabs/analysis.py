@@ -265,8 +265,10 @@ class AnalysisTab:
             "Target-only with fewer AR steps, fewer head steps or a head-step schedule, CSD at several draft "
             "lengths, tests and pre-fills, and their combinations, at the current controls. Time is a ratio to "
             "target-only measured in the same run; the dashed line is the Pareto front (nothing is both faster "
-            "and better). Hover a point for its setting. A recompute runs each setting once over *n* images: "
-            "its error bars are wide, the benchmark's (hundreds of images) are not."
+            "and better); the verdict's two settings are ringed. Hover a point for its setting. The chart opens "
+            "on the settings that decide the verdict: those far off it are triangles at its edge (hover one for "
+            "its value; double-click the chart to see them all). A recompute runs each setting once over *n* "
+            "images: its error bars are wide, the benchmark's (hundreds of images) are not."
         )
         first = app.committed_front(None, 1)
         self.f_status = gr.Markdown(frontier_status(first, regime=REGIMES[1]), elem_id="frontier-status")

@@ -159,6 +159,7 @@ class GenerateTab:
                         self.speed: speed_figure(c.target, c.csd, c.draft, c.summary),
                         self.summary: c.summary,
                         self.inspected: c.inspected,
+                        self.results: c.pair.name,
                     }
                 )
 
@@ -174,12 +175,23 @@ class GenerateTab:
         message = "Stopped: the run was cancelled, and nothing from it is shown."
         return {**dict.fromkeys(self.outputs), self.stats: message}
 
-    def pair_changed(self, pair_name: str, ar_steps, cfg_schedule, saved: dict | None):
+    def pair_changed(self, pair_name: str, ar_steps, cfg_schedule, saved: dict | None, results: str | None = None):
         """The class choice for a class-conditional pair, the prompt (and its examples) for a text pair;
         a pair's fixed AR steps (xAR: one per cell) and CFG schedule (its ramp over the cells) set and locked,
-        and the visitor's own values put back when a pair without them is chosen again."""
-        source, c = self.app.store.source(pair_name), self.controls
-        fixed, schedule = source.traits.fixed_num_steps, source.traits.cfg_schedule
+        and the visitor's own values put back when a pair without them is chosen again. Unless the result
+        panes already belong to the pair (``results``: a gallery example or a link set both), they show its
+        own precomputed comparison (:meth:`pair_results`), and the class or prompt it was made for."""
+        source = self.app.store.source(pair_name)
+        out = self._knobs(source, ar_steps, cfg_schedule, saved) | {self.card: model_line(source)}
+        if results == pair_name:  # the panes show this pair already: the class or prompt stays as set
+            return out | self._condition(source, None)
+        shown = self.example_of(pair_name)
+        return out | self.pair_results(pair_name) | self._condition(source, shown.controls if shown else {})
+
+    def _knobs(self, source, ar_steps, cfg_schedule, saved: dict | None) -> dict:
+        """AR steps and the CFG ramp: a pair's fixed ones set and locked (the visitor's kept in ``saved``),
+        the visitor's own put back on a pair without them."""
+        c, fixed, schedule = self.controls, source.traits.fixed_num_steps, source.traits.cfg_schedule
         if fixed:
             saved = saved or {"ar_steps": ar_steps, "cfg_schedule": cfg_schedule}
             row = source.traits.row_name[:-1]
@@ -187,21 +199,36 @@ class GenerateTab:
             ramp = gr.update(value=schedule, interactive=False, info=f"fixed: {source.traits.family}'s ramp")
         else:
             back = saved or {}
-            steps = gr.update(value=back.get("ar_steps", ar_steps), interactive=True, info=None)
-            ramp = gr.update(value=back.get("cfg_schedule", cfg_schedule), interactive=True, info=None)
+            steps = gr.update(value=back.get("ar_steps", ar_steps), interactive=True, info="")
+            ramp = gr.update(value=back.get("cfg_schedule", cfg_schedule), interactive=True, info="")
             saved = None
-        out = {
-            c["ar_steps"]: steps,
-            c["cfg_schedule"]: ramp,
-            c["prompt"]: gr.update(visible=source.is_text),
-            self.examples: gr.update(visible=source.is_text),
-            self.saved: saved,
-            self.card: model_line(source),
-        }
-        if source.is_text:
-            return out | {c["class_name"]: gr.update(visible=False)}
+        return {c["ar_steps"]: steps, c["cfg_schedule"]: ramp, self.saved: saved}
+
+    def _condition(self, source, made: dict | None) -> dict:
+        """The class or prompt control of ``source``, with the value in ``made`` (the controls of the
+        comparison the panes now show, {} for none: the pair's first class); ``made=None`` keeps the value."""
+        c, text = self.controls, source.is_text
+        out = {c["prompt"]: gr.update(visible=text), self.examples: gr.update(visible=text)}
+        if text:
+            value = {"value": made["prompt"]} if made and "prompt" in made else {}
+            return out | {c["class_name"]: gr.update(visible=False), c["prompt"]: gr.update(visible=True, **value)}
         names = list(source.class_names)
-        return out | {c["class_name"]: gr.update(choices=names, value=names[0], visible=True)}
+        value = {} if made is None else {"value": made["class_name"] if made.get("class_name") in names else names[0]}
+        return out | {c["class_name"]: gr.update(choices=names, visible=True, **value)}
+
+    def example_of(self, pair_name: str) -> showcase.Shown | None:
+        """The pair's first precomputed comparison served (None when it has none)."""
+        return next((s for s in self.shown if s.controls.get("pair_name") == pair_name), None)
+
+    def pair_results(self, pair_name: str) -> dict:
+        """The result panes for a pair just chosen: its own precomputed comparison, or every pane cleared and
+        one line saying to generate; never another pair's results."""
+        shown = self.example_of(pair_name)
+        if shown is not None:
+            return self._shown(shown)
+        panes = (self.target, self.csd, self.map, self.draft, self.speed, self.summary, self.slider, self.composite)
+        line = f"Press **Generate** to see this pair (*{pair_name}*): no precomputed comparison of it is served."
+        return dict.fromkeys(panes) | {self.stats: line, self.link: "", self.results: pair_name}
 
     def apply_preset(self, name: str, **controls):
         """The controls after a preset (the pair's fixed knobs stay as they are)."""
@@ -221,18 +248,20 @@ class GenerateTab:
 
     def _shown(self, shown: showcase.Shown) -> dict:
         im = shown.images
-        note = f"\n\n*Precomputed: {shown.title}. Press **Generate** to run it on this server.*"
         return {
             self.target: im["target"],
             self.csd: im["csd"],
             self.map: im["map"],
             self.draft: im["draft"],
-            self.stats: shown.stats + note,
+            self.stats: shown_stats(shown, " Press **Generate** to run it on this server."),
+            self.speed: None,  # a precomputed comparison has no time chart: none of an earlier run stays
             self.summary: shown.summary,
+            self.results: shown.controls["pair_name"],
         } | self._extras(im["target"], im["csd"], im["map"], shown.controls)
 
     def from_link(self, request: gr.Request):
-        """Controls from the page's address (a settings link), each as its control would take it."""
+        """Controls from the page's address (a settings link), each as its control would take it; a link to
+        another pair than the first sight's also brings that pair's results (:meth:`pair_results`)."""
         params = dict(getattr(request, "query_params", {}) or {})
         out = {component: gr.skip() for component in self.controls.values()}  # what the link does not set
         for name, text in params.items():
@@ -242,6 +271,10 @@ class GenerateTab:
                     out[self.controls[name]] = type(default)(text) if not isinstance(default, str) else text
                 except (TypeError, ValueError):
                     continue
+        pair = out[self.controls["pair_name"]]
+        first = self.shown[0].controls["pair_name"] if self.shown else None
+        if isinstance(pair, str) and pair in self.app.store.names and pair != first:
+            out |= self.pair_results(pair)
         return out
 
     def estimate(self, **controls) -> str:
@@ -282,9 +315,7 @@ class GenerateTab:
                     )
                 gr.HTML(legend_html())
                 intro = "Press **Generate**: target-only, CSD and draft-only run with the same seeds."
-                self.stats = gr.Markdown(
-                    first.stats + f"\n\n*Precomputed: {first.title}.*" if first else intro, elem_id="gen-status"
-                )
+                self.stats = gr.Markdown(shown_stats(first) if first else intro, elem_id="gen-status")
                 with gr.Accordion("Slide between target-only and CSD", open=False):
                     self.slider = gr.ImageSlider(
                         (first.images["target"], first.images["csd"]) if first else None,
@@ -316,8 +347,11 @@ class GenerateTab:
         # (the server's state capacity), so memory stays bounded however many visitors come.
         self.inspected = gr.State(None, time_to_live=app.limits.session_ttl)
         self.saved = gr.State(None, time_to_live=app.limits.session_ttl)  # the visitor's knobs a pair locked
+        # The pair the result panes belong to (None while a run is under way or after Stop).
+        self.results = gr.State(first.controls["pair_name"] if first else None, time_to_live=app.limits.session_ttl)
         self.outputs = [self.target, self.csd, self.map, self.draft, self.stats, self.speed, self.summary]
-        self.outputs += [self.inspected, self.slider, self.composite, self.link]
+        self.outputs += [self.inspected, self.slider, self.composite, self.link, self.results]
+        self.panes = [o for o in self.outputs if o is not self.inspected]  # what a pair's example sets
         app.components = self.controls
         checker = lambda **values: check_generate(app, None, False, **values)
         # The page's event shows a refusal in the status line; the API's refuses before the queue, by name.
@@ -331,15 +365,14 @@ class GenerateTab:
         quick = {"api_visibility": "private", "queue": False}  # instant page events: no queue slot, no job
         c = self.controls
         shown = [c[k] for k in ("class_name", "prompt", "ar_steps", "cfg_schedule")]
-        shown += [self.examples, self.saved, self.card]
-        c["pair_name"].change(
-            self.pair_changed, [c["pair_name"], c["ar_steps"], c["cfg_schedule"], self.saved], shown, **quick
-        )
+        shown += [self.examples, self.saved, self.card, *self.panes]
+        knobs = [c["pair_name"], c["ar_steps"], c["cfg_schedule"], self.saved, self.results]
+        # Another pair, or an example, stops a run under way: its images would come in under other controls.
+        c["pair_name"].change(self.pair_changed, knobs, shown, cancels=[event], **quick)
+        if self.shown:
+            gallery.select(self.show_example, None, [*c.values(), *self.outputs], cancels=[event], **quick)
         preset.input(self.apply_preset, inputs_kwargs={"name": preset, **c}, outputs=list(c.values()), **quick)
         gr.on([x.change for x in c.values()], self.estimate, inputs_kwargs=c, outputs=self.estimate_md, **quick)
-        if self.shown:
-            outs = list(c.values()) + self.outputs
-            gallery.select(self.show_example, None, outs, **quick)
         page.controls, page.inspected, page.generated = self.controls, self.inspected, event
 
     def _prompt_examples(self, prompt: gr.Textbox) -> gr.Dataset:
@@ -355,6 +388,11 @@ class GenerateTab:
         )
         examples.click(pick_example, examples, prompt, api_visibility="private")
         return examples
+
+
+def shown_stats(shown: showcase.Shown, after: str = "") -> str:
+    """A precomputed comparison's numbers, and a line naming it and the pair it was made on."""
+    return f"{shown.stats}\n\n*Precomputed on {shown.controls['pair_name']}: {shown.title}.{after}*"
 
 
 def pick_example(sample: list) -> str:

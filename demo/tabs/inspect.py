@@ -113,8 +113,8 @@ class InspectTab:
         self.app = app
 
     def replay(self, run: Inspected | None, frame: int):
-        """Frame ``frame`` (1-based, as the slider shows it) of the session's latest run: its label, the CSD
-        canvas, its status map and the target-only canvas after as many AR steps."""
+        """Frame ``frame`` (1-based, as the slider shows it) of the session's latest run: its label (with the
+        pair it ran on), the CSD canvas, its status map and the target-only canvas after as many AR steps."""
         if run is None:
             return {
                 self.label: "Press **Generate** first: the latest run of this page is replayed here."
@@ -123,7 +123,7 @@ class InspectTab:
             raise refuse(f"Frame must be an integer in [1, {len(run.frames)}], got {short(frame)}", control="frame")
         f = run.frames[frame - 1]
         csd, status, target = frame_images(f, lambda tokens: self.app.store.get(run.pair_name).images(tokens).numpy())
-        label = f"**Frame {frame} of {len(run.frames)}:** {f.label} ({f.ar_steps} AR steps made)"
+        label = f"**Frame {frame} of {len(run.frames)}:** {f.label} ({f.ar_steps} AR steps made), on *{run.pair_name}*"
         return {self.label: label, self.canvas: csd, self.status: status, self.target: target}
 
     def show_token(self, run: Inspected | None, image: int, row: int, column: int):
