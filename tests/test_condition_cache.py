@@ -15,7 +15,7 @@ from csd.sampling import generate
 from csd.speculative import speculative_generate
 from tests.helpers import assert_differ64, assert_same64, sampling64
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.kernels]
 PLAIN = sampling64(num_steps=6, cfg_scale=3.0, head_steps=4)  # runs compared in float64 (tests/helpers.py)
 
 

@@ -24,7 +24,7 @@ from csd.trace import Maker
 from tests.families import defined_families, registered
 from tests.helpers import F32_ATOL, F64_ATOL, assert_differ64, assert_same64
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.kernels]
 TEST_FAMILIES = defined_families()
 
 

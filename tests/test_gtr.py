@@ -118,6 +118,7 @@ def pair(one_thread):
     return random_pair64()
 
 
+@pytest.mark.kernels
 def test_one_gtr_stage_of_every_token_is_plain_generation(pair):
     plain = sampling64(num_steps=6, cfg_scale=2.0, head_steps=5)
     one = sampling64(num_steps=6, cfg_scale=2.0, head_steps=5, gtr_stages=(6,))
@@ -131,6 +132,7 @@ def test_one_gtr_stage_of_every_token_is_plain_generation(pair):
     assert (a.trace.maker == b.trace.maker).all()
 
 
+@pytest.mark.kernels
 def test_gtr_runs_its_stage_head_steps_and_fts_alone(pair):
     calls = []
     chain = pair.target.head.chain
@@ -157,6 +159,7 @@ def test_gtr_runs_its_stage_head_steps_and_fts_alone(pair):
     assert_same64(alone.tokens, detailed.tokens[1:])
 
 
+@pytest.mark.kernels
 def test_gtr_composes_with_csd_but_fts_does_not(pair):
     s = sampling64(num_steps=6, cfg_scale=2.0, head_steps=6, gtr_stages=(3, 2, 1), gtr_head_steps=3)
     csd = CSDConfig(gamma=2)

@@ -53,6 +53,7 @@ def test_disas_schedules_are_its_published_formulas():
         assert head_step_schedule(7, 7, 5, kind) == [7] * 5 and head_step_schedule(7, None, 3, kind) == [7] * 3
 
 
+@pytest.mark.kernels
 def test_a_disa_schedule_that_anneals_nothing_is_plain_generation():
     pair = random_pair64()
     plain = sampling64(num_steps=6, cfg_scale=2.0, head_steps=8)
@@ -83,6 +84,7 @@ def test_an_unknown_head_schedule_is_refused_by_name():
         SamplingConfig(head_schedule="cosine")
 
 
+@pytest.mark.kernels
 def test_target_only_generation_follows_the_schedule_and_stays_batch_invariant(recorded):
     pair, calls = recorded
     batch = generate(pair.target, [1, 2], [3, 4], SCHEDULED)
@@ -95,6 +97,7 @@ def test_target_only_generation_follows_the_schedule_and_stays_batch_invariant(r
     assert_same64(generate(pair.target, [1, 2], [3, 4], same).tokens, flat.tokens, "a flat schedule")
 
 
+@pytest.mark.kernels
 def test_csd_runs_each_block_at_its_first_steps_head_steps(recorded):
     pair, calls = recorded
     csd = CSDConfig(gamma=3, prefill=0.05)
@@ -109,6 +112,7 @@ def test_csd_runs_each_block_at_its_first_steps_head_steps(recorded):
     assert_same64(out.tokens[1:], alone.tokens, "image 1 alone")
 
 
+@pytest.mark.kernels
 def test_a_cheaper_draft_head_needs_independent_noise_and_the_final_step_test():
     m, sampling = random_pair64(), sampling64(num_steps=8, cfg_scale=2.0)
     with pytest.raises(
@@ -132,6 +136,7 @@ def test_a_cheaper_draft_head_needs_independent_noise_and_the_final_step_test():
     )
 
 
+@pytest.mark.kernels
 def test_a_cheaper_draft_head_runs_seeded_and_batch_invariant(recorded):
     pair, calls = recorded
     csd = CSDConfig(gamma=3, draft_head_steps=4, **INDEPENDENT)

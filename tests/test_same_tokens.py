@@ -30,6 +30,7 @@ from tests.data.make_golden_tokens import arrays, runs
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden_tokens.safetensors"
 SAVED = load_file(GOLDEN)
 RUNS = sorted(k for k in SAVED if k.count("/") == 1)  # "pair/run": the tokens; "pair/run/field": the rest
+pytestmark = pytest.mark.kernels  # rerun under other kernels (tests/test_perturbations.py)
 
 
 @dataclass(frozen=True)

@@ -199,6 +199,7 @@ def test_a_heun_step_makes_two_velocity_calls_and_the_cost_model_counts_them():
 # --- defaults, refusals, CSD --------------------------------------------------------------------------
 
 
+@pytest.mark.kernels
 def test_naming_each_familys_own_sampler_changes_no_token():
     for family, own in (("mar", "ddpm"), ("xar", "euler-maruyama")):
         pair = random_pair64(family)
@@ -208,6 +209,7 @@ def test_naming_each_familys_own_sampler_changes_no_token():
         assert_same64(generate(pair.target, [1, 2], [3, 4], named).tokens, plain, family)
 
 
+@pytest.mark.kernels
 def test_the_new_samplers_run_seeded_and_batch_invariant_and_change_the_tokens(one_thread):
     """In float64: in float32 a batch of two and an image alone round differently (another kernel), which
     DDIM at eta 1 (posterior std, few steps) grows to 3e-4 here and 1.5e-3 on another CPU."""
@@ -277,6 +279,7 @@ def test_csd_refuses_a_deterministic_target_sampler_by_name(family, sampling, me
         speculative_generate(pair.target, pair.draft, [1], [2], s, CSDConfig(gamma=4))
 
 
+@pytest.mark.kernels
 def test_csd_composes_with_stochastic_samplers_and_a_deterministic_draft_under_the_final_step_test(one_thread):
     mar, xar = random_pair64(), random_pair64("xar")
     runs = [

@@ -81,6 +81,7 @@ def test_alignment_lowers_draft_target_distance(mar_pair):
     assert s["distance_aligned"] < 0.5 * s["distance_independent"]
 
 
+@pytest.mark.kernels
 def test_same_seed_gives_the_same_tokens(mar_pair):
     target, draft = mar_pair
     a = speculative_generate(target, draft, [1, 2], [7, 8], SAMPLING, CSDConfig(gamma=2))
@@ -89,6 +90,7 @@ def test_same_seed_gives_the_same_tokens(mar_pair):
     assert np.array_equal(a.trace.maker, b.trace.maker)
 
 
+@pytest.mark.kernels
 def test_batch_invariance_image_matches_single_run(mar_pair):
     target, draft = mar_pair
     batch = speculative_generate(target, draft, [1, 2, 3], [10, 11, 12], SAMPLING, CSDConfig(gamma=2))
@@ -101,6 +103,7 @@ def test_batch_invariance_image_matches_single_run(mar_pair):
         assert_same64(base.tokens[i], generate(target, [i + 1], [10 + i], SAMPLING).tokens[0], f"image {i}")
 
 
+@pytest.mark.kernels
 def test_draft_equal_to_target_reproduces_target_only_generation(mar_pair):
     # Same orders and noise as the baseline: with q = p and gamma = 1 (the target verifies with the
     # draft's context) every token is accepted and equals the target-only token.
@@ -122,6 +125,7 @@ def test_block_verification_sees_stale_context_even_when_draft_equals_target(mar
     assert tr.acceptance_rate < 1.0
 
 
+@pytest.mark.kernels
 def test_prefill_makes_the_first_tokens_with_the_target(mar_pair):
     target, draft = mar_pair
     rho = 0.25
@@ -152,6 +156,7 @@ def test_trace_counts_add_up_and_passes_follow_block_structure(mar_pair):
     assert (tr.resample_tries[tr.maker == Maker.ACCEPTED] == 0).all()
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("criterion", ["aligned", "exact"])
 @pytest.mark.parametrize("align", [True, False])
 def test_every_criterion_and_alignment_makes_every_token_and_keeps_the_target_only_prefill(mar_pair, criterion, align):
@@ -197,6 +202,7 @@ def test_bfloat16_backbone_keeps_heads_in_float32_and_stays_close(mar_pair32):
     assert torch.isfinite(out.tokens).all()
 
 
+@pytest.mark.kernels
 def test_gamma_schedule_sets_the_first_blocks_and_a_uniform_one_equals_constant_gamma(mar_pair):
     target, draft = mar_pair
     labels, seeds = [1, 2], [3, 4]

@@ -1,0 +1,99 @@
+"""The tests that compare floats pass under other kernels: rerun in a subprocess under each perturbation of
+tests/kernels.py this CPU can run (two torch threads; oneDNN off; torch's other CPU capabilities with oneDNN's
+and MKL's instruction sets capped to match), so that the README's one test command also checks how another
+machine's kernels round (docs/specification_notes.md, "Numbers on other CPUs").
+
+A test that compares floats of runs whose kernels differ between CPUs carries the ``kernels`` mark; a module
+that imports the float bounds of tests/helpers.py must mark such tests (checked below). A test that passes at
+home but fails under a perturbation is a failing test."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+BOUNDS = {"F64_ATOL", "F32_ATOL", "assert_same64", "assert_differ64"}
+
+
+def rerun(name: str) -> subprocess.CompletedProcess:
+    env = os.environ | kernels.PERTURBATIONS[name] | {"GRADIO_ANALYTICS_ENABLED": "False"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "kernels", "tests"]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(kernels.PERTURBATIONS))
+def test_the_float_comparing_tests_pass_under_another_kernel_choice(name):
+    if name.upper() == torch.backends.cpu.get_cpu_capability():
+        pytest.skip(f"{name} is this process's own capability: the suite itself runs under it")
+    if not kernels.runnable(name):
+        pytest.skip(f"this CPU cannot run {name} kernels")
+    run = rerun(name)
+    assert run.returncode == 0, f"under {kernels.PERTURBATIONS[name]}:\n{run.stdout[-6000:]}\n{run.stderr[-2000:]}"
+    assert " passed" in run.stdout.splitlines()[-1] and " deselected" in run.stdout.splitlines()[-1]
+
+
+def _marked(node: ast.FunctionDef, module_marked: bool) -> bool:
+    names = {ast.unparse(d) for d in node.decorator_list}
+    return module_marked or any("mark.kernels" in n for n in names)
+
+
+def _uses(node: ast.AST, names: set[str]) -> bool:
+    return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
+
+
+def test_every_test_that_asserts_a_float_bound_is_rerun_under_the_perturbations():
+    """A test (or the fixture-free helper it calls in its module) that uses the float bounds of tests/helpers.py
+    carries the kernels mark, so the perturbation reruns include it."""
+    unmarked = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        module_marked = "kernels" in "".join(
+            ast.unparse(n.value)
+            for n in tree.body
+            if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "pytestmark"
+        )
+        helpers = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")}
+        bounded = {h for h in helpers if _uses(next(n for n in tree.body if getattr(n, "name", "") == h), BOUNDS)}
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                if _uses(node, BOUNDS | bounded) and not _marked(node, module_marked):
+                    unmarked.append(f"{path.name}::{node.name}")
+    assert not unmarked, "compare floats under a bound but are not marked kernels:\n" + "\n".join(unmarked)
+
+
+def test_the_perturbations_change_the_kernels_they_claim():
+    probe = (
+        "import json, torch; from tests import kernels; kernels.apply(); "
+        "torch.set_num_threads(kernels.threads_for_tests()); "
+        "print(json.dumps([torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(), "
+        "torch.backends.mkldnn.enabled]))"
+    )
+    got = {}
+    for name in ("threads2", "no-onednn", "default"):
+        env = os.environ | kernels.PERTURBATIONS[name]
+        out = subprocess.run(
+            [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+        )
+        got[name] = json.loads(out.stdout)
+    assert got["threads2"][1:] == [2, True] and got["no-onednn"][1:] == [1, False]
+    assert got["default"][0] == "DEFAULT"
+
+
+def test_a_timing_names_the_cpu_and_the_kernels_it_ran_on():
+    """What bench/results/request_times.json records of its machine, one record per capability."""
+    probe = "import json; from csd.experiments.timing import machine; print(json.dumps(machine()))"
+    env = os.environ | kernels.PERTURBATIONS["default"]
+    got = json.loads(subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True).stdout)
+    assert got["capability"] == "DEFAULT" and got["kernel_env"] == kernels.PERTURBATIONS["default"]
+    assert got["cpu"] and got["torch"] == torch.__version__
