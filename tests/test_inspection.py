@@ -1,43 +1,50 @@
 """Artifact inspection: replay frames add up to the final image, the token inspector reports the trace's
-own numbers, hints rank by the distance to the target-only image, and the trace's details are honest."""
+own numbers, hints rank by the distance to the target-only image, and the trace's details are honest.
+The runs are in float64, the exact reference (tests/helpers.py): keeping details changes nothing and the
+details agree with the trace up to float64 rounding on every CPU; in float32 the same holds up to rounding."""
 
 import numpy as np
 import pytest
 import torch
 
-from csd.config import CSDConfig, SamplingConfig
+from csd.config import CSDConfig
 from csd.experiments.inspection import artifact_hints, inspect_token, token_index
 from csd.replay import DRAFTED, UNKNOWN, replay_frames
 from csd.sampling import generate
 from csd.speculative import speculative_generate
 from csd.trace import Maker
+from tests.helpers import assert_same64, random_pair64, sampling64
 from visualize.images import display_grid, locate, token_map
 from visualize.replay import chains_chart
 
-SAMPLING = SamplingConfig(num_steps=8, cfg_scale=2.0)
+pytestmark = pytest.mark.usefixtures("one_thread")
+SAMPLING = sampling64(num_steps=8, cfg_scale=2.0)
 LABELS, SEEDS = [1, 2, 3], [7, 8, 9]
 
 
 @pytest.fixture(scope="module", params=["aligned", "exact"])
-def runs(request, random_models):
+def runs(request):
+    """A CSD run with its details, the same run without, and the target-only run: in float64."""
     csd = CSDConfig(gamma=3, prefill=0.05, criterion=request.param)
-    m = random_models
+    m = random_pair64()
     spec = speculative_generate(m.target, m.draft, LABELS, SEEDS, SAMPLING, csd, keep_details=True)
     plain = speculative_generate(m.target, m.draft, LABELS, SEEDS, SAMPLING, csd)
     target = generate(m.target, LABELS, SEEDS, SAMPLING)
     return spec, plain, target
 
 
+@pytest.mark.kernels
 def test_keeping_details_changes_no_token_and_they_agree_with_the_trace(runs):
     spec, plain, _ = runs
-    torch.testing.assert_close(spec.tokens, plain.tokens)
+    assert_same64(spec.tokens, plain.tokens, "tokens with and without details")
+    assert (spec.trace.maker == plain.trace.maker).all()
     assert plain.trace.details is None
     det, trace = spec.trace.details, spec.trace
     v = trace.verified
+    assert det.draft_tokens.dtype == trace.distance_aligned.dtype == np.float64  # a float64 run's trace
     # The recorded draft-target distance is the distance between the kept proposal and target sample.
-    np.testing.assert_allclose(
-        np.linalg.norm(det.draft_tokens - det.target_tokens, axis=-1)[v], trace.distance_aligned[v], rtol=1e-5
-    )
+    distance = np.linalg.norm(det.draft_tokens - det.target_tokens, axis=-1)
+    assert_same64(torch.from_numpy(distance[v]), torch.from_numpy(trace.distance_aligned[v]), "distances")
     # Accepted exactly where the draw fell under min(1, r) (u < r <=> log u < log r).
     accepted = trace.maker == Maker.ACCEPTED
     assert (det.accept_draw[accepted] < trace.accept_prob[accepted]).all()
@@ -45,13 +52,14 @@ def test_keeping_details_changes_no_token_and_they_agree_with_the_trace(runs):
     assert np.isnan(det.accept_draw[~v]).all() and np.isnan(det.draft_tokens[~v]).all()
     # Pre-filled tokens are the target's own samples; the chains' last mean is the token (noise-free step).
     pre = trace.maker == Maker.PREFILL
-    np.testing.assert_allclose(det.target_tokens[pre], spec.tokens.numpy()[pre], rtol=1e-6)
-    np.testing.assert_allclose(det.draft_mean[v][:, -1], det.draft_tokens[v], rtol=1e-5, atol=1e-6)
+    assert_same64(torch.from_numpy(det.target_tokens[pre]), spec.tokens[torch.from_numpy(pre)], "pre-fill")
+    assert_same64(torch.from_numpy(det.draft_mean[v][:, -1]), torch.from_numpy(det.draft_tokens[v]), "last means")
 
 
 def test_frames_add_up_to_the_final_image(runs):
+    """Frames are float32 canvases (for drawing): the run's float64 tokens, each rounded to float32."""
     spec, _, target = runs
-    trace, final = spec.trace, spec.tokens.numpy()
+    trace, final = spec.trace, spec.tokens.numpy().astype(np.float32)
     frames = replay_frames(spec.tokens, trace, target.tokens, target.trace)
     prefill_steps = len(np.unique(trace.ar_step[trace.maker == Maker.PREFILL]))
     blocks = len(np.unique(trace.block[trace.block >= 0]))
@@ -59,8 +67,8 @@ def test_frames_add_up_to_the_final_image(runs):
     last = frames[-1]
     np.testing.assert_array_equal(last.tokens, final)
     np.testing.assert_array_equal(last.status, trace.maker)
-    np.testing.assert_array_equal(last.target_tokens, target.tokens.numpy())
-    proposals = trace.details.draft_tokens
+    np.testing.assert_array_equal(last.target_tokens, target.tokens.numpy().astype(np.float32))
+    proposals = trace.details.draft_tokens.astype(np.float32)
     for before, after in zip(frames, frames[1:], strict=False):
         assert after.ar_steps >= before.ar_steps
         assert ((before.status == UNKNOWN) | (after.status != UNKNOWN)).all()  # nothing is ever taken away

@@ -1,4 +1,6 @@
-"""Tests for the KL-16 autoencoder (csd.models.vae)."""
+"""Tests for the KL-16 autoencoder (csd.models.vae). Two computations of the same numbers (our modules and the
+LDM definition written out, a loaded copy, the token scaling) are compared in float64, the exact reference
+(tests/helpers.py): equal up to float64 rounding on every CPU; in float32 up to rounding."""
 
 from __future__ import annotations
 
@@ -9,6 +11,10 @@ import torch
 
 from csd.models.checkpoint import CheckpointError
 from csd.models.vae import VAE_CONFIGS, KLAutoencoder, VAEConfig, load_kl16
+from csd.precision import at_precision
+from tests.helpers import assert_same64
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Total parameters of MAR's kl16 AutoencoderKL(embed_dim=16, ch_mult=(1, 1, 2, 2, 4)).
 KL16_NUM_PARAMS = 66_456_019
@@ -121,6 +127,11 @@ def _tiny(seed: int = 0) -> KLAutoencoder:
 def _image(batch: int = 2, size: int = 32, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.rand(batch, 3, size, size, generator=g) * 2 - 1
+
+
+def _tiny64(seed: int = 0) -> KLAutoencoder:
+    """The seeded tiny model in float64."""
+    return at_precision(_tiny(seed), "float64")
 
 
 # ------------------------------------------------------------------------------------ config
@@ -272,26 +283,28 @@ class _ReferenceKL:
         return self.conv(torch.nn.functional.silu(self.norm(h, "decoder.norm_out")), "decoder.conv_out", 1)
 
 
+@pytest.mark.kernels
 def test_tiny_encode_decode_equal_the_reference_autoencoder() -> None:
     """Posterior mean, clamped log-variance and reconstruction of a seeded tiny model equal the LDM definition
-    computed independently (_ReferenceKL), also on a non-square image; shapes follow the downsample factor."""
-    model = _tiny()
+    computed independently (_ReferenceKL), also on a non-square image; shapes follow the downsample factor.
+    In float64: the same numbers up to float64 rounding."""
+    model = _tiny64()
     ref = _ReferenceKL(model.state_dict(), model.config)
     f = model.config.downsample_factor
-    img = _image(batch=2, size=32)
+    img = _image(batch=2, size=32).double()
     with torch.no_grad():
         mean, logvar = model.encode(img)
         ref_mean, ref_logvar = ref.encode(img)
         assert mean.shape == (2, model.config.embed_dim, 32 // f, 32 // f)
-        torch.testing.assert_close(mean, ref_mean, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(logvar, ref_logvar, atol=1e-5, rtol=1e-5)
+        assert_same64(mean, ref_mean, "posterior mean")
+        assert_same64(logvar, ref_logvar, "log-variance")
         out = model.decode(mean)
         assert out.shape == img.shape
-        torch.testing.assert_close(out, ref.decode(ref_mean), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(model(img), out)  # forward: the reconstruction through the mean
+        assert_same64(out, ref.decode(ref_mean), "reconstruction")
+        assert_same64(model(img), out, "forward")  # forward: the reconstruction through the mean
         # Non-square inputs work too (the attention path is size-agnostic).
-        wide = _image(batch=1, size=32)[..., :16]
-        torch.testing.assert_close(model.encode(wide)[0], ref.encode(wide)[0], atol=1e-5, rtol=1e-5)
+        wide = _image(batch=1, size=32)[..., :16].double()
+        assert_same64(model.encode(wide)[0], ref.encode(wide)[0], "a non-square image")
         assert model.encode(wide)[0].shape == (1, model.config.embed_dim, 32 // f, 16 // f)
         # The clamp is the official one: a huge log-variance bias reads 20, never exp() overflow.
         model.quant_conv.bias.data[model.config.embed_dim :] = 1e4
@@ -334,21 +347,24 @@ def test_sample_latent_statistics() -> None:
     assert abs(z.std().item() - 0.5) < 0.02
 
 
+@pytest.mark.kernels
 def test_tokens_scaling_round_trip() -> None:
-    model = _tiny()
-    img = _image()
+    """In float64: up to float64 rounding."""
+    model = _tiny64()
+    img = _image().double()
     with torch.no_grad():
         mean, _ = model.encode(img)
         tokens = model.image_to_tokens(img)
-        torch.testing.assert_close(tokens, mean * 0.2325)
-        torch.testing.assert_close(model.tokens_to_image(tokens), model.decode(mean), atol=1e-5, rtol=1e-5)
+        assert_same64(tokens, mean * 0.2325, "tokens")
+        assert_same64(model.tokens_to_image(tokens), model.decode(mean), "decoded tokens")
         g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-        assert torch.equal(model.image_to_tokens(img, g1), model.image_to_tokens(img, g2))
+        assert_same64(model.image_to_tokens(img, g1), model.image_to_tokens(img, g2), "the same seed again")
 
 
 # --------------------------------------------------------------------------- checkpoints
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("wrapped", [True, False], ids=["model-key", "bare"])
 def test_load_round_trip(tmp_path, wrapped: bool) -> None:
     model = _tiny(seed=5)
@@ -359,12 +375,14 @@ def test_load_round_trip(tmp_path, wrapped: bool) -> None:
     loaded = load_kl16(path, config="tiny")
     assert not loaded.training
     for k, v in state.items():
-        assert torch.equal(loaded.state_dict()[k], v), k
-    img = _image()
+        assert torch.equal(loaded.state_dict()[k], v), k  # every weight bit for bit
+    # so the same numbers: compared in float64 (in float32 a kernel may round a loaded tensor otherwise)
+    model64, loaded64 = at_precision(model, "float64"), at_precision(loaded, "float64")
+    img = _image().double()
     with torch.no_grad():
-        assert torch.equal(model.encode(img)[0], loaded.encode(img)[0])
-        z = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(0))
-        assert torch.equal(model.decode(z), loaded.decode(z))
+        assert_same64(model64.encode(img)[0], loaded64.encode(img)[0], "encoded")
+        z = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(0)).double()
+        assert_same64(model64.decode(z), loaded64.decode(z), "decoded")
 
 
 def test_load_accepts_config_object(tmp_path) -> None:
