@@ -1,7 +1,12 @@
-"""The samplers' shortcuts make exactly the numbers of the plain computation (torch.equal, on any CPU: the same
-operations on the same inputs): the diffusion head's embeddings kept per condition and per timestep, its
-schedule's coefficients cast once, a temperature of 1 that multiplies nothing; xAR's positions read as views
-of its tables, its block mask made once per block shape."""
+"""The samplers' shortcuts make the numbers of the plain computation: the diffusion head's embeddings kept per
+condition and per timestep, its schedule's coefficients cast once, a temperature of 1 that multiplies nothing;
+xAR's positions read as views of its tables, its block mask made once per block shape.
+
+The shortcuts run the same operations on the same inputs (bit-equal on the CPUs measured), but a network call
+on another tensor (a kept embedding, a view) may round otherwise on a CPU whose BLAS picks its kernel by shape
+or address. So the networks run in float64, the exact reference, and agree within float64 rounding
+(tests/helpers.py: assert_same64); a shortcut that changed a number would miss by far more. The coefficient
+functions (elementwise, no BLAS) are compared bit for bit."""
 
 from __future__ import annotations
 
@@ -9,7 +14,6 @@ import pytest
 import torch
 
 from csd.chain import HeadCondition, evaluate_path, run_chain, standard_noise
-from csd.config import SamplingConfig
 from csd.experiments.pairs import random_pair
 from csd.models import diffusion as gd
 from csd.models.head import DiffusionChain, DiffusionHead
@@ -17,17 +21,24 @@ from csd.models.xar.chains import CellCondition
 from csd.models.xar.network import XAR, xar_config
 from csd.sampling import generate
 from csd.speculative import speculative_generate
+from tests.helpers import assert_same64, sampling64
 
 
 def _head(seed: int = 0) -> DiffusionHead:
-    """A small head with every weight drawn (the zero-initialised modulations would hide the conditioning)."""
+    """A small head in float64 with every weight drawn (the zero-initialised modulations would hide the
+    conditioning)."""
     head = DiffusionHead(token_dim=4, z_dim=6, width=16, depth=2, sampling_steps=10, clip_x0=1.0)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         with torch.no_grad():
             for p in head.parameters():
                 p.copy_(0.3 * torch.randn_like(p))
-    return head
+    return head.double()
+
+
+def _randn(*shape, generator: torch.Generator) -> torch.Tensor:
+    """Standard normal draws in float64 (drawn in float32, as a float64 run's noise is)."""
+    return torch.randn(*shape, generator=generator).double()
 
 
 def plain_transition(chain: DiffusionChain, y, step, cond: HeadCondition):
@@ -52,10 +63,10 @@ def plain_transition(chain: DiffusionChain, y, step, cond: HeadCondition):
 
 
 def _condition(rows: int, guided: bool, g: torch.Generator) -> HeadCondition:
-    z = torch.randn(rows, 6, generator=g)
+    z = _randn(rows, 6, generator=g)
     if not guided:
         return HeadCondition(z)
-    return HeadCondition(z, torch.randn(rows, 6, generator=g), 1.0 + 3.0 * torch.rand(rows, generator=g))
+    return HeadCondition(z, _randn(rows, 6, generator=g), 1.0 + 3.0 * torch.rand(rows, generator=g).double())
 
 
 @pytest.mark.parametrize("guided", [False, True])
@@ -63,31 +74,33 @@ def test_a_chain_with_kept_embeddings_makes_the_plain_numbers(guided):
     head, g = _head(), torch.Generator().manual_seed(1)
     chain = head.chain()
     for rows in (3, 5, 3):  # the third call finds the first one's embeddings kept
-        cond, noise = _condition(rows, guided, g), standard_noise(rows, 4, 10, g, "cpu", torch.float32)
+        cond, noise = _condition(rows, guided, g), standard_noise(rows, 4, 10, g, "cpu", torch.float64)
         with torch.inference_mode():
             traj = run_chain(chain, cond, noise)
         y = noise.xi
         for k in range(chain.num_steps()):
             mean, std = plain_transition(chain, y, k, cond)
-            assert torch.equal(traj.mean[k], mean) and torch.equal(traj.std[k], std), (rows, k)
+            assert_same64(traj.mean[k], mean, f"means, {rows} rows, step {k}")
+            assert_same64(traj.std[k], std, f"stds, {rows} rows, step {k}")
             y = mean + std * noise.eps[k] if k < chain.num_steps() - 1 else mean
-        assert torch.equal(traj.x, y)
+        assert_same64(traj.x, y, f"tokens, {rows} rows")
 
 
 def test_a_path_evaluated_at_once_makes_the_plain_numbers():
     head, g = _head(), torch.Generator().manual_seed(2)
     chain, cond = head.chain(), _condition(4, True, g)
-    states = torch.randn(chain.num_steps(), 4, 4, generator=g)
+    states = _randn(chain.num_steps(), 4, 4, generator=g)
     mean, std = evaluate_path(chain, cond, states)
     steps = torch.arange(chain.num_steps()).repeat_interleave(4)
     plain_mean, plain_std = plain_transition(chain, states.reshape(-1, 4), steps, cond.repeat(chain.num_steps()))
-    assert torch.equal(mean, plain_mean.reshape(mean.shape)) and torch.equal(std, plain_std.reshape(std.shape))
+    assert_same64(mean, plain_mean.reshape(mean.shape), "means")
+    assert_same64(std, plain_std.reshape(std.shape), "stds")
 
 
 def test_new_weights_are_embedded_again():
     head, g = _head(), torch.Generator().manual_seed(3)
     chain, cond = head.chain(), _condition(2, True, g)
-    y = torch.randn(2, 4, generator=g)
+    y = _randn(2, 4, generator=g)
     with torch.inference_mode():
         chain.transition(y, 0, cond)  # keeps the timestep's embedding
     with torch.no_grad():
@@ -97,7 +110,8 @@ def test_new_weights_are_embedded_again():
     with torch.inference_mode():
         mean, std = chain.transition(y, 0, fresh)
     plain_mean, plain_std = plain_transition(chain, y, 0, fresh)
-    assert torch.equal(mean, plain_mean) and torch.equal(std, plain_std)
+    assert_same64(mean, plain_mean, "means")  # the old weights' embedding would miss by 0.3
+    assert_same64(std, plain_std, "stds")
 
 
 def test_a_condition_keeps_what_a_head_made_of_it_per_key():
@@ -151,39 +165,45 @@ def _plain_head(model, monkeypatch, calls: list) -> None:
 
 @pytest.mark.parametrize("family", ["mar", "harmon"])
 def test_generation_makes_the_tokens_of_the_plain_head(family, random_models, monkeypatch):
-    pair = random_models if family == "mar" else random_pair(family=family)
+    """In float64, on a fresh copy of the pair (its heads are patched)."""
+    pair = (random_models if family == "mar" else random_pair(family=family)).at_precision("float64")
     conditions = list(pair.prompts[:1] or [3]) * 2
-    sampling = SamplingConfig(num_steps=6, cfg_scale=3.0)
+    sampling = sampling64(num_steps=6, cfg_scale=3.0)
     fast = generate(pair.target, conditions, [0, 1], sampling)
     csd = speculative_generate(pair.target, pair.draft, conditions, [0, 1], sampling)
     calls = []
     for model in (pair.target, pair.draft):
         _plain_head(model, monkeypatch, calls)
-    assert torch.equal(generate(pair.target, conditions, [0, 1], sampling).tokens, fast.tokens)
+    assert_same64(generate(pair.target, conditions, [0, 1], sampling).tokens, fast.tokens, "target-only")
     plain = speculative_generate(pair.target, pair.draft, conditions, [0, 1], sampling)
-    assert torch.equal(plain.tokens, csd.tokens) and (plain.trace.maker == csd.trace.maker).all()
+    assert_same64(plain.tokens, csd.tokens, "CSD")
+    assert (plain.trace.maker == csd.trace.maker).all()
     assert len(calls) > 6 * 10  # the plain transitions ran
 
 
 def test_xar_positions_as_a_slice_read_what_indexing_reads():
     """xAR's network at a slice of the cell order (views of its tables) against the same positions indexed
     (a copy per call, as before): the cache of three context cells and a drafted one, and over it the block of
-    cells 3 and 4 (each attending to the cells before it and to itself)."""
+    cells 3 and 4 (each attending to the cells before it and to itself). In float64."""
     with torch.random.fork_rng():
         torch.manual_seed(5)
         model = XAR(xar_config("xar_test", grid=8, cells=16, token_dim=3)).eval()  # cells of 4 tokens
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.05 * torch.randn_like(p))
-        clean, x, labels = torch.randn(2, 16, 3), torch.randn(2, 8, 3), torch.tensor([1, 2])
-    t, mask, zeros = torch.full((2, 2), 0.5), model.mask[..., :16, :16], torch.zeros(2, 4)
+        clean, x, labels = torch.randn(2, 16, 3).double(), torch.randn(2, 8, 3).double(), torch.tensor([1, 2])
+    model = model.double()
+    t, mask = torch.full((2, 2), 0.5, dtype=torch.float64), model.mask[..., :16, :16]
+    zeros = torch.zeros(2, 4, dtype=torch.float64)
     with torch.inference_mode():
         kept, indexed = [], []
         model._network(clean, labels, zeros, slice(0, 16), mask, None, kept)
         model._network(clean, labels, zeros, torch.arange(16), mask, None, indexed)
-        assert all(torch.equal(a, b) for ka, kb in zip(kept, indexed, strict=True) for a, b in zip(ka, kb, strict=True))
+        for i, (ka, kb) in enumerate(zip(kept, indexed, strict=True)):
+            for a, b in zip(ka, kb, strict=True):
+                assert_same64(a, b, f"block {i}'s cached keys and values")
         cond = CellCondition(labels, 3, 2, kept)
-        block = cond.attention_mask(4, "cpu")
-        assert block is cond.attention_mask(4, "cpu")  # made once per block shape
+        block = cond.attention_mask(4, "cpu", torch.float64)
+        assert block is cond.attention_mask(4, "cpu", torch.float64)  # made once per block shape
         at = model._network(x, labels, t, cond.positions(4), block, kept)
-        assert torch.equal(at, model._network(x, labels, t, torch.arange(12, 20), block, kept))
+        assert_same64(at, model._network(x, labels, t, torch.arange(12, 20), block, kept), "the block's velocities")

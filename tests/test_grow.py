@@ -1,4 +1,6 @@
-"""Specification of depth growth (csd.shapes.grow): a deeper model that computes the same function, ready to train."""
+"""Specification of depth growth (csd.shapes.grow): a deeper model that computes the same function, ready to train.
+The grown and the source model are compared in float64 (float64 copies of both, csd.precision.at_precision), the
+exact reference (tests/helpers.py): equal up to float64 rounding on every CPU."""
 
 from __future__ import annotations
 
@@ -10,17 +12,20 @@ import torch
 from csd.models.checkpoint import CheckpointError
 from csd.models.registry import load_model
 from csd.models.tokenizer import PixelTokenizer
+from csd.precision import at_precision
 from csd.shapes.data import make_dataset
 from csd.shapes.grow import block_positions, grow_depth, main
 from csd.shapes.train import Trainer, train
+from tests.helpers import assert_same64
 from tests.test_train import TINY, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _batch(n: int = 8):
+    """Tokens in float64 and labels."""
     data = make_dataset(n, 3)
-    return PixelTokenizer(patch_size=4).encode(data.images), data.labels
+    return PixelTokenizer(patch_size=4).encode(data.images).double(), data.labels
 
 
 def _trained(tmp_path):
@@ -46,12 +51,13 @@ def test_grown_model_computes_the_same_loss_and_backbone_output(tmp_path):
     assert (grown.config.encoder_depth, grown.config.decoder_depth) == (3, 2)
     assert len(grown.encoder_blocks) == 3 and len(grown.decoder_blocks) == 2
     tokens, labels = _batch()
+    model64 = at_precision(model, "float64")
     with torch.no_grad():
         for seed in range(3):
-            a = model(tokens, labels, torch.Generator().manual_seed(seed))
-            grown_s = grow_depth(model, 3, 2, torch.Generator().manual_seed(seed))
+            a = model64(tokens, labels, torch.Generator().manual_seed(seed))
+            grown_s = at_precision(grow_depth(model, 3, 2, torch.Generator().manual_seed(seed)), "float64")
             b = grown_s(tokens, labels, torch.Generator().manual_seed(seed))
-            assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+            assert_same64(b, a, f"the loss, new blocks from seed {seed}")
     # The new blocks are not copies of the old ones: their inner layers are freshly initialised.
     new = grown.encoder_blocks[1]  # block_positions(1, 3) == [0]
     assert torch.count_nonzero(new.attn.proj.weight) == 0 and torch.count_nonzero(new.mlp.fc2.weight) == 0
@@ -86,22 +92,23 @@ def test_grown_head_computes_the_same_function_and_learns(tmp_path):
     tokens, labels = _batch()
     gen = torch.Generator().manual_seed(1)
     x, z = (
-        torch.randn(16, tokens.shape[-1], generator=gen),
-        torch.randn(16, model.config.decoder_embed_dim, generator=gen),
+        torch.randn(16, tokens.shape[-1], generator=gen).double(),
+        torch.randn(16, model.config.decoder_embed_dim, generator=gen).double(),
     )
     t = torch.randint(0, 1000, (16,), generator=gen)
+    model64, grown64 = at_precision(model, "float64"), at_precision(grown, "float64")
     with torch.no_grad():
-        assert torch.allclose(grown.diffloss.net(x, t, z), model.diffloss.net(x, t, z), rtol=1e-5, atol=1e-7)
-        a = model(tokens, labels, torch.Generator().manual_seed(0))
-        b = grown(tokens, labels, torch.Generator().manual_seed(0))
-    assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+        assert_same64(grown64.diffloss.net(x, t, z), model64.diffloss.net(x, t, z), "the head's output")
+        a = model64(tokens, labels, torch.Generator().manual_seed(0))
+        b = grown64(tokens, labels, torch.Generator().manual_seed(0))
+    assert_same64(b, a, "the loss")
     kept, new = grown.diffloss.net.res_blocks[0], grown.diffloss.net.res_blocks[1]  # block_positions(1, 3) == [0]
     assert torch.equal(kept.mlp[0].weight, model.diffloss.net.res_blocks[0].mlp[0].weight)
     assert torch.count_nonzero(new.adaLN_modulation[-1].weight) == 0  # gate 0: the identity
     # One optimiser step moves the new block's modulation off zero (its gradient is the MLP's output).
     grown.train()
     opt = torch.optim.SGD(grown.parameters(), lr=0.1)
-    grown(tokens, labels, torch.Generator().manual_seed(0)).backward()
+    grown(tokens.float(), labels, torch.Generator().manual_seed(0)).backward()
     opt.step()
     assert torch.count_nonzero(new.adaLN_modulation[-1].weight) > 0
     with pytest.raises(ValueError, match="head_depth must be >= the source model's 1, got 0"):

