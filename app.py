@@ -8,7 +8,11 @@ import os
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from demo.server import main
+from demo.gpu import import_spaces
+
+import_spaces()  # first: on ZeroGPU the spaces package must patch torch before anything asks about CUDA
+
+from demo.server import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

@@ -61,6 +61,13 @@ class PhaseTimer:
         self.times[phase] += time.perf_counter() - t0
 
 
+def sync_cuda() -> None:
+    """Wait for every queued CUDA kernel, where CUDA is in use (a no-op on a CPU, and where it was never
+    initialised): a timed span starts and ends with it, so GPU work lands in the span that queued it."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def model_device(model) -> torch.device:
     return next(model.parameters()).device
 

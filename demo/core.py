@@ -1,6 +1,7 @@
 """The app object every tab shares: the model store and the limits (read-only), the controls, the
-precomputed results, and stoppable model runs (a job per request, its progress reported per AR step,
-Stop and the time limit honoured at the next AR step)."""
+precomputed results, and stoppable model runs: each request's runs are one GPU call (:mod:`demo.gpu`) that
+runs a job (progress reported per AR step, Stop and the time limit honoured at the next AR step), followed
+from the main process, which keeps the state (each pair's rates, the history)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from csd.experiments.jobs import Job, Step, Stopped
 from csd.experiments.pairs import ModelPair, PairStore
+from csd.models.tokenizer import to_uint8
 from csd.panels import Panels
 from demo.controls import declare_controls
 from demo.errors import refuse
-from demo.estimate import HEADROOM, Rates, calibrate, head_calls, words
+from demo.estimate import CALIBRATION_SECONDS, HEADROOM, Rates, calibrate, head_calls, words
+from demo.gpu import Done, Ended, GpuCalls, task
 from demo.limits import Limits
 from demo.requests import Request, build_request
 
@@ -28,6 +32,7 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # (the GIL), and one per AR step made the default Generate a third slower on the 2-core CPU (docs/app.md).
 PROGRESS_SECONDS = 0.25
 PRECISION = "bfloat16" if DEVICE.type == "cuda" else "float32"  # backbone precision; heads stay float32
+DECODE_SECONDS = 2.0  # what a decode call asks for, before the margin (an estimate: KL-16 on 8 images)
 
 
 def pair_defaults(app: App, controls: dict, pair_name: str) -> dict:
@@ -66,9 +71,16 @@ class App:
     operator installed before serving."""
 
     def __init__(
-        self, store: PairStore, limits: Limits, panels: Panels | None = None, fronts: dict | None = None
+        self,
+        store: PairStore,
+        limits: Limits,
+        panels: Panels | None = None,
+        fronts: dict | None = None,
+        gpu: GpuCalls | None = None,
     ) -> None:
         self.store, self.limits, self.panels = store, limits, panels
+        # Every model run goes through this one GPU-decorated function (demo.gpu), as a registered task.
+        self.gpu = gpu or GpuCalls(self, limits.gpu_seconds)
         # The benchmark's frontiers of the pairs served: pair name -> batch -> result (read-only).
         self.fronts: dict[str, dict[int, dict]] = fronts or {}
         self.controls = declare_controls(store, limits)
@@ -112,13 +124,21 @@ class App:
         return pair_name in self._rates
 
     def rates(self, pair: ModelPair) -> Rates:
-        """The pair's rates (:mod:`demo.estimate`), timed at its default setting the first time they are asked
-        for (the server asks for every pair's before it serves)."""
+        """The pair's rates (:mod:`demo.estimate`), timed at its default setting in a GPU call the first time
+        they are asked for (the server asks for every pair's as it starts) and kept here."""
         with self._rates_lock:
             if pair.name not in self._rates:
-                r = self.request(None, True, **pair_defaults(self, self.default_controls(), pair.name))
-                self._rates[pair.name] = calibrate(pair, r.sampling, r.csd, r.labels[0])
+                events = self.gpu.call("calibrate", {"pair_name": pair.name}, CALIBRATION_SECONDS)
+                self._rates[pair.name] = run_to_end(events)
             return self._rates[pair.name]
+
+    def decode(self, pair_name: str, tokens: torch.Tensor) -> np.ndarray:
+        """Tokens (B, N, d) of a served pair -> images (B, H, W, 3) uint8: arithmetic here for pixel tokens, in
+        a GPU call where the tokenizer is a network (KL-16: its decoder is a model like any other)."""
+        pair = self.store.get(pair_name)
+        if not pair.tokenizer.network:
+            return to_uint8(pair.tokenizer.decode(tokens.float().cpu())).numpy()
+        return run_to_end(self.gpu.call("decode", {"pair_name": pair_name, "tokens": tokens.cpu()}, DECODE_SECONDS))
 
     def estimate(self, r: Request, runs: dict[str, int], images: int | None = None, measure: bool = True) -> float:
         """Seconds the request's runs should take on this server (:mod:`demo.estimate`); ``measure=False``:
@@ -142,7 +162,8 @@ class App:
 
     def check_fits(self, seconds: float, advice: str, control: str | None = None, within: float | None = None) -> None:
         """Refuse, by name and before it runs, a request estimated to run past the per-request limit (or past
-        ``within`` seconds, when less: what the page's defaults are sized to)."""
+        ``within`` seconds, when less: what the page's defaults are sized to), or, on ZeroGPU, one whose GPU
+        call would ask for more than ``--gpu-seconds``."""
         most = HEADROOM * self.limits.max_seconds
         most = most if within is None else min(most, within)
         if seconds > most:
@@ -151,62 +172,136 @@ class App:
                 f"may take here: {advice}",
                 control=control,
             )
+        if not self.gpu.fits(seconds):
+            raise refuse(
+                f"This request would ask for {self.gpu.seconds(seconds):.0f} s of GPU time ({words(seconds)} "
+                f"estimated, with a margin), more than the {self.gpu.cap:.0f} s one GPU call may take on this "
+                f"Space (--gpu-seconds): {advice}",
+                control=control,
+            )
 
     def default_controls(self) -> dict:
         """Keyword arguments of :meth:`request` for the default setting, within the limits."""
         return {name: control.default for name, control in self.controls.items()}
 
-    def job(self, work) -> Job:
-        """A model run for one request: progress per AR step, stopped by Stop or the time limit."""
-        return Job(work, time_limit=self.limits.max_seconds)
-
-    def follow(self, job: Job, runs: list[str], progress) -> Iterator[object]:
-        """Iterate ``job``: report its AR steps to ``progress`` (phase in the label, the bar across ``runs``)
-        and pass them on, as a :class:`Throttle` lets them through, and pass on every value it posts; always
-        stop the job on the way out (Stop closes this generator), and turn its errors into the app's errors."""
-        t0, status = time.perf_counter(), "stopped"  # stays so when Stop closes this generator
-        throttle = Throttle()
+    def job_events(self, work) -> Iterator[object]:
+        """A model run as a GPU task yields it: ``work(job)`` in a :class:`~csd.experiments.jobs.Job` (progress
+        per AR step, stopped by Stop or the time limit), its steps and posted values, then :class:`Done` with
+        its result or :class:`Ended` with why it did not finish. The job stops whenever the caller stops."""
+        job = Job(work, time_limit=self.limits.max_seconds)
         try:
-            for event in job:
+            yield from job
+        except Stopped as err:
+            yield Ended("over time" if err.over_time else "stopped", str(err))
+            return
+        except ValueError as err:
+            yield Ended("error", str(err))
+            return
+        finally:
+            job.stop()
+        yield Done(job.result)
+
+    def follow(self, events: Iterator, runs: list[str], progress) -> Iterator[object]:
+        """Follow a GPU call's events (:meth:`job_events`) in the main process: report its AR steps to
+        ``progress`` (phase in the label, the bar across ``runs``) and pass them on, as a :class:`Throttle`
+        lets them through, and pass on every value it posts; return its result (``yield from``), or raise the
+        app's error for a run that stopped or failed. Closing this generator (Stop) closes the call."""
+        t0, status, steps, throttle = time.perf_counter(), "stopped", 0, Throttle()  # stays so when Stop closes it
+        try:
+            for event in events:
+                if isinstance(event, Done):
+                    status = "done"
+                    return event.result
+                if isinstance(event, Ended):
+                    status = event.status
+                    raise ended(event)
                 if isinstance(event, Step):
+                    steps += 1
                     if not throttle.due(event):
                         continue
                     i = runs.index(event.label) if event.label in runs else 0
                     progress((i * event.total + event.done, len(runs) * event.total), desc=event.text, unit="steps")
                 yield event
-            status = "done"
-        except Stopped as err:
-            status = "over time" if err.over_time else "stopped"
-            if err.over_time:
-                raise refuse(
-                    f"This request {err} per request on this server and was stopped: ask for fewer images "
-                    "or AR steps (or a smaller resampler cap)"
-                ) from None
-            raise refuse("Stopped.") from None
-        except ValueError as err:
             status = "error"
-            raise refuse(f"Invalid setting: {err}") from None
+            raise RuntimeError("a GPU call ended without its result")
         finally:
-            job.stop()
-            self.history.append({"status": status, "steps": job.steps, "seconds": time.perf_counter() - t0})
+            events.close()
+            self.history.append({"status": status, "steps": steps, "seconds": time.perf_counter() - t0})
 
-    def run_all(self, runs, finish, progress) -> Iterator[str]:
-        """Run ``runs.steps()`` (one generation each) in a stoppable job, yielding a status line (the run
-        within the runs, the AR step within the run); returns ``finish()``, computed in the job once every
-        run is done."""
-
-        def work(job: Job):
-            for done, total, label in runs.steps(on_step=lambda label: job.on_step(label)):
-                job.post((done, total, label))
-            return finish()
-
-        run = (0, len(runs), "")
-        job = self.job(work)
-        for event in self.follow(job, [], lambda *args, **kwargs: None):
+    def run_all(self, task: str, values: dict, seconds: float, progress) -> Iterator[str]:
+        """Run GPU task ``task`` (whose work posts (done, total, label) before each of its runs, :func:`steps_job`)
+        on ``values``, asking for ``seconds``: yields a status line (the run within the runs, the AR step within
+        the run); returns the task's result."""
+        run = (0, 1, "")
+        follow = self.follow(self.gpu.call(task, values, seconds), [], lambda *args, **kwargs: None)
+        while True:
+            try:
+                event = next(follow)
+            except StopIteration as done:
+                return done.value
             if isinstance(event, Step):
                 done, total, _ = run
                 progress((done * event.total + event.done, total * event.total), desc=event.text, unit="steps")
                 yield f"Running {done + 1}/{total}: {event.text} ..."
             else:
                 run = event
-        return job.result
+
+
+@task("decode")
+def decode_task(app: App, pair_name: str, tokens: torch.Tensor) -> Iterator[Done]:
+    """The GPU task of :meth:`App.decode` for a tokenizer that is a network."""
+    yield Done(app.store.get(pair_name).images(tokens).numpy())
+
+
+@task("calibrate")
+def calibrate_task(app: App, pair_name: str) -> Iterator[Done]:
+    """The GPU task of :meth:`App.rates`: time the pair at its default setting."""
+    r = app.request(None, True, **pair_defaults(app, app.default_controls(), pair_name))
+    yield Done(calibrate(r.pair, r.sampling, r.csd, r.labels[0]))
+
+
+def steps_job(runs, finish) -> Callable:
+    """The work of a job over ``runs.steps()`` (one generation each): posts (done, total, label) before each
+    run, and returns ``finish()`` once every run is done."""
+
+    def work(job: Job):
+        for done, total, label in runs.steps(on_step=lambda label: job.on_step(label)):
+            job.post((done, total, label))
+        return finish()
+
+    return work
+
+
+def ended(event: Ended) -> Exception:
+    """The app's error for a model run that did not finish."""
+    if event.status == "over time":
+        return refuse(
+            f"This request {event.message} per request on this server and was stopped: ask for fewer images "
+            "or AR steps (or a smaller resampler cap)"
+        )
+    if event.status == "stopped":
+        return refuse("Stopped.")
+    return refuse(f"Invalid setting: {event.message}")
+
+
+def drain(gen: Iterator) -> object:
+    """Run a generator to its end, dropping what it yields; its return value."""
+    while True:
+        try:
+            next(gen)
+        except StopIteration as done:
+            return done.value
+
+
+def run_to_end(events: Iterator) -> object:
+    """The result of a GPU call run to its end without progress reports (an operator's call: the start-up
+    timing, the warm-up); a call that did not finish raises the app's error."""
+    try:
+        for event in events:
+            if isinstance(event, Done):
+                return event.result
+            if isinstance(event, Ended):
+                raise ended(event)
+    finally:
+        events.close()
+    raise RuntimeError("a GPU call ended without its result")

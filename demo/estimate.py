@@ -18,12 +18,17 @@ from dataclasses import dataclass, field, replace
 
 from csd.config import CSDConfig, SamplingConfig
 from csd.cost import csd_passes
+from csd.decoding import sync_cuda
 from csd.experiments.pairs import ModelPair
 from csd.sampling import generate
 from csd.speculative import speculative_generate
 from csd.trace import Maker
 
 CALIBRATION_BATCH = 4  # the second batch timed
+# What a timing call may take, asked for before the pair's rates exist (its GPU call's duration, demo.gpu): the
+# default setting's three runs at one image and at CALIBRATION_BATCH, after a warm-up (an estimate: 8 s on the
+# 2-core CPU for the embedded pairs, docs/space.md for a GPU).
+CALIBRATION_SECONDS = 40.0
 HEADROOM = 0.8  # a request is refused when its estimate passes this share of the time limit
 
 
@@ -105,8 +110,10 @@ def calibrate(pair: ModelPair, sampling: SamplingConfig, csd: CSDConfig, conditi
     def per_step(images: int) -> dict[str, float]:
         out = {}
         for kind, run in runs(images, sampling).items():
+            sync_cuda()
             t0 = time.perf_counter()
             traces[kind] = run().trace
+            sync_cuda()
             out[kind] = (time.perf_counter() - t0) / steps
         return out
 

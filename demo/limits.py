@@ -7,6 +7,8 @@ import argparse
 import os
 from dataclasses import dataclass, field, fields
 
+from demo.gpu import ZERO_GPU_SECONDS
+
 
 def _limit(default, env: str | None, help: str):
     return field(default=default, metadata={"env": env, "help": help})
@@ -31,6 +33,12 @@ class Limits:
         36.0,
         "CSD_DEFAULT_SECONDS",
         "the page's analysis and frontier recomputes start at the most images (n) estimated to take at most this",
+    )
+    gpu_seconds: float = _limit(
+        ZERO_GPU_SECONDS,
+        "CSD_GPU_SECONDS",
+        "on ZeroGPU, the most GPU time one request's call may ask for (its estimate with a margin); a request "
+        "estimated past it is refused before it queues",
     )
     per_session: int = _limit(2, None, "requests one visitor may have waiting or running")
     sessions: int = _limit(64, "CSD_SESSIONS", "visitor sessions whose state is kept (the oldest go first)")

@@ -16,7 +16,7 @@ from csd.cli import add_machine_flags, start_up
 from demo import server
 from demo.showcase import EXAMPLES, SHOWCASE_DIR
 from demo.tabs.generate import compare
-from demo.views import image_grid, stats_markdown
+from demo.views import stats_markdown
 
 
 def make(app, out: Path = SHOWCASE_DIR) -> list[str]:
@@ -32,17 +32,10 @@ def make(app, out: Path = SHOWCASE_DIR) -> list[str]:
             controls |= {"ar_steps": source.traits.fixed_num_steps, "cfg_schedule": source.traits.cfg_schedule}
         if not source.is_text and controls["class_name"] not in source.class_names:
             controls["class_name"] = source.class_names[0]
-        images = {}
-        for event in compare(app, lambda *a, **k: None, fit=False, **controls):
-            if event[0] == "target":
-                images["target"] = event[1]
-            elif event[0] == "csd":
-                images["csd"], images["map"] = event[1], event[2]
-            elif event[0] == "done":
-                c = event[1]
-                images["draft"] = image_grid(c.pair, c.draft)
-                record = {"title": title, "stats": stats_markdown(c.summary), "summary": c.summary}
-                record |= {"controls": controls, "weights": c.pair.weights}
+        *_, c = compare(app, lambda *a, **k: None, fit=False, **controls)  # the last event: the Comparison
+        images = c.images
+        record = {"title": title, "stats": stats_markdown(c.summary), "summary": c.summary}
+        record |= {"controls": controls, "weights": app.store.source(pair_name).weights}
         for key, image in images.items():
             Image.fromarray(image).save(out / f"{name}_{key}.png")
         (out / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")

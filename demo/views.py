@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -139,7 +140,7 @@ def token_markdown(t: dict, row_name: str = "tokens") -> str:
     return "\n".join(lines)
 
 
-def token_patches(pair: ModelPair, tokens: torch.Tensor, t: dict) -> np.ndarray:
+def token_patches(decode: Callable[[torch.Tensor], np.ndarray], tokens: torch.Tensor, t: dict) -> np.ndarray:
     """The token's neighbourhood in the final CSD image with the token set to each candidate: the draft's
     proposal, the target's own sample, the final value and the target-only run's value."""
     tokens = tokens[t["image"] : t["image"] + 1]
@@ -147,7 +148,7 @@ def token_patches(pair: ModelPair, tokens: torch.Tensor, t: dict) -> np.ndarray:
     batch = tokens.repeat(len(variants), 1, 1)
     for i, name in enumerate(variants):
         batch[i, t["index"]] = torch.tensor(t[name])
-    images = pair.images(batch).numpy()  # (k, H, W, 3)
+    images = decode(batch)  # (k, H, W, 3) uint8
     side, grid = images.shape[1], math.isqrt(tokens.shape[1])
     cell = side // grid
     r0, c0 = max(0, (t["row"] - 1) * cell), max(0, (t["column"] - 1) * cell)

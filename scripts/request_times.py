@@ -74,7 +74,7 @@ def measure(app, pair_name: str) -> dict:
     ):
         n = default_images(app, check, pair_name)  # what the page offers for this pair
         r = app.request(None, True, **analysis, batch_size=1)
-        planned = check(app, n, None, True, **analysis).planned()
+        planned = check(app, n, None, True, **analysis)[0].planned()
         rows[f"{label}, default ({n} images)"] = {
             "images": n,
             "estimate_s": app.estimate_runs(r, planned, n),

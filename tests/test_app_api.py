@@ -26,7 +26,7 @@ from demo.limits import Limits
 from demo.requests import library_errors
 from demo.tab import Page
 from demo.tabs.analysis import frontier_result
-from demo.tabs.generate import GenerateTab, compare
+from demo.tabs.generate import Comparison, GenerateTab, compare
 from demo.views import ANALYSIS_KEYS, analysis_status, frontier_status, stats_markdown
 
 REFUSED = (AppError, ValidationError)  # a named refusal: in the handler, or by the validator before queueing
@@ -308,9 +308,10 @@ def test_an_xar_pair_generates_and_names_its_fixed_ar_steps():
     xar_source = random_source(random_spec("xar"))
     application = App(PairStore([xar_source], torch.device("cpu")), Limits(max_batch=2))
     values = {**application.default_controls(), "batch_size": 1, "ar_steps": 16, "cfg_schedule": "linear"}
-    kind, done = list(compare(application, lambda *a, **k: None, **values))[-1]
+    done = list(compare(application, lambda *a, **k: None, **values))[-1]
     summary = done.summary
-    assert kind == "done" and summary["target_passes"]["target-only"] == 16 and summary["target_passes"]["CSD"] < 16
+    assert isinstance(done, Comparison) and done.pair_name == xar_source.name
+    assert summary["target_passes"]["target-only"] == 16 and summary["target_passes"]["CSD"] < 16
     assert summary["unit"] == "cells" and "drafted cells accepted" in stats_markdown(summary)
     assert done.inspected.frames  # the Inspect tab replays it, cell by cell
     with pytest.raises(gr.Error, match=r"random xAR.*AR steps\) must equal 16 for this xAR model"):

@@ -22,7 +22,7 @@ from csd.checks import check_int
 from csd.cli import add_machine_flags, start_up
 from csd.config import CSDConfig, SamplingConfig
 from csd.cost import StepCosts, prefill_steps, simple_bound, speedup_bound
-from csd.decoding import Generation, StepCallback
+from csd.decoding import Generation, StepCallback, sync_cuda
 from csd.experiments import defaults
 from csd.experiments.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover
 from csd.panels import (
@@ -60,8 +60,10 @@ class Run:
 
 
 def _timed_run(fn: Callable[[], Generation]) -> Run:
+    sync_cuda()
     t0 = time.perf_counter()
     gen = fn()
+    sync_cuda()
     wall = time.perf_counter() - t0
     # The counterfactual chains and kept details are measurements, not part of decoding: keep them out.
     return Run(gen, wall - sum(gen.trace.times.get(k, 0.0) for k in ("counterfactual", "inspection")))

@@ -133,8 +133,9 @@ def _pair(spec: PairSpec, target: nn.Module, draft: nn.Module, tokenizer, weight
     target, draft = _frozen(target, device), _frozen(draft, device)
     class_names, prompts = choices(spec, target.traits)
     pair = ModelPair(spec.name, target, draft, tokenizer, class_names, weights, prompts)
-    for model in (target, draft):  # one cheap run each: the first timed request pays no lazy initialisation
-        generate(model, list(prompts[:1] or [0]), [0], model.traits.cheapest())
+    if torch.device(device).type == "cpu":  # one cheap run each: the first timed request pays no lazy initialisation
+        for model in (target, draft):  # (on CUDA a run belongs in a GPU call: ZeroGPU's main process runs none)
+            generate(model, list(prompts[:1] or [0]), [0], model.traits.cheapest())
     return pair
 
 

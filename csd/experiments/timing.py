@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from csd.cost import StepCosts
+from csd.decoding import sync_cuda
 
 # Environment variables that choose the float kernels (docs/specification_notes.md, "Numbers on other CPUs").
 KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
@@ -65,8 +66,10 @@ def alternate(runs: dict[str, Callable[[], object]], repeats: int, warmup: int =
     out = {name: Samples() for name in names}
     for k in range(repeats):
         for name in names if k % 2 == 0 else names[::-1]:
+            sync_cuda()
             t0 = time.perf_counter()
             result = runs[name]()
+            sync_cuda()
             out[name].seconds.append(time.perf_counter() - t0)
             out[name].outputs.append(result)
     return out

@@ -34,6 +34,7 @@ class PixelTokenizer:
 
     patch_size: int = 4
     channels: int = 3
+    network = False  # decoding is arithmetic: no model runs
 
     @property
     def token_dim(self) -> int:
@@ -67,6 +68,8 @@ def to_uint8(images: Tensor) -> Tensor:
 class LatentTokenizer:
     """KL-16 latents as tokens (official MAR): image -> scaled latent grid -> (B, N, C p p)."""
 
+    network = True  # decoding runs the VAE's decoder
+
     def __init__(self, vae, patch_size: int = 1):
         self.vae, self.patch_size = vae, patch_size
 
@@ -99,6 +102,7 @@ class CellTokenizer:
     def __init__(self, inner, grid: int, cells: int):
         self.inner, self.grid, self.cells = inner, grid, cells
         self.order = cell_order(grid, cells)  # cell-order position -> raster index
+        self.network = inner.network
 
     @property
     def token_dim(self) -> int:

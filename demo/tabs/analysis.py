@@ -9,9 +9,10 @@ import gradio as gr
 from csd.experiments import frontier
 from csd.experiments.analysis import Analysis, AnalysisSettings
 from demo.controls import slider, take
-from demo.core import App, pair_defaults
+from demo.core import App, pair_defaults, steps_job
 from demo.errors import refuse
-from demo.requests import twin_events
+from demo.gpu import task
+from demo.requests import Request, twin_events
 from demo.tab import Page, shown_refusal
 from demo.views import ANALYSIS_KEYS, analysis_figures, analysis_status, frontier_outputs, frontier_status, panels_json
 
@@ -48,12 +49,11 @@ def _images(components: dict | None, n_images):
         raise
 
 
-def check_analysis(
-    app: App, n_images: int, components: dict | None = None, load: bool = True, within: float | None = None, **controls
-) -> Analysis | None:
-    """The planned runs of an analysis recompute, refused by name when over the server's limits
-    (``load=False``: a validator's check, :meth:`demo.core.App.request`; ``within``: also when estimated
-    past that many seconds)."""
+def plan_analysis(
+    app: App, n_images: int, components: dict | None = None, load: bool = True, **controls
+) -> tuple[Request, Analysis] | None:
+    """The request and the planned runs of an analysis recompute, refused by name when over the server's work
+    limit (``load=False``: a validator's check, :meth:`demo.core.App.request`); nothing is estimated here."""
     r = app.request(components, load, **controls, batch_size=1)
     if r is None:
         return None
@@ -67,23 +67,42 @@ def check_analysis(
             control="n_images",
         )
     settings = AnalysisSettings(n_images=n_images, seed=r.seeds[0], sampling=r.sampling, csd=r.csd, **r.condition())
-    analysis = Analysis(r.pair, settings)
-    seconds = app.estimate_runs(r, analysis.planned(), n_images, measure=load)
+    return r, Analysis(r.pair, settings)
+
+
+def check_analysis(
+    app: App, n_images: int, components: dict | None = None, load: bool = True, within: float | None = None, **controls
+) -> tuple[Analysis, float] | None:
+    """The planned runs of an analysis recompute and their estimated seconds, refused by name when over the
+    server's limits (``within``: also when estimated past that many seconds)."""
+    planned = plan_analysis(app, n_images, components, load, **controls)
+    if planned is None:
+        return None
+    r, analysis = planned
+    seconds = app.estimate_runs(r, analysis.planned(), analysis.settings.n_images, measure=load)
     app.check_fits(seconds, "ask for fewer images (n) or AR steps", "n_images", within)
-    return analysis
+    return analysis, seconds
 
 
 def analysis_panels(app: App, n_images: int, progress, components: dict | None = None, **controls):
-    """Recompute every panel over ``n_images`` images (image i: seed + i) at the controls: yields status
-    lines, returns the panels."""
-    analysis = check_analysis(app, n_images, components, **controls)
-    return (yield from app.run_all(analysis, analysis.panels, progress))
+    """Recompute every panel over ``n_images`` images (image i: seed + i) at the controls, in one GPU call:
+    yields status lines, returns the panels."""
+    analysis, seconds = check_analysis(app, n_images, components, **controls)
+    values = controls | {"n_images": analysis.settings.n_images}
+    return (yield from app.run_all("analysis", values, seconds, progress))
 
 
-def check_frontier(
-    app: App, n_images: int, components: dict | None = None, load: bool = True, within: float | None = None, **controls
-) -> frontier.SmallFrontier | None:
-    """The settings of a frontier recompute, refused by name when over the server's limits (or ``within``)."""
+@task("analysis")
+def analysis_task(app: App, n_images: int, **controls):
+    """The GPU task of :func:`analysis_panels`."""
+    _, analysis = plan_analysis(app, n_images, None, True, **controls)
+    yield from app.job_events(steps_job(analysis, analysis.panels))
+
+
+def plan_frontier(
+    app: App, n_images: int, components: dict | None = None, load: bool = True, **controls
+) -> tuple[Request, frontier.SmallFrontier] | None:
+    """The request and the settings of a frontier recompute, refused by name when over the work limit."""
     r = app.request(components, load, **controls, batch_size=1)
     if r is None:
         return None
@@ -101,18 +120,37 @@ def check_frontier(
     traits = r.pair.traits
     points = frontier.grid(r.sampling, r.csd, head, quick=True, fixed_steps=fixed)
     points += frontier.deciding_points(r.sampling, head, traits.head_samplers, traits.takes_gtr)
-    small = frontier.SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], **r.condition())
-    seconds = app.estimate_runs(r, small.planned(), n_images, measure=load)
+    return r, frontier.SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], **r.condition())
+
+
+def check_frontier(
+    app: App, n_images: int, components: dict | None = None, load: bool = True, within: float | None = None, **controls
+) -> tuple[frontier.SmallFrontier, float] | None:
+    """The settings of a frontier recompute and their estimated seconds, refused by name when over the
+    server's limits (or ``within``)."""
+    planned = plan_frontier(app, n_images, components, load, **controls)
+    if planned is None:
+        return None
+    r, small = planned
+    seconds = app.estimate_runs(r, small.planned(), len(small.seeds), measure=load)
     app.check_fits(seconds, "ask for fewer images (n) or AR steps", "n_images", within)
-    return small
+    return small, seconds
 
 
 def frontier_result(app: App, n_images: int, progress, components: dict | None = None, **controls):
     """Every cheap alternative (target-only with fewer AR or head steps, a head schedule, CSD settings and
-    combinations) around the controls, over ``n_images`` images, one run per setting: yields status lines,
-    returns the frontier."""
-    small = check_frontier(app, n_images, components, **controls)
-    return (yield from app.run_all(small, small.result, progress))
+    combinations) around the controls, over ``n_images`` images, one run per setting, in one GPU call: yields
+    status lines, returns the frontier."""
+    small, seconds = check_frontier(app, n_images, components, **controls)
+    values = controls | {"n_images": len(small.seeds)}
+    return (yield from app.run_all("frontier", values, seconds, progress))
+
+
+@task("frontier")
+def frontier_task(app: App, n_images: int, **controls):
+    """The GPU task of :func:`frontier_result`."""
+    _, small = plan_frontier(app, n_images, None, True, **controls)
+    yield from app.job_events(steps_job(small, small.result))
 
 
 def default_images(app: App, check, pair_name: str | None = None) -> int:

@@ -10,16 +10,18 @@ from dataclasses import dataclass
 from urllib.parse import urlencode
 
 import gradio as gr
+import numpy as np
 
 from csd.experiments.analysis import Run, run_csd, run_single
 from csd.experiments.jobs import Job, Step
-from csd.experiments.pairs import EXAMPLE_PROMPTS, ModelPair
+from csd.experiments.pairs import EXAMPLE_PROMPTS
 from csd.trace import Maker
 from demo import showcase
 from demo.cards import model_line
 from demo.controls import PRESETS, preset_values
 from demo.core import App
 from demo.estimate import words
+from demo.gpu import task
 from demo.requests import Request, twin_events
 from demo.tab import Page, shown_refusal
 from demo.tabs.inspect import Inspected
@@ -31,16 +33,36 @@ IMAGE = {"type": "numpy", "format": "png", "elem_classes": "csd-img", "interacti
 LINKED = ("pair_name", "class_name", "prompt", "seed", "batch_size", "ar_steps", "gamma", "prefill", "cfg_scale")
 
 
+@dataclass(frozen=True)
+class TargetReady:
+    """Target-only's images, posted as soon as they exist (shown before CSD starts)."""
+
+    grid: np.ndarray
+
+
+@dataclass(frozen=True)
+class CsdReady:
+    """CSD's images and its token map, posted as soon as they exist."""
+
+    grid: np.ndarray
+    token_map: np.ndarray
+
+
 @dataclass
 class Comparison:
-    """One Generate run: the three runs and their summary, and the CSD run kept for the Inspect tab."""
+    """One Generate run, as its GPU call returns it (plain values: the main process holds the models): the
+    three runs and their images, their summary, and the CSD run kept for the Inspect tab."""
 
-    pair: ModelPair
+    pair_name: str
     target: Run
     csd: Run
     draft: Run
+    images: dict[str, np.ndarray]  # "target", "csd", "map", "draft"
     summary: dict
     inspected: Inspected
+
+
+RUN_KINDS = {"target": 1, "csd": 1, "draft": 1}
 
 
 def check_generate(
@@ -51,34 +73,45 @@ def check_generate(
     warm-up, which runs whatever the estimate)."""
     r = app.request(components, load, **controls)
     if r is not None and fit:
-        seconds = app.estimate(r, {"target": 1, "csd": 1, "draft": 1}, measure=load)
+        seconds = app.estimate(r, RUN_KINDS, measure=load)
         app.check_fits(seconds, "ask for fewer images (batch size) or AR steps", control="batch_size")
     return r
 
 
-def compare(app: App, progress, fit: bool = True, **controls) -> Iterator[tuple]:
-    """Target-only, then CSD, then draft-only with the same seeds. The request is checked at once (a refusal
-    raises here, before anything runs); the runs then yield ("step", text) per AR step, ("target", grid)
-    and ("csd", grid, map) as each is ready, and last ("done", Comparison)."""
-    return _compare(app, check_generate(app, None, True, fit, **controls), progress)
+def compare(app: App, progress, fit: bool = True, **controls) -> Iterator[object]:
+    """Target-only, then CSD, then draft-only with the same seeds, in one GPU call. The request is checked at
+    once (a refusal raises here, before anything runs); the runs then yield a :class:`~csd.experiments.jobs.Step`
+    per AR step (as the throttle lets them through), :class:`TargetReady` and :class:`CsdReady` as each is
+    ready, and last the :class:`Comparison`."""
+    r = check_generate(app, None, True, fit, **controls)
+    return _compare(app, controls, app.estimate(r, RUN_KINDS), progress)
 
 
-def _compare(app: App, r: Request, progress) -> Iterator[tuple]:
-    def work(job: Job) -> tuple[Run, Run, Run]:
+def _compare(app: App, controls: dict, seconds: float, progress) -> Iterator[object]:
+    result = yield from app.follow(app.gpu.call("compare", controls, seconds), RUNS, progress)
+    yield result
+
+
+@task("compare")
+def compare_task(app: App, **controls) -> Iterator[object]:
+    """The GPU task of :func:`compare` (registered as "compare"): the three runs of the request ``controls``
+    names (checked before the call), their images decoded there."""
+    r = app.request(None, True, **controls)
+
+    def work(job: Job) -> Comparison:
         target = run_single(r.pair, r.labels, r.seeds, r.sampling, on_step=job.on_step(RUNS[0]))
-        job.post(("target", image_grid(r.pair, target)))
+        images = {"target": image_grid(r.pair, target)}
+        job.post(TargetReady(images["target"]))
         spec = run_csd(r.pair, r.labels, r.seeds, r.sampling, r.csd, job.on_step(RUNS[1]), keep_details=True)
         csd_images = r.pair.images(spec.generation.tokens).numpy()
-        job.post(("csd", display_grid(csd_images), token_map(csd_images, spec.trace.maker)))
+        images |= {"csd": display_grid(csd_images), "map": token_map(csd_images, spec.trace.maker)}
+        job.post(CsdReady(images["csd"], images["map"]))
         draft = run_single(r.pair, r.labels, r.seeds, r.sampling, Maker.DRAFT, on_step=job.on_step(RUNS[2]))
-        return target, spec, draft
+        images["draft"] = image_grid(r.pair, draft)
+        summary = run_summary(r, target, spec, draft)
+        return Comparison(r.pair.name, target, spec, draft, images, summary, Inspected.of(r.pair.name, spec, target))
 
-    job = app.job(work)
-    for event in app.follow(job, RUNS, progress):
-        yield ("step", event.text) if isinstance(event, Step) else event
-    target, spec, draft = job.result
-    summary = run_summary(r, target, spec, draft)
-    yield "done", Comparison(r.pair, target, spec, draft, summary, Inspected.of(r.pair.name, spec, target))
+    yield from app.job_events(work)
 
 
 def estimate_line(app: App, **controls) -> str:
@@ -137,31 +170,29 @@ class GenerateTab:
         events = compare(self.app, progress, **controls)  # a refusal comes here, before anything is cleared
         # Clear the outputs of any earlier run first: what is on screen is always from this run.
         yield {**dict.fromkeys(self.outputs), self.stats: "Starting ..."}
-        images = {}  # shown as they come, and again with the last message (what an API client receives)
-        for event in events:
-            kind = event[0]
-            if kind == "step":
-                yield {self.stats: f"Running {event[1]} ..."}
-            elif kind == "target":
-                images[self.target] = event[1]
-                yield {self.target: event[1]}
-            elif kind == "csd":
-                images |= {self.csd: event[1], self.map: event[2]}
-                yield {self.csd: event[1], self.map: event[2]}
-            else:
-                c: Comparison = event[1]
-                yield (
-                    images
-                    | self._extras(images[self.target], images[self.csd], images[self.map], controls)
-                    | {
-                        self.draft: image_grid(c.pair, c.draft),
-                        self.stats: stats_markdown(c.summary),
-                        self.speed: speed_figure(c.target, c.csd, c.draft, c.summary),
-                        self.summary: c.summary,
-                        self.inspected: c.inspected,
-                        self.results: c.pair.name,
-                    }
-                )
+        for event in events:  # each image as it comes, and all of them with the last message (an API client's)
+            if isinstance(event, Step):
+                yield {self.stats: f"Running {event.text} ..."}
+            elif isinstance(event, TargetReady):
+                yield {self.target: event.grid}
+            elif isinstance(event, CsdReady):
+                yield {self.csd: event.grid, self.map: event.token_map}
+            elif isinstance(event, Comparison):
+                yield self._comparison(event, controls)
+
+    def _comparison(self, c: Comparison, controls: dict) -> dict:
+        im = c.images
+        return self._extras(im["target"], im["csd"], im["map"], controls) | {
+            self.target: im["target"],
+            self.csd: im["csd"],
+            self.map: im["map"],
+            self.draft: im["draft"],
+            self.stats: stats_markdown(c.summary),
+            self.speed: speed_figure(c.target, c.csd, c.draft, c.summary),
+            self.summary: c.summary,
+            self.inspected: c.inspected,
+            self.results: c.pair_name,
+        }
 
     def _extras(self, target, csd, token_map, controls: dict) -> dict:
         return {

@@ -14,8 +14,9 @@ from csd.experiments.inspection import artifact_hints, inspect_token, token_inde
 from csd.experiments.jobs import Job
 from csd.replay import Frame, replay_frames
 from demo.controls import named, refuse_invalid, take
-from demo.core import App
+from demo.core import App, drain
 from demo.errors import refuse, short
+from demo.gpu import task
 from demo.requests import Request, validator
 from demo.tab import Page
 from demo.views import token_markdown, token_patches
@@ -84,26 +85,31 @@ def check_inspect(
 def inspect_run(
     app: App, image: int, row: int, column: int, progress, components: dict | None = None, **controls
 ) -> dict:
-    """For API clients: run target-only and CSD with the given controls and seeds, then return the replay
-    (each frame's label, AR steps and per-token status), the token's inspection and the hints."""
+    """For API clients: run target-only and CSD with the given controls and seeds (one GPU call), then return
+    the replay (each frame's label, AR steps and per-token status), the token's inspection and the hints."""
     r = check_inspect(app, image, row, column, components, **controls)
     image, row, column = _position(components, image, row, column)
-
-    def work(job: Job) -> Inspected:
-        target = run_single(r.pair, r.labels, r.seeds, r.sampling, on_step=job.on_step("target-only"))
-        spec = run_csd(r.pair, r.labels, r.seeds, r.sampling, r.csd, job.on_step("CSD"), keep_details=True)
-        return Inspected.of(r.pair.name, spec, target)
-
-    job = app.job(work)
-    for _ in app.follow(job, ["target-only", "CSD"], progress):
-        pass
-    run = job.result
+    seconds = app.estimate(r, {"target": 1, "csd": 1})
+    run = drain(app.follow(app.gpu.call("inspect", controls, seconds), ["target-only", "CSD"], progress))
     try:
         token = run.token(image, row, column)
     except ValueError as err:
         raise refuse(f"Invalid token: {err}") from None
     frames = [{"label": f.label, "ar_steps": f.ar_steps, "status": f.status.tolist()} for f in run.frames]
     return {"frames": frames, "token": token, "hints": run.hints}
+
+
+@task("inspect")
+def inspect_task(app: App, **controls):
+    """The GPU task of :func:`inspect_run`: target-only and CSD with its details."""
+    r = app.request(None, True, **controls)
+
+    def work(job: Job) -> Inspected:
+        target = run_single(r.pair, r.labels, r.seeds, r.sampling, on_step=job.on_step("target-only"))
+        spec = run_csd(r.pair, r.labels, r.seeds, r.sampling, r.csd, job.on_step("CSD"), keep_details=True)
+        return Inspected.of(r.pair.name, spec, target)
+
+    yield from app.job_events(work)
 
 
 class InspectTab:
@@ -122,7 +128,7 @@ class InspectTab:
         if isinstance(frame, bool) or not isinstance(frame, int) or not 1 <= frame <= len(run.frames):
             raise refuse(f"Frame must be an integer in [1, {len(run.frames)}], got {short(frame)}", control="frame")
         f = run.frames[frame - 1]
-        csd, status, target = frame_images(f, lambda tokens: self.app.store.get(run.pair_name).images(tokens).numpy())
+        csd, status, target = frame_images(f, lambda tokens: self.app.decode(run.pair_name, tokens))
         label = f"**Frame {frame} of {len(run.frames)}:** {f.label} ({f.ar_steps} AR steps made), on *{run.pair_name}*"
         return {self.label: label, self.canvas: csd, self.status: status, self.target: target}
 
@@ -136,10 +142,10 @@ class InspectTab:
             info = run.token(image, row, column)
         except ValueError as err:
             raise refuse(f"Invalid token: {err}") from None
-        pair = self.app.store.get(run.pair_name)
+        decode = lambda tokens: self.app.decode(run.pair_name, tokens)
         return {
-            self.token: token_markdown(info, pair.traits.row_name),
-            self.patches: token_patches(pair, run.csd.generation.tokens, info),
+            self.token: token_markdown(info, self.app.store.source(run.pair_name).traits.row_name),
+            self.patches: token_patches(decode, run.csd.generation.tokens, info),
             self.chains: to_plotly(chains_chart(info)),
             self.data: info,
         }
@@ -150,7 +156,7 @@ class InspectTab:
             raise refuse("Press **Generate** first.")
         x, y = evt.index
         trace = run.csd.trace
-        size = self.app.store.get(run.pair_name).images(run.csd.generation.tokens[:1]).shape[1]
+        size = self.app.decode(run.pair_name, run.csd.generation.tokens[:1]).shape[1]
         return locate(int(x), int(y), trace.batch, trace.num_tokens, size)
 
     def after_run(self, run: Inspected | None):

@@ -1,0 +1,211 @@
+"""The Space on ZeroGPU: every model run of the app is a call of one ``spaces.GPU`` function (demo.gpu), each
+asking for its own estimate with a margin, at most ``--gpu-seconds``; a request past that is refused by name
+before it queues; nothing touches CUDA in the main process. Checked with the real ``spaces`` package (off
+ZeroGPU: a pass-through) and with a recording stand-in (tests/stubs/spaces) that emulates ZeroGPU's side:
+the durations asked for, arguments and results crossing a process boundary (pickled), torch patched as on a
+ZeroGPU Space's main process."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("gradio_client")
+from gradio_client import Client
+
+from csd.experiments.pairs import RANDOM_SOURCE, PairStore
+from demo import gpu, server
+from demo.controls import PRESETS, preset_values
+from demo.core import App, pair_defaults
+from demo.gpu import GpuCalls
+from demo.limits import Limits
+from demo.tabs.analysis import plan_analysis, plan_frontier
+from demo.tabs.generate import RUN_KINDS, check_generate, compare
+from tests.stubs import spaces as stub
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMITS = Limits(max_batch=2, max_steps=64, max_images=2)
+NO_PROGRESS = lambda *args, **kwargs: None
+
+
+def controls(application: App, **overrides) -> dict:
+    return {**application.default_controls(), "batch_size": 1, "ar_steps": 8, "gamma": 4, **overrides}
+
+
+@pytest.fixture
+def on_zero_gpu(monkeypatch):
+    """ZeroGPU's flag set and the recording stand-in in place of the spaces package, its records cleared."""
+    monkeypatch.setenv(gpu.ZERO_GPU_FLAG, "true")
+    monkeypatch.setattr(gpu, "import_spaces", lambda: stub)
+    stub.CALLS.clear()
+    return stub
+
+
+def outside_calls(application: App) -> list[str]:
+    """Forward hooks on the served pairs' models: the modules that ran while no GPU call was open."""
+    seen: list[str] = []
+    for name in application.store.names:
+        pair = application.store.get(name)
+        for model in (pair.target, pair.draft):
+            model.register_forward_pre_hook(lambda module, args: stub.OPEN[0] or seen.append(type(module).__name__))
+    return seen
+
+
+def test_with_the_real_spaces_package_off_zero_gpu_calls_run_in_process(monkeypatch):
+    """The real package is a requirement, imported, and a pass-through here: the app's GPU function is its own."""
+    spaces = pytest.importorskip("spaces")
+    monkeypatch.delenv(gpu.ZERO_GPU_FLAG, raising=False)
+    application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), LIMITS)
+    assert application.gpu.spaces is spaces and "tests/stubs" not in spaces.__file__
+    assert application.gpu._call == application.gpu._run  # spaces.GPU returned the function itself
+    *_, result = compare(application, NO_PROGRESS, **controls(application))
+    assert result.images["target"].dtype == np.uint8 and result.pair_name == RANDOM_SOURCE.name
+
+
+def test_every_model_running_endpoint_runs_inside_a_gpu_call(on_zero_gpu):
+    """generate, analyze, frontier, inspect, the start-up timing and the warm-up comparison: each a call of the
+    decorated function, asking for a duration within the cap; no model runs outside one."""
+    application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), LIMITS)
+    assert on_zero_gpu.DECORATED and on_zero_gpu.DECORATED[-1].__name__ == "_run"
+    outside = outside_calls(application)
+    server.warm_up(application)
+    demo = server.build(application)
+    url = server.serve(demo, LIMITS, "127.0.0.1", None, block=False)
+    try:
+        client = Client(url, verbose=False)
+        values = controls(application)
+        client.predict(**values, api_name="/generate")
+        analysis = {k: v for k, v in values.items() if k != "batch_size"}
+        client.predict(n_images=1, **analysis, api_name="/analyze")
+        client.predict(n_images=1, regime=1, **analysis, api_name="/frontier")
+        client.predict(image=0, row=1, column=2, **values, api_name="/inspect")
+    finally:
+        demo.close()
+    tasks = [c["task"] for c in on_zero_gpu.CALLS]
+    assert tasks == ["calibrate", "compare", "compare", "analysis", "frontier", "inspect"], tasks
+    assert all(0 < c["duration"] <= LIMITS.gpu_seconds for c in on_zero_gpu.CALLS)
+    assert outside == []
+
+
+def test_the_duration_is_positive_and_within_the_cap_for_every_pairs_defaults_and_presets(on_zero_gpu):
+    """Every embedded pair's default Generate and each preset, its default analysis and frontier recomputes:
+    the duration asked for is whole seconds, positive, its estimate with the margin, at most the cap."""
+    application = server.make_app(None, LIMITS)
+    cap = application.limits.gpu_seconds
+    asked = {}
+    for pair in application.store.names:
+        base = pair_defaults(application, application.default_controls(), pair)
+        for preset in PRESETS:
+            values = preset_values(preset, base, base)
+            if application.store.source(pair).traits.fixed_num_steps:
+                values |= {k: base[k] for k in ("ar_steps", "cfg_schedule")}
+            r = check_generate(application, None, True, False, **values)  # whether it fits this CPU: not asked
+            asked[pair, preset] = application.estimate(r, RUN_KINDS), values
+        analysis = {k: v for k, v in base.items() if k != "batch_size"}
+        for name, plan in (("analysis", plan_analysis), ("frontier", plan_frontier)):
+            r, work = plan(application, 2, None, True, **analysis)
+            asked[pair, name] = application.estimate_runs(r, work.planned(), 2), analysis
+    assert len(asked) == len(application.store.names) * (len(PRESETS) + 2)
+    for (pair, name), (seconds, values) in asked.items():
+        duration = application.gpu.duration(name, values, seconds)
+        assert isinstance(duration, int) and 0 < duration <= cap, (pair, name, duration)
+        assert duration == min(cap, math.ceil(seconds * gpu.MARGIN + gpu.OVERHEAD)), (pair, name)
+    calibrations = [c for c in on_zero_gpu.CALLS if c["task"] == "calibrate"]
+    assert len(calibrations) == len(application.store.names)  # each pair timed once, in a GPU call
+
+
+def test_a_request_past_the_gpu_cap_is_refused_by_name_before_it_queues(on_zero_gpu, monkeypatch):
+    application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), LIMITS)
+    values = controls(application, ar_steps=64, batch_size=2)
+    application.rates(application.store.get(RANDOM_SOURCE.name))
+    seconds = application.estimate(check_generate(application, None, True, False, **values), RUN_KINDS)
+    cap = math.floor(application.gpu.seconds(seconds)) - 1  # this machine's estimate x 1.5 + 10 s: just past it
+    application.gpu.cap = cap
+    with pytest.raises(gr.Error, match=rf"more than the {cap} s one GPU call may take on this Space \(--gpu-seconds\)"):
+        next(compare(application, NO_PROGRESS, **values))
+    assert [c["task"] for c in on_zero_gpu.CALLS] == ["calibrate"]  # refused before any call
+    assert check_generate(application, None, True, **controls(application)) is not None  # a small one fits
+    monkeypatch.delenv(gpu.ZERO_GPU_FLAG)  # off ZeroGPU there is no call to cap
+    assert check_generate(application, None, True, **values) is not None
+
+
+def test_a_gpu_call_asks_for_its_estimate_with_the_margin_within_the_cap():
+    calls = GpuCalls(None, cap=120.0, spaces_module=None)
+    assert calls.duration("compare", {}, 4.0) == 16  # 4 x 1.5 + 10
+    assert calls.duration("compare", {}, 0.0) == 10
+    assert calls.duration("compare", {}, 500.0) == 120
+    with pytest.raises(KeyError, match="no GPU task 'nothing'"):
+        calls.call("nothing", {}, 1.0)
+
+
+def test_stop_closes_the_gpu_call_and_its_job(on_zero_gpu):
+    application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), LIMITS)
+    application.rates(application.store.get(RANDOM_SOURCE.name))
+    events = compare(application, NO_PROGRESS, **controls(application, ar_steps=32))
+    next(events)  # the first AR step is in: the call is under way
+    assert on_zero_gpu.OPEN[0] == 1
+    events.close()  # what Stop does to the page's handler
+    assert on_zero_gpu.OPEN[0] == 0 and application.history[-1]["status"] == "stopped"
+
+
+ZERO_GPU_START = """
+import json, sys, threading, time
+import socket
+with socket.socket() as s:  # a free port
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+sys.argv = ["app.py", "--port", str(port), "--host", "127.0.0.1"]
+import app  # the entry point: spaces first, then the server
+import spaces
+from csd.experiments.pairs import RANDOM_SOURCE, PairStore
+from demo import server
+from demo.core import DEVICE, PRECISION, App
+
+made = []
+def make_app(checkpoints, limits, hub=None):
+    made.append(App(PairStore([RANDOM_SOURCE], DEVICE), limits))
+    return made[-1]
+server.make_app = make_app
+urls = []
+serve = server.serve
+server.serve = lambda *args, **kwargs: urls.append(serve(*args, **kwargs)) or urls[-1]
+threading.Thread(target=app.main, daemon=True).start()
+deadline = time.monotonic() + 600
+warm = lambda: made and made[0].timed(RANDOM_SOURCE.name) and spaces.CALLS[-1]["task"] == "compare"
+while not (urls and warm() and not spaces.OPEN[0]):
+    assert time.monotonic() < deadline, "the server did not start"
+    time.sleep(0.2)
+from gradio_client import Client
+values = {**made[0].default_controls(), "batch_size": 1, "ar_steps": 8}
+Client(urls[0], verbose=False).predict(**values, api_name="/generate")
+print(json.dumps({"device": str(DEVICE), "precision": PRECISION, "placed": spaces.PLACED, "calls": spaces.CALLS}))
+"""
+
+
+@pytest.mark.slow
+def test_on_zero_gpu_the_app_starts_serves_and_times_its_pairs_without_initialising_cuda(tmp_path):
+    """``python app.py`` as a ZeroGPU Space runs it (flag set, the stand-in's torch patch: CUDA "available"
+    but any initialisation raises): it places its models on CUDA the ZeroGPU way, serves, then times each pair
+    in GPU calls; a visitor's request is one more call."""
+    env = os.environ | {gpu.ZERO_GPU_FLAG: "true", "PYTHONPATH": f"{ROOT / 'tests' / 'stubs'}{os.pathsep}{ROOT}"}
+    run = subprocess.run(
+        [sys.executable, "-c", ZERO_GPU_START], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = run.stdout.splitlines()
+    record = json.loads(out[-1])
+    assert record["device"] == "cuda" and record["precision"] == "bfloat16"
+    assert record["placed"] and {"MAR"} <= set(record["placed"])  # loaded on the CPU, then placed on CUDA
+    assert [c["task"] for c in record["calls"]] == ["calibrate", "compare", "compare"]
+    serving = next(i for i, line in enumerate(out) if "ZeroGPU" in line and "serving, then timing" in line)
+    timed = next(i for i, line in enumerate(out) if line.startswith("Timed "))
+    assert serving < timed  # the page is up before the first GPU call
