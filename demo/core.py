@@ -87,6 +87,7 @@ class App:
         # The latest model runs: status ("done", "stopped", "over time", "error"), AR steps run, seconds.
         self.history: deque[dict] = deque(maxlen=64)
         self._rates: dict[str, Rates] = {}  # per pair, measured the first time it is served
+        self._sides: dict[str, int] = {}  # per pair, its images' side in pixels
         self._rates_lock = threading.Lock()
         self.streams: Counter = Counter()  # open result streams per session (demo.guard.Guard counts them)
         self.gone = 0  # requests not run because their client had gone
@@ -139,6 +140,12 @@ class App:
         if not pair.tokenizer.network:
             return to_uint8(pair.tokenizer.decode(tokens.float().cpu())).numpy()
         return run_to_end(self.gpu.call("decode", {"pair_name": pair_name, "tokens": tokens.cpu()}, DECODE_SECONDS))
+
+    def image_side(self, pair_name: str, tokens: torch.Tensor) -> int:
+        """The side in pixels of the pair's images (decoded once, from one image's ``tokens`` (1, N, d))."""
+        if pair_name not in self._sides:
+            self._sides[pair_name] = int(self.decode(pair_name, tokens[:1]).shape[1])
+        return self._sides[pair_name]
 
     def estimate(self, r: Request, runs: dict[str, int], images: int | None = None, measure: bool = True) -> float:
         """Seconds the request's runs should take on this server (:mod:`demo.estimate`); ``measure=False``:

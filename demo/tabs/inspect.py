@@ -156,7 +156,7 @@ class InspectTab:
             raise refuse("Press **Generate** first.")
         x, y = evt.index
         trace = run.csd.trace
-        size = self.app.decode(run.pair_name, run.csd.generation.tokens[:1]).shape[1]
+        size = self.app.image_side(run.pair_name, run.csd.generation.tokens)
         return locate(int(x), int(y), trace.batch, trace.num_tokens, size)
 
     def after_run(self, run: Inspected | None):
