@@ -1,0 +1,240 @@
+"""The prepared device check (issue 52): what a GPU machine must show, in one command, within 8 minutes.
+
+    python -m scripts.gpu_check --out DIR            # on one GPU: official sizes, random weights
+    python -m scripts.gpu_check --out DIR --tiny     # the same steps on any machine, tiny models (a CPU: ~2 min)
+
+1. ``pytest -m cuda`` (tests/test_cuda.py: skipped where there is no CUDA);
+2. MAR-B and MAR-L with random weights written in the official layout (scripts/random_official.py) and served
+   as a Space serves them (the app's GPU calls; the pair timed as the server starts);
+3. ``/generate`` at batch 1 and 8 through gradio_client;
+4. target-only and CSD tokens of the same requests finite, and their statistics alike (CSD's tokens come from
+   the target's distribution: mean within a quarter of a standard deviation, standard deviations within 2x);
+5. one paper-scale cell timed (``python -m csd.experiments.paper_scale``, MAR-L / MAR-B, batch 8, gamma 8);
+6. ``DIR/gpu_check.json``, ``DIR/gpu_check.md`` and ``DIR/screenshot.png`` (the page in Chromium where
+   Playwright and Chromium are installed, else the images ``/generate`` returned, side by side).
+
+A step that fails is recorded and the next one still runs; the exit code is 1 if any failed. gradio,
+gradio_client and spaces must be installed (on a machine without a registry, carry them as wheels:
+docs/space.md). Commit the result under bench/results/gpu/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCHES = (1, 8)
+
+
+def _step(record: dict, name: str, fn, show=lambda out: out) -> object:
+    """Run one step, recording its seconds and outcome in ``record``: ``show(out)`` of what it returned, or the
+    error's last lines."""
+    t0 = time.perf_counter()
+    entry = record["steps"].setdefault(name, {})
+    try:
+        out = fn()
+        entry |= {"ok": True, "result": show(out)}
+        return out
+    except Exception as err:  # recorded; the check goes on
+        entry |= {"ok": False, "error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-2000:]}
+        return None
+    finally:
+        entry["seconds"] = round(time.perf_counter() - t0, 1)
+
+
+def cuda_tests(out: Path) -> dict:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    (out / "cuda_tests.log").write_text(run.stdout[-20000:] + run.stderr[-5000:])
+    summary = (run.stdout.strip().splitlines() or [""])[-1]
+    if run.returncode not in (0, 5):
+        raise RuntimeError(f"pytest -m cuda failed: {summary}")
+    return {"summary": summary}
+
+
+def serve_official(stack: ExitStack, tiny: bool, device: torch.device):
+    """MAR-B and MAR-L in the official layout (random weights), served by the app on ``device``."""
+    from csd.experiments.pairs import PairStore, discover
+    from demo import server
+    from demo.core import App
+    from demo.limits import Limits
+    from scripts.random_official import TINY, tiny_configs, write_official
+
+    if tiny:
+        stack.enter_context(tiny_configs())
+    from csd.models.mar.network import MAR_CONFIGS
+
+    checkpoints = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="official-"))) / "checkpoints"
+    names = ("mar_base", "mar_large")
+    write_official(checkpoints, {n: (TINY if tiny else MAR_CONFIGS)[n] for n in names})
+    sources = discover(checkpoints, embedded_dir=checkpoints / "none")
+    limits = Limits(max_batch=8, max_seconds=600.0, gpu_seconds=300.0)
+    application = App(PairStore(sources, device), limits)
+    t0 = time.perf_counter()
+    server.warm_up(application)
+    demo = server.build(application)
+    url = server.serve(demo, limits, "127.0.0.1", None, block=False)
+    stack.callback(demo.close)
+    return application, url, {"pairs": application.store.names, "timed_s": round(time.perf_counter() - t0, 1)}
+
+
+def generate_api(application, url: str) -> dict:
+    from gradio_client import Client
+
+    client, result = Client(url, verbose=False), {}
+    for batch in BATCHES:
+        values = {**application.default_controls(), "batch_size": batch}
+        t0 = time.perf_counter()
+        images = client.predict(**values, api_name="/generate")
+        summary = next(o for o in images if isinstance(o, dict) and "speedup" in o)
+        result[f"batch {batch}"] = {
+            "wall_s": round(time.perf_counter() - t0, 2),
+            "speedup": summary["speedup"],
+            "seconds": summary["seconds"],
+            "estimate_s": round(application.estimate(application.request(None, True, **values), _kinds()), 2),
+        }
+        if batch == BATCHES[-1]:
+            result["images"] = [str(p) for p in images[:3] if isinstance(p, str)]
+    return result
+
+
+def _kinds() -> dict:
+    from demo.tabs.generate import RUN_KINDS
+
+    return RUN_KINDS
+
+
+def token_statistics(application) -> dict:
+    """Target-only and CSD tokens of the /generate requests (the same GPU task, in-process): finite, alike."""
+    from demo.tabs.generate import compare
+
+    stats = {}
+    for batch in BATCHES:
+        values = {**application.default_controls(), "batch_size": batch}
+        *_, c = compare(application, lambda *a, **k: None, **values)
+        t, s = c.target.generation.tokens.double(), c.csd.generation.tokens.double()
+        row = {"finite": bool(torch.isfinite(t).all() and torch.isfinite(s).all())}
+        row |= {"target_mean": float(t.mean()), "target_std": float(t.std()), "csd_mean": float(s.mean())}
+        row |= {"csd_std": float(s.std()), "acceptance": c.summary.get("acceptance_rate")}
+        row["alike"] = abs(row["csd_mean"] - row["target_mean"]) <= 0.25 * row["target_std"] and (
+            0.5 <= row["csd_std"] / row["target_std"] <= 2.0
+        )
+        stats[f"batch {batch}"] = row
+        if not (row["finite"] and row["alike"]):
+            raise AssertionError(f"batch {batch}: tokens not finite or not alike: {row}")
+    return stats
+
+
+def paper_scale_cell(out: Path, tiny: bool, device: torch.device) -> dict:
+    cmd = [sys.executable, "-m", "csd.experiments.paper_scale", "--families", "mar", "--pairs", "L/B"]
+    cmd += ["--batches", "8", "--gammas", "8", "--repeats", "2", "--warmup", "1", "--out", str(out / "paper_scale")]
+    cmd += ["--device", device.type] + (["--tiny"] if tiny else [])
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if run.returncode != 0:
+        raise RuntimeError(f"paper_scale failed: {run.stderr[-1500:]}")
+    stem = "paper_scale_tiny" if tiny else "paper_scale"
+    result = json.loads((out / "paper_scale" / f"{stem}.json").read_text())
+    return {"file": f"paper_scale/{stem}.json", "pairs": result.get("pairs", [])}
+
+
+def screenshot(url: str, images: list[str], path: Path) -> dict:
+    """The page in headless Chromium where Playwright and Chromium are installed; else the images."""
+    chromium = "/usr/bin/chromium"
+    try:
+        from playwright.sync_api import sync_playwright
+
+        if not os.path.isfile(chromium):
+            raise ImportError(f"no Chromium at {chromium}")
+    except ImportError as err:
+        from PIL import Image
+
+        tiles = [np.asarray(Image.open(p).convert("RGB")) for p in images]
+        height = max(t.shape[0] for t in tiles)
+        row = np.concatenate(
+            [np.pad(t, ((0, height - t.shape[0]), (0, 8), (0, 0)), constant_values=255) for t in tiles], 1
+        )
+        Image.fromarray(row).save(path)
+        return {"kind": "images /generate returned (target, CSD, token map)", "why": str(err)}
+    from tests.test_app_browser import CHROMIUM_ARGS
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(url)
+        page.get_by_role("button", name="Generate", exact=True).click()
+        page.wait_for_function("() => (document.querySelector('#gen-status')?.innerText || '').includes('Speedup')")
+        page.screenshot(path=str(path), full_page=True)
+        browser.close()
+    return {"kind": "the page in Chromium after Generate"}
+
+
+def machine(device: torch.device) -> dict:
+    info = {"device": str(device), "torch": torch.__version__, "python": sys.version.split()[0]}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info |= {"gpu": props.name, "memory_gib": round(props.total_memory / 2**30, 1), "cuda": torch.version.cuda}
+    return info
+
+
+def markdown(record: dict) -> str:
+    lines = [f"# Device check ({record['machine'].get('gpu', record['machine']['device'])})", ""]
+    lines += [
+        f"torch {record['machine']['torch']}, {'tiny models' if record['tiny'] else 'official sizes'}, "
+        f"{record['total_s']:.0f} s in all.",
+        "",
+        "| step | ok | seconds | result |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, step in record["steps"].items():
+        result = step.get("error") or json.dumps(step.get("result", ""), default=str)[:160]
+        lines.append(f"| {name} | {'yes' if step['ok'] else '**no**'} | {step['seconds']} | {result} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m scripts.gpu_check", description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json, gpu_check.md, screenshot.png")
+    p.add_argument("--tiny", action="store_true", help="tiny models: the same steps on any machine")
+    p.add_argument("--device", default="auto", help="auto (CUDA where there is one), cpu or cuda")
+    p.add_argument("--skip-tests", action="store_true", help="skip step 1 (pytest -m cuda)")
+    args = p.parse_args(argv)
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    from csd.cli import resolve_device
+
+    device = resolve_device(args.device)
+    args.out.mkdir(parents=True, exist_ok=True)
+    record = {"tiny": args.tiny, "machine": machine(device), "steps": {}}
+    t0 = time.perf_counter()
+    if not args.skip_tests:
+        _step(record, "cuda tests", lambda: cuda_tests(args.out))
+    with ExitStack() as stack:
+        served = _step(record, "serve", lambda: serve_official(stack, args.tiny, device), lambda out: out[2])
+        if served is not None:
+            application, url, _ = served
+            api = _step(record, "generate api", lambda: generate_api(application, url)) or {}
+            _step(record, "token statistics", lambda: token_statistics(application))
+            shot = args.out / "screenshot.png"
+            _step(record, "screenshot", lambda: screenshot(url, api.get("images", []), shot))
+    _step(record, "paper scale cell", lambda: paper_scale_cell(args.out, args.tiny, device))
+    record["total_s"] = round(time.perf_counter() - t0, 1)
+    steps = record["steps"]
+    (args.out / "gpu_check.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    (args.out / "gpu_check.md").write_text(markdown(record))
+    print(markdown(record))
+    return 0 if all(s["ok"] for s in steps.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
