@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_the_device_check_runs_every_step_at_tiny_sizes(tmp_path):
-    cmd = [sys.executable, "-m", "scripts.gpu_check", "--out", str(tmp_path), "--tiny", "--skip-tests", "--device", "cpu"]
+    cmd = [sys.executable, "-m", "scripts.gpu_check", "--out", str(tmp_path), "--tiny", "--skip-tests"]
+    cmd += ["--device", "cpu"]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     record = json.loads((tmp_path / "gpu_check.json").read_text())
