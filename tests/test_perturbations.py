@@ -72,6 +72,22 @@ def test_every_test_that_asserts_a_float_bound_is_rerun_under_the_perturbations(
     assert not unmarked, "compare floats under a bound but are not marked kernels:\n" + "\n".join(unmarked)
 
 
+def test_the_float_bounds_stand_on_the_committed_measurement_under_every_perturbation():
+    """tests/data/kernel_drift.json (python -m tests.data.measure_kernel_drift): every perturbation measured,
+    the float64 bound over 100x its worst gap and under float32's, the float32 bound 5x its worst, and no
+    decision flipped between float32 and float64 or between a batch and an image alone."""
+    from tests.helpers import F32_ATOL, F64_ATOL
+
+    drift = json.loads((ROOT / "tests" / "data" / "kernel_drift.json").read_text())["records"]
+    assert {"own", "threads2", "no-onednn", "default", "avx2"} <= set(drift)
+    rows = [case for record in drift.values() for family in record["families"].values() for case in family.values()]
+    assert len(rows) == 5 * (11 + 11 + 8)  # every family's cases under every perturbation
+    worst = {k: max(r[k] for r in rows) for k in ("f64_batch", "f32_batch", "f32_f64", "flips", "batch_flips64")}
+    assert F64_ATOL >= 100 * worst["f64_batch"] and F64_ATOL < 1e-3 * worst["f32_f64"]
+    assert F32_ATOL >= 5 * max(worst["f32_batch"], worst["f32_f64"])
+    assert worst["flips"] == worst["batch_flips64"] == 0
+
+
 def test_the_perturbations_change_the_kernels_they_claim():
     probe = (
         "import json, torch; from tests import kernels; kernels.apply(); "
