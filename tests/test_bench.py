@@ -287,7 +287,9 @@ def test_quick_bench_command_runs_on_the_shipped_pair(tmp_path):
     assert result["settings"]["models"]["target"].endswith("shapes_target.safetensors")
     assert [(r["batch"], r["gamma"]) for r in result["rows"]] == [(8, 8)]
     assert [q["gamma"] for q in result["quality_by_gamma"]] == [2, 8]
-    # Seeded, so these are fixed numbers of the shipped weights; the margins between them are wide.
+    # Seeded, so these are fixed numbers of the shipped weights; the margins between them are wide. Measured here
+    # and under oneDNN off and the AVX2 and default capabilities (tests/kernels.py): FD 19.92 against 32.34-32.37,
+    # accuracy 0.85, distances 0.921 against 1.205, each moving by at most 0.04.
     assert result["fd_target"] < result["fd_fewer"] and result["accuracy_target"] > 0.2
     assert result["distance_aligned"] < result["distance_unaligned"]
     assert write_tables(out / "bench.json").read_text().startswith("# CSD benchmark")
