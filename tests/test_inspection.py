@@ -9,11 +9,12 @@ import torch
 
 from csd.config import CSDConfig
 from csd.experiments.inspection import artifact_hints, inspect_token, token_index
+from csd.experiments.pairs import embedded_pair
 from csd.replay import DRAFTED, UNKNOWN, replay_frames
 from csd.sampling import generate
 from csd.speculative import speculative_generate
 from csd.trace import Maker
-from tests.helpers import assert_same64, random_pair64, sampling64
+from tests.helpers import assert_same64, pair_name, sampling64
 from visualize.images import display_grid, locate, token_map
 from visualize.replay import chains_chart
 
@@ -24,11 +25,15 @@ LABELS, SEEDS = [1, 2, 3], [7, 8, 9]
 
 @pytest.fixture(scope="module", params=["aligned", "exact"])
 def runs(request):
-    """A CSD run with its details, the same run without, and the target-only run: in float64."""
+    """A CSD run with its details, the same run without, and the target-only run: in float64, on the embedded
+    class pair (trained), so that some drafted tokens are accepted and some are not: its draft under the
+    aligned test; under the exact one, which accepts next to nothing of that draft, the target drafting for
+    itself (a block's first step accepted for certain, later ones verified in another context)."""
     csd = CSDConfig(gamma=3, prefill=0.05, criterion=request.param)
-    m = random_pair64()
-    spec = speculative_generate(m.target, m.draft, LABELS, SEEDS, SAMPLING, csd, keep_details=True)
-    plain = speculative_generate(m.target, m.draft, LABELS, SEEDS, SAMPLING, csd)
+    m = embedded_pair(pair_name("mar", "embedded")).at_precision("float64")
+    draft = m.draft if request.param == "aligned" else m.target
+    spec = speculative_generate(m.target, draft, LABELS, SEEDS, SAMPLING, csd, keep_details=True)
+    plain = speculative_generate(m.target, draft, LABELS, SEEDS, SAMPLING, csd)
     target = generate(m.target, LABELS, SEEDS, SAMPLING)
     return spec, plain, target
 
@@ -47,6 +52,7 @@ def test_keeping_details_changes_no_token_and_they_agree_with_the_trace(runs):
     assert_same64(torch.from_numpy(distance[v]), torch.from_numpy(trace.distance_aligned[v]), "distances")
     # Accepted exactly where the draw fell under min(1, r) (u < r <=> log u < log r).
     accepted = trace.maker == Maker.ACCEPTED
+    assert accepted.any() and (v & ~accepted).any()  # both kinds of decision, so the next lines test both
     assert (det.accept_draw[accepted] < trace.accept_prob[accepted]).all()
     assert (det.accept_draw[v & ~accepted] >= trace.accept_prob[v & ~accepted]).all()
     assert np.isnan(det.accept_draw[~v]).all() and np.isnan(det.draft_tokens[~v]).all()
@@ -91,9 +97,11 @@ def test_replay_needs_the_details(runs):
 def test_the_inspector_reports_the_traces_numbers(runs):
     spec, _, target = runs
     trace, det = spec.trace, spec.trace.details
+    accepted = np.argwhere(trace.maker == Maker.ACCEPTED)[0]  # an accepted token, wherever it is
     for image, index in [
-        (0, int(np.flatnonzero(trace.verified[0])[0])),
+        (0, int(np.flatnonzero(trace.verified[0] & (trace.maker[0] != Maker.ACCEPTED))[0])),
         (2, int(np.flatnonzero(~trace.verified[2])[0])),
+        (int(accepted[0]), int(accepted[1])),
     ]:
         info = inspect_token(spec.tokens, trace, target.tokens, image, index)
         assert info["maker"] == Maker(int(trace.maker[image, index])).name.lower()
