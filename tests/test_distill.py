@@ -80,6 +80,7 @@ def test_distillation_pulls_the_students_head_towards_the_teachers(tmp_path):
     assert "distill_from_digest" not in json.loads((tmp_path / "plain.json").read_text())["train"]
 
 
+@pytest.mark.kernels
 def test_weight_zero_trains_exactly_as_without_a_teacher(tmp_path):
     """The teacher draws no random numbers: with weight 0 the run is the plain run, bit for bit."""
     teacher_path = _teacher(tmp_path)

@@ -69,6 +69,7 @@ def _condition(rows: int, guided: bool, g: torch.Generator) -> HeadCondition:
     return HeadCondition(z, _randn(rows, 6, generator=g), 1.0 + 3.0 * torch.rand(rows, generator=g).double())
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("guided", [False, True])
 def test_a_chain_with_kept_embeddings_makes_the_plain_numbers(guided):
     head, g = _head(), torch.Generator().manual_seed(1)
@@ -86,6 +87,7 @@ def test_a_chain_with_kept_embeddings_makes_the_plain_numbers(guided):
         assert_same64(traj.x, y, f"tokens, {rows} rows")
 
 
+@pytest.mark.kernels
 def test_a_path_evaluated_at_once_makes_the_plain_numbers():
     head, g = _head(), torch.Generator().manual_seed(2)
     chain, cond = head.chain(), _condition(4, True, g)
@@ -97,6 +99,7 @@ def test_a_path_evaluated_at_once_makes_the_plain_numbers():
     assert_same64(std, plain_std.reshape(std.shape), "stds")
 
 
+@pytest.mark.kernels
 def test_new_weights_are_embedded_again():
     head, g = _head(), torch.Generator().manual_seed(3)
     chain, cond = head.chain(), _condition(2, True, g)
@@ -163,6 +166,7 @@ def _plain_head(model, monkeypatch, calls: list) -> None:
     monkeypatch.setattr(model.head, "chain", plain_chain)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("family", ["mar", "harmon"])
 def test_generation_makes_the_tokens_of_the_plain_head(family, random_models, monkeypatch):
     """In float64, on a fresh copy of the pair (its heads are patched)."""
@@ -181,6 +185,7 @@ def test_generation_makes_the_tokens_of_the_plain_head(family, random_models, mo
     assert len(calls) > 6 * 10  # the plain transitions ran
 
 
+@pytest.mark.kernels
 def test_xar_positions_as_a_slice_read_what_indexing_reads():
     """xAR's network at a slice of the cell order (views of its tables) against the same positions indexed
     (a copy per call, as before): the cache of three context cells and a drafted one, and over it the block of

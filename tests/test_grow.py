@@ -45,6 +45,7 @@ def test_old_blocks_are_spread_evenly_in_order():
         block_positions(6, 5)
 
 
+@pytest.mark.kernels
 def test_grown_model_computes_the_same_loss_and_backbone_output(tmp_path):
     model = _trained(tmp_path)
     grown = grow_depth(model, encoder_depth=3, decoder_depth=2)
@@ -85,6 +86,7 @@ def test_the_new_layers_come_from_the_generator_and_the_global_one_is_left_alone
     assert all(torch.equal(a, b) for a, b in zip(grown.state_dict().values(), again.state_dict().values(), strict=True))
 
 
+@pytest.mark.kernels
 def test_grown_head_computes_the_same_function_and_learns(tmp_path):
     model = _trained(tmp_path)
     grown = grow_depth(model, encoder_depth=1, decoder_depth=1, head_depth=3)

@@ -31,6 +31,7 @@ from csd.shapes.metrics import (
 from tests.helpers import assert_same64
 
 
+@pytest.mark.kernels
 def test_shipped_classifier_recognises_held_out_real_images():
     real = make_dataset(300, REFERENCE_SEED)
     # Measured 1.0 (the smallest gap between an image's two largest logits 3.05) under every kernel perturbation
@@ -40,6 +41,7 @@ def test_shipped_classifier_recognises_held_out_real_images():
     assert record["valid_accuracy"] >= 0.97 and record["data_seeds"]["reference"] == REFERENCE_SEED
 
 
+@pytest.mark.kernels
 def test_confusion_matrix_counts_requested_against_predicted_class():
     real = make_dataset(60, REFERENCE_SEED)
     wrong = (real.labels + 1) % 10  # every image "requested" as the next class
@@ -56,6 +58,7 @@ def test_reference_set_is_held_out_from_classifier_training():
     assert len({TRAIN_SEED, VALID_SEED, REFERENCE_SEED}) == 3
 
 
+@pytest.mark.kernels
 def test_features_are_the_penultimate_layer_and_batch_invariant():
     """features() is the classifier's penultimate layer (the same call: bit for bit); the network is batch
     invariant, compared in float64 (a float64 copy, csd.precision.at_precision): exact up to float64 rounding

@@ -28,6 +28,7 @@ def _recorder():
     return calls, lambda done, total, phase: calls.append((done, total, phase))
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize(("maker", "phase"), [(Maker.TARGET, "target"), (Maker.DRAFT, "draft")])
 def test_generate_reports_every_ar_step_and_the_callback_changes_nothing(maker, phase):
     calls, on_step = _recorder()
@@ -38,6 +39,7 @@ def test_generate_reports_every_ar_step_and_the_callback_changes_nothing(maker, 
     assert_same64(with_cb.tokens, generate(model, [1, 2], [5, 6], sampling, maker=maker).tokens)
 
 
+@pytest.mark.kernels
 def test_speculative_generate_reports_prefill_draft_and_verify_steps():
     calls, on_step = _recorder()
     pair, sampling = random_pair64(), SAMPLING64

@@ -107,6 +107,7 @@ def test_prompt_only_rows_have_every_token_masked(monkeypatch):
     assert len(seen) == 1 and seen[0].shape[0] == 8
 
 
+@pytest.mark.kernels
 def test_without_the_options_the_loss_is_the_plain_one():
     """In float64 (a float64 copy of the model), the exact reference (tests/helpers.py)."""
     model = _tiny_text_model().double()

@@ -1,5 +1,7 @@
 """What the shipped embedded models do (their provenance is tested in test_provenance.py)."""
 
+import pytest
+
 from csd.experiments import defaults
 from csd.models.registry import load_model
 from csd.shapes.probe import head_log_std_sum
@@ -7,6 +9,7 @@ from csd.shapes.probe import head_log_std_sum
 MODELS = defaults.EMBEDDED_DIR
 
 
+@pytest.mark.kernels
 def test_the_shipped_drafts_head_stds_match_the_targets():
     """Why the draft was distilled (TRAINING.md): the aligned criterion's trajectory term, the draft's sum of
     log head stds minus the target's, was about +55 per token between the stage-10 target and the undistilled

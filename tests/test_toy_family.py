@@ -45,6 +45,7 @@ def test_it_is_registered_only_while_its_tests_run(toy):
     assert toy.weights == "random-toy:0"  # the untrained pair's tag, from its row's name
 
 
+@pytest.mark.kernels
 def test_both_samplers_run_it_with_the_passes_the_cost_model_counts(toy):
     """In float64, the exact reference (tests/helpers.py): the same seeds again give the same run."""
     labels, seeds, toy64, sampling = [1, 2], [3, 4], toy.at_precision("float64"), SAMPLING64

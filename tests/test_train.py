@@ -92,6 +92,7 @@ def test_run_writes_ema_weights_config_log_and_train_state(tmp_path):
     assert state["step"] == 6 and set(state) >= {"model", "ema", "optimizer", "rng"}
 
 
+@pytest.mark.kernels
 def test_saved_model_loads_back_with_identical_outputs(tmp_path):
     """Every weight comes back bit for bit, so the outputs are the same: compared in float64 (float64 copies of
     both), since in float32 a kernel may round a loaded tensor (another address) otherwise on some CPUs."""
@@ -112,6 +113,7 @@ def test_saved_model_loads_back_with_identical_outputs(tmp_path):
     assert load_model(tmp_path / "m").config == trainer.ema.config  # the suffix is optional
 
 
+@pytest.mark.kernels
 def test_resumed_run_equals_an_uninterrupted_run(tmp_path):
     full = train(tiny_config(tmp_path / "full", steps=6, hflip=True))
     train(tiny_config(tmp_path / "part", steps=3, hflip=True))

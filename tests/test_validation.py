@@ -135,6 +135,7 @@ def test_unknown_precision_is_rejected():
         SamplingConfig(precision="int8")
 
 
+@pytest.mark.kernels
 def test_latent_tokenizer_round_trips_through_a_tiny_vae():
     """In float64 (the VAE's float64 copy), the exact reference (tests/helpers.py): the tokenizer's calls and
     the VAE's own run on tensors laid out otherwise, which a CPU's kernels may round otherwise in float32."""
