@@ -19,6 +19,7 @@ from tests.helpers import F32_ATOL, assert_same64, sampling64
 
 pytestmark = [
     pytest.mark.cuda,
+    pytest.mark.kernels,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the device check runs it on a GPU)"),
 ]
 CUDA = torch.device("cuda")

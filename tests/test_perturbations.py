@@ -72,6 +72,7 @@ def test_every_test_that_asserts_a_float_bound_is_rerun_under_the_perturbations(
     assert not unmarked, "compare floats under a bound but are not marked kernels:\n" + "\n".join(unmarked)
 
 
+@pytest.mark.kernels  # it reads the bounds; rerunning it costs nothing
 def test_the_float_bounds_stand_on_the_committed_measurement_under_every_perturbation():
     """tests/data/kernel_drift.json (python -m tests.data.measure_kernel_drift): every perturbation measured,
     the float64 bound over 100x its worst gap and under float32's, the float32 bound 5x its worst, and no

@@ -101,6 +101,6 @@ def test_the_app_lists_its_embedded_pair_and_generates_with_it(toy_files):
     assert [s.name for s in sources] == ["toy (embedded)"] and sources[0].traits.fixed_num_steps == 16
     app = App(PairStore(sources, torch.device("cpu")), Limits(max_batch=2))
     values = {**app.default_controls(), "batch_size": 1, "ar_steps": 16, "cfg_schedule": "linear"}
-    kind, done = list(compare(app, lambda *a, **k: None, **values))[-1]
-    assert kind == "done" and done.summary["target_passes"]["target-only"] == 16
+    done = list(compare(app, lambda *a, **k: None, **values))[-1]  # the last event: the Comparison
+    assert done.pair_name == "toy (embedded)" and done.summary["target_passes"]["target-only"] == 16
     assert done.summary["target_passes"]["CSD"] == csd_passes(16, 16, values["gamma"], values["prefill"])[0]

@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> dict:
     grid |= {"quality_gammas": args.quality_gammas}
     config = replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in grid.items() if v is not None})
     sampling, csd = settings_from_args(args)
-    target, draft = load_models(args.target, args.draft, device)
+    target, draft = load_models(args.target, args.draft, device, sampling.precision)
     if args.retime:
         return retime_frontier(target, draft, config, args)
     if args.merge_parts:

@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     device = start_up(args, parser)
     sampling, csd = settings_from_args(args)
-    target, draft = load_models(args.target, args.draft, device)
+    target, draft = load_models(args.target, args.draft, device, sampling.precision)
     if args.retime:
         return retime_file(target, draft, Path(args.retime), args)
     grid = pair_grid(target, sampling, csd)

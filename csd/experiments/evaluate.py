@@ -8,8 +8,9 @@
 Image i has seed ``seed_offset + i`` and label ``i mod classes``. Under torchrun (write
 ``--num-images``: torchrun's own parser rejects ``--n`` as ambiguous) rank r generates images
 r, r + K, ...; rank 0 gathers them in image order and scores them. Every image depends only on its
-seed and label, and the scoring runs on the same images in the same order and batches, so the
-metrics equal a single-process run's.
+seed and label, and the scoring runs on the same images in the same order and batches, so the metrics
+equal a single-process run's: exactly in float64 (``--precision float64``), and in float32 up to rounding
+where the kernels round a batch otherwise than an image alone (docs/specification_notes.md).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from csd.experiments import defaults
 from csd.experiments.pairs import image_tokenizer
 from csd.family import FamilyTraits
 from csd.models.registry import load_model
+from csd.precision import at_precision
 from csd.sampling import generate
 from csd.shapes.data import CLASS_NAMES, contact_sheet, make_dataset
 from csd.shapes.metrics import (
@@ -351,9 +353,11 @@ def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDCon
     return config_from_args(args, SamplingConfig, sampling), config_from_args(args, CSDConfig, csd)
 
 
-def load_models(target_path: str | Path, draft_path: str | Path, device: torch.device):
-    """Target and draft from the project's checkpoint format, frozen, on ``device``."""
-    return tuple(load_model(p, device).requires_grad_(False) for p in (target_path, draft_path))
+def load_models(target_path: str | Path, draft_path: str | Path, device: torch.device, precision: str = "float32"):
+    """Target and draft from the project's checkpoint format, frozen, on ``device``, their weights as
+    ``precision`` needs them (float64 for the exact reference: :func:`csd.precision.at_precision`)."""
+    models = (load_model(p, device).requires_grad_(False) for p in (target_path, draft_path))
+    return tuple(at_precision(m, precision) for m in models)
 
 
 def perturb_weights(model, relative_std: float, seed: int = 0):
@@ -394,7 +398,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     config = EvalConfig(args.mode, args.n, args.batch_size, args.seed_offset, args.n_ref, args.ref_seed)
     rank, world, device = init_distributed(str(device))
     try:
-        target, draft = load_models(args.target, args.draft, device)
+        target, draft = load_models(args.target, args.draft, device, sampling.precision)
         if args.perturb_draft:
             perturb_weights(draft, args.perturb_draft)
         classifier = load_classifier(args.classifier)
