@@ -10,6 +10,7 @@ probability min(1, r). :class:`PerToken` tests the tokens of a multi-token row a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,7 +21,7 @@ from csd.chain import ChainNoise, Trajectory
 from csd.config import TRAJECTORY_TERMS, CSDConfig
 from csd.family import TokenChain
 from csd.gaussian import normal_logpdf
-from csd.resample import Resampled, resample_gaussian, resample_paths
+from csd.resample import Resampled, resample_gaussian, resample_paths, resample_proposals
 
 
 @dataclass(frozen=True)
@@ -154,8 +155,15 @@ class Criterion(Protocol):
 class WholeRows:
     """A criterion that tests whole rows: its decision is already one per row."""
 
+    fallback: str = "target"
+
     def rows(self, decision: Decision) -> Decision:
         return decision
+
+    def fallback_values(self, p: Proposal, rejected: Tensor) -> Tensor:
+        """What a rejected row the resampler never accepts becomes: the target's own sample, or zero."""
+        x = p.target.x[rejected]
+        return torch.zeros_like(x) if self.fallback == "zero" else x
 
 
 @dataclass(frozen=True)
@@ -168,6 +176,7 @@ class AlignedCriterion(WholeRows):
     widening: float = 1.0
     max_tries: int = 100
     units: int = 1
+    fallback: str = "target"
 
     def verdict(self, p: Proposal) -> tuple[Verdict, Tensor]:
         return aligned_verdict(p.draft, p.target, self.tau_v, self.trajectory_term), p.draft.x.clone()
@@ -180,9 +189,10 @@ class AlignedCriterion(WholeRows):
             q_mean=p.draft.final_mean[rejected],
             q_std=w * p.draft.final_std[rejected],
             draws=lambda k, pending: (draws.normal(pending, k, d), draws.uniform(pending, k)),
-            fallback=p.target.x[rejected],
+            fallback=self.fallback_values(p, rejected),
             max_tries=self.max_tries,
             log_weight=-verdict.trajectory[rejected],
+            fallback_name=self.fallback,
         )
 
 
@@ -193,6 +203,7 @@ class ExactCriterion(WholeRows):
 
     max_tries: int = 100
     units: int = 1
+    fallback: str = "target"
 
     def verdict(self, p: Proposal) -> tuple[Verdict, Tensor]:
         mean_p, std_p = p.chain_p.evaluate(p.draft.states)
@@ -208,7 +219,85 @@ class ExactCriterion(WholeRows):
             mean_q, std_q = chain_q.select(pending).evaluate(path.states)
             return path.x, path_log_ratio(path.states, mean_q, std_q, path.mean, path.std)
 
-        return resample_paths(propose, lambda pending: draws.uniform(pending), p.target.x[rejected], self.max_tries)
+        fallback = self.fallback_values(p, rejected)
+        return resample_paths(propose, draws.uniform, fallback, self.max_tries, self.fallback)
+
+
+# --- the published code's test ---------------------------------------------------------------------------
+
+
+def published_scales(traj: Trajectory, scale: str) -> Tensor:
+    """The final step's scale (n, d) as the published code's slots hold it: its std, or its variance."""
+    return traj.final_std if scale == "std" else traj.final_std**2
+
+
+def published_log_fixed(draft: Trajectory, target: Trajectory, dtype: torch.dtype) -> Tensor:
+    """log of the published trajectory factor (n,): each model's log stds summed over the stochastic steps in
+    ``dtype``, their difference (target minus draft) summed over the dimensions."""
+    log_sum = lambda t: t.std[:-1].to(dtype).log().sum(0)  # (n, d)
+    return (log_sum(target) - log_sum(draft)).sum(-1)
+
+
+def published_ratio(x: Tensor, draft: Trajectory, target: Trajectory, tau_v: float, dtype, scale: str) -> Tensor:
+    """The published code's acceptance ratio (n,) for draft tokens x (n, d), computed as it does, in ``dtype``:
+    exp(-||(x - mu) / s / tau_v||^2 / 2) of each model, s its scale slot, and their ratio times the trajectory
+    factor times the draft's product of scales over the target's. A product of many small scales underflows
+    in float32 (0 / 0: NaN, which no draw accepts)."""
+    x, mp, mq = x.to(dtype), target.final_mean.to(dtype), draft.final_mean.to(dtype)
+    sp, sq = published_scales(target, scale).to(dtype), published_scales(draft, scale).to(dtype)
+    unnormalised = lambda m, s: torch.exp(-0.5 * (((x - m) / s / tau_v) ** 2).sum(-1))
+    fixed = torch.exp(published_log_fixed(draft, target, dtype))
+    return unnormalised(mp, sp) * fixed * sq.prod(-1) / (unnormalised(mq, sq) * sp.prod(-1))
+
+
+def published_keep(cand: Tensor, p: tuple[Tensor, Tensor], q: tuple[Tensor, Tensor], fixed: Tensor) -> Tensor:
+    """The published resampler's probability of keeping proposals cand (m, k, d): max(0, p(x) - q(x) / fixed)
+    / p(x), each density a product over the dimensions in ``cand``'s dtype (normalised with the product of
+    the scales: it underflows as the test does). p, q: (mean, scale) (m, 1, d); fixed: (m, 1)."""
+    d = cand.shape[-1]
+    pdf = lambda m, s: torch.exp(-0.5 * (((cand - m) / s) ** 2).sum(-1)) / ((2 * math.pi) ** (d / 2) * s.prod(-1))
+    px = pdf(*p)
+    return (px - pdf(*q) / fixed).clamp(min=0.0) / px
+
+
+@dataclass(frozen=True)
+class PublishedCriterion(WholeRows):
+    """What the published code computes (MarkXCloud/CSpD, ``spec_decode/spec_decode_runner.py``,
+    ``DistributionProcessor``, read at d91f721): the aligned test with the published sign, as products of
+    densities in ``dtype`` (:func:`published_ratio`), the scale slots holding ``scale`` of the final step; its
+    resampler proposes from the target's final Gaussian on that scale and keeps a proposal with probability
+    max(0, p - q / fixed) / p (un-widened densities, :func:`published_keep`), at most ``max_tries`` tries; a
+    token never accepted becomes ``fallback`` (the published code leaves it zero)."""
+
+    tau_v: float = 42.0
+    max_tries: int = 100
+    dtype: torch.dtype = torch.float32
+    scale: str = "std"
+    fallback: str = "zero"
+    units: int = 1
+
+    def verdict(self, p: Proposal) -> tuple[Verdict, Tensor]:
+        log_fixed = published_log_fixed(p.draft, p.target, self.dtype)
+        ratio = published_ratio(p.draft.x, p.draft, p.target, self.tau_v, self.dtype, self.scale)
+        out = p.draft.x.dtype
+        verdict = Verdict(trajectory=log_fixed.to(out), final=(ratio.log() - log_fixed).to(out))
+        return verdict, p.draft.x.clone()
+
+    def resample(self, p: Proposal, verdict: Verdict, rejected: Tensor, draws: RowDraws) -> Resampled:
+        """Proposals in the run's dtype, each one's probability of being kept in the products' dtype."""
+        d, dtype = p.target.x.shape[-1], self.dtype
+        mp, mq = p.target.final_mean[rejected], p.draft.final_mean[rejected]
+        sp, sq = published_scales(p.target, self.scale)[rejected], published_scales(p.draft, self.scale)[rejected]
+        fixed = torch.exp(published_log_fixed(p.draft, p.target, dtype)[rejected])
+
+        def keep(cand: Tensor, idx: Tensor) -> Tensor:
+            row = lambda a: a[idx].unsqueeze(1).to(dtype)
+            q = (row(mq), row(sq))
+            return published_keep(cand.to(dtype), (row(mp), row(sp)), q, fixed[idx].unsqueeze(1)).to(cand.dtype)
+
+        normal = lambda k, pending: (draws.normal(pending, k, d), draws.uniform(pending, k))
+        fallback = self.fallback_values(p, rejected)
+        return resample_proposals(mp, sp, keep, normal, fallback, self.max_tries, fallback_name=self.fallback)
 
 
 def split_rows(traj: Trajectory, units: int) -> Trajectory:
@@ -247,7 +336,10 @@ class PerToken:
         row_ok = by_row(d.accepted).all(1)
         row_rejected = (~row_ok).nonzero().squeeze(-1)
         per_row = Resampled(
-            x=None, tries=by_row(tries).sum(1)[row_rejected], capped=by_row(capped).any(1)[row_rejected]
+            x=None,
+            tries=by_row(tries).sum(1)[row_rejected],
+            capped=by_row(capped).any(1)[row_rejected],
+            fallback=self.inner.fallback,
         )
         return Decision(
             x=d.x.reshape(row_ok.shape[0], -1),
@@ -262,9 +354,13 @@ class PerToken:
 
 def criterion_of(csd: CSDConfig, tokens_per_row: int = 1) -> Criterion:
     """The criterion a setting names; "token" units test each of a row's ``tokens_per_row`` tokens alone."""
+    fallback = csd.cap_fallback
     if csd.criterion == "exact":
-        return ExactCriterion(csd.max_tries)
-    aligned = AlignedCriterion(csd.tau_v, csd.trajectory_term, csd.resample_widening, csd.max_tries)
+        return ExactCriterion(csd.max_tries, fallback=fallback)
+    if csd.criterion == "published":
+        dtype = torch.float64 if csd.product_precision == "float64" else torch.float32
+        return PublishedCriterion(csd.tau_v, csd.max_tries, dtype, csd.published_scale, fallback)
+    aligned = AlignedCriterion(csd.tau_v, csd.trajectory_term, csd.resample_widening, csd.max_tries, fallback=fallback)
     if csd.acceptance_unit == "token":
         if tokens_per_row == 1:
             raise ValueError("acceptance_unit 'token' needs a family whose rows hold several tokens (xAR's cells)")

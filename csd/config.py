@@ -20,7 +20,10 @@ from csd.schedule import CFG_SCHEDULES, HEAD_SCHEDULES, head_step_schedule
 # float16 autocast the backbones, heads and every density staying in float32; float64 runs every part in
 # float64, the models' weights too: the exact reference (csd.precision).
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": None}
-CRITERIA = ("aligned", "exact")
+CRITERIA = ("aligned", "exact", "published")
+PRODUCT_PRECISIONS = ("float32", "float64")  # of the published test's density products
+FALLBACKS = ("target", "zero")  # a token the resampler never accepts: the target's own sample, or zero
+SCALE_SLOTS = ("std", "variance")  # what the published code's scale slots hold
 TRAJECTORY_TERMS = ("derived", "published", "none")
 ACCEPTANCE_UNITS = ("row", "token")
 # The head's samplers (SamplingConfig.head_sampler; a family's traits name those it takes): MAR's DDPM and
@@ -402,11 +405,13 @@ class CSDConfig:
     )
     criterion: str = knob(
         "aligned",
-        "acceptance test: the paper's or the exact one",
+        "acceptance test: the paper's approximation, the exact one, or what the published code computes",
         "choice",
         choices=CRITERIA,
         control=AppControl(
-            "Acceptance criterion", info="aligned: the paper's approximation; exact: path-space reference"
+            "Acceptance criterion",
+            info="aligned: the paper's approximation; exact: path-space reference; published: what the published "
+            "code computes (products of densities in float32, a token never accepted left at zero)",
         ),
     )
     trajectory_term: str = knob(
@@ -450,6 +455,26 @@ class CSDConfig:
         name="max_tries (resampler cap)",
         control=AppControl("Resampler cap", 1, 1000, 1, advanced=True),
     )
+    product_precision: str = knob(
+        "float32",
+        "criterion 'published': the float precision of its density products (float32 as the published code)",
+        "choice",
+        choices=PRODUCT_PRECISIONS,
+    )
+    published_scale: str = knob(
+        "std",
+        "criterion 'published': what its scale slots hold, the final step's std (the published code) or its variance",
+        "choice",
+        choices=SCALE_SLOTS,
+    )
+    fallback: str | None = knob(
+        None,
+        "a token the resampler never accepts: target (its own aligned sample) or zero (the published code); "
+        "none: zero under criterion 'published', target otherwise",
+        "choice",
+        choices=FALLBACKS,
+        optional=True,
+    )
     counterfactual: bool = knob(
         False,
         "also run the target chain with the other noise choice (the distance with and without alignment)",
@@ -483,6 +508,13 @@ class CSDConfig:
                 f"draft_ddim_eta applies to draft_head_sampler 'ddim' only, got {self.draft_head_sampler!r}",
                 "draft_ddim_eta",
             )
+
+    @property
+    def cap_fallback(self) -> str:
+        """What a token the resampler never accepts becomes: ``fallback``, else the criterion's own."""
+        if self.fallback is not None:
+            return self.fallback
+        return "zero" if self.criterion == "published" else "target"
 
     def block_length(self, block: int) -> int:
         """AR steps drafted in block ``block`` (0-based): the schedule's entry, else gamma."""

@@ -309,7 +309,8 @@ class _Decoding:
         tries = torch.zeros_like(decision.accepted, dtype=torch.int32)
         if decision.resampled is not None:
             res = decision.resampled
-            maker[decision.rejected] = torch.where(res.capped, int(Maker.CAPPED), int(Maker.RESAMPLED)).to(torch.int8)
+            cap = Maker.ZEROED if res.fallback == "zero" else Maker.CAPPED
+            maker[decision.rejected] = torch.where(res.capped, int(cap), int(Maker.RESAMPLED)).to(torch.int8)
             tries[decision.rejected] = res.tries.to(torch.int32)
         v = decision.verdict
         self.trace.record_block(block.pos, block_id, maker, v.accept_prob, v.trajectory, v.final, tries)

@@ -33,6 +33,7 @@ class Maker(IntEnum):
     CAPPED = 3  # the resampler hit its try cap; the target's own aligned sample was taken
     TARGET = 4  # target-only generation
     DRAFT = 5  # draft-only generation
+    ZEROED = 6  # the resampler hit its try cap and the token was left at zero (the published code's fallback)
 
 
 @dataclass
@@ -213,7 +214,7 @@ class Trace:
     @property
     def verified(self) -> np.ndarray:
         """(B, N) bool: tokens that went through verification."""
-        return np.isin(self.maker, [Maker.ACCEPTED, Maker.RESAMPLED, Maker.CAPPED])
+        return np.isin(self.maker, [Maker.ACCEPTED, Maker.RESAMPLED, Maker.CAPPED, Maker.ZEROED])
 
     @property
     def acceptance_rate(self) -> float:
@@ -252,6 +253,7 @@ class Trace:
             "accepted": self.count(Maker.ACCEPTED),
             "resampled": self.count(Maker.RESAMPLED),
             "capped": self.count(Maker.CAPPED),
+            "zeroed": self.count(Maker.ZEROED),
             "acceptance_rate": self.acceptance_rate,
             "unit_acceptance_rate": self.unit_acceptance_rate,
             "mean_accept_prob": self.mean_accept_prob,

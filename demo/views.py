@@ -49,6 +49,7 @@ def run_summary(r: Request, target: Run, spec: Run, draft: Run) -> dict:
                 ("accepted", Maker.ACCEPTED),
                 ("resampled", Maker.RESAMPLED),
                 ("capped", Maker.CAPPED),
+                ("zeroed", Maker.ZEROED),
             )
         },
     }

@@ -15,6 +15,7 @@ MAKER_STYLE: dict[Maker, tuple[str, tuple[int, int, int]]] = {
     Maker.ACCEPTED: ("draft, accepted", (0, 158, 115)),
     Maker.RESAMPLED: ("rejected, resampled", (240, 228, 66)),
     Maker.CAPPED: ("resampler cap hit", (204, 121, 167)),
+    Maker.ZEROED: ("cap hit, left at zero (published code)", (40, 40, 40)),
 }
 DISPLAY_SIDE = 256  # pixels a single image is upscaled to (at least), so 32 px tokens are visible
 

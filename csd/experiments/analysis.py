@@ -268,7 +268,7 @@ def _sweep(knob: str, values: Sequence[float], runs: list[Run]) -> Sweep:
         out.acceptance.append(json_float(t.acceptance_rate))
         out.mean_accept_prob.append(json_float(t.mean_accept_prob))
         out.mean_tries.append(json_float(summary["mean_resample_tries"]))
-        out.capped.append(t.count(Maker.CAPPED))
+        out.capped.append(t.count(Maker.CAPPED) + t.count(Maker.ZEROED))
         out.seconds.append(r.seconds)
     return out
 
@@ -280,7 +280,7 @@ def _resampler(t: Trace, max_tries: int) -> ResamplerPanel:
     return ResamplerPanel(
         tries=Histogram(edges=[k + 0.5 for k in range(top + 1)], counts={"tokens": counts.tolist()}),
         mean_tries=json_float(tries.mean()) if tries.size else None,
-        capped=t.count(Maker.CAPPED),
+        capped=t.count(Maker.CAPPED) + t.count(Maker.ZEROED),
         resampled=t.count(Maker.RESAMPLED),
         max_tries=max_tries,
     )

@@ -73,6 +73,8 @@ STAT_NAMES = (
     # Under acceptance_unit "token" (xAR's cells): the accepted fraction of each verified row's tokens.
     "unit_accepted_sum",
     "unit_accepted_count",
+    # Drafted tokens the resampler never accepted that were left at zero (the published code's fallback).
+    "zeroed",
 )
 
 
@@ -146,7 +148,7 @@ def image_stats(trace: Trace) -> np.ndarray:
         trace.verified.sum(axis=1),
         count(Maker.ACCEPTED),
         count(Maker.RESAMPLED),
-        count(Maker.CAPPED),
+        count(Maker.CAPPED) + count(Maker.ZEROED),
         trace.resample_tries.sum(axis=1),
     ]
     for distance in (trace.distance_aligned, trace.distance_independent):
@@ -156,7 +158,7 @@ def image_stats(trace: Trace) -> np.ndarray:
     columns += [kept(traj + final), kept(traj), kept(final)]
     unit = trace.unit_accepted if trace.unit_accepted is not None else np.full(trace.maker.shape, np.nan)
     unit = np.where(trace.verified, unit, np.nan)
-    columns += [np.nansum(unit, axis=1), np.isfinite(unit).sum(axis=1)]
+    columns += [np.nansum(unit, axis=1), np.isfinite(unit).sum(axis=1), count(Maker.ZEROED)]
     return np.stack(columns, axis=1).astype(np.float64)
 
 
@@ -190,6 +192,7 @@ def summarize_stats(stats: np.ndarray) -> dict[str, float | int]:
         "unit_acceptance_rate": ratio("unit_accepted_sum", "unit_accepted_count"),
         "mean_resample_tries": float(total["resample_tries"] / redrawn) if redrawn else float("nan"),
         "cap_hits": int(total["capped"]),
+        "zeroed_share": ratio("zeroed", "verified"),
         "drafted_tokens": int(total["verified"]),
         "distance_aligned": ratio("distance_aligned_sum", "distance_aligned_count"),
         "distance_independent": ratio("distance_independent_sum", "distance_independent_count"),
