@@ -13,8 +13,11 @@ from csd.checks import check_number
 from csd.cli import add_machine_flags, start_up
 from csd.cost import csd_passes
 from csd.experiments import paper_scale
+from csd.experiments.evaluate import init_distributed
+from csd.experiments.fid import load_reference_stats
 from csd.experiments.paper_scale.estimate import PROFILES, Rates, estimate
 from csd.experiments.paper_scale.grid import HEAD_MODES, Cell, GridConfig, pair_keys, paper_families, plan_cells
+from csd.experiments.paper_scale.quality import QualityConfig, run_quality
 from csd.experiments.paper_scale.report import markdown, plan_text
 from csd.experiments.paper_scale.run import DEFAULT_OUT, RunContext, run, write_result
 
@@ -64,7 +67,24 @@ def parser() -> argparse.ArgumentParser:
         help="warn when the estimated run time exceeds this many seconds; a run skips the cells that no longer fit",
     )
     p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="folder for paper_scale[_tiny].json and .md")
+    q = p.add_argument_group("Table 1's quality column (needs official checkpoints; torchrun shares the images out)")
+    q.add_argument("--fid", type=int, metavar="N", help="also generate N images per sampler and score FID and IS")
+    q.add_argument("--fid-stats", type=Path, help="reference statistics (.npz with mu and sigma: ADM ImageNet 256)")
+    q.add_argument("--inception", type=Path, help="Inception weights of the backend (csd.experiments.fid)")
+    q.add_argument("--fid-backend", default="auto", help="torch-fidelity, clean-fid or auto (the installed one)")
+    q.add_argument("--fid-batch", type=int, default=64, help="images per chunk (one .npz shard each)")
     return p
+
+
+def quality_config(args: argparse.Namespace) -> QualityConfig | None:
+    """The --fid settings, checked before anything is built: the statistics file must exist and hold mu, sigma."""
+    if args.fid is None:
+        return None
+    if args.fid_stats is None:
+        raise ValueError("--fid needs --fid-stats FILE (reference statistics: .npz with mu and sigma)")
+    load_reference_stats(args.fid_stats)  # a missing file or key is named now, not after hours of sampling
+    shards = args.out / "fid_shards"
+    return QualityConfig(args.fid, args.fid_stats, shards, args.inception, args.fid_backend, args.fid_batch)
 
 
 def grid_from_args(args: argparse.Namespace) -> GridConfig:
@@ -86,6 +106,8 @@ def grid_from_args(args: argparse.Namespace) -> GridConfig:
         check_number("--budget-s (seconds)", args.budget_s, 0.0, 1e9, lo_open=True)
     if args.tiny and args.checkpoints is not None:
         raise ValueError("--tiny builds shrunken random models: it cannot load --checkpoints")
+    if args.fid is not None and args.checkpoints is None:
+        raise ValueError("--fid needs --checkpoints: FID of random weights means nothing")
     return grid
 
 
@@ -95,7 +117,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = args_parser.parse_args(argv)
     try:
         grid = grid_from_args(args)
-    except ValueError as err:
+        quality = quality_config(args)
+    except (ValueError, FileNotFoundError) as err:
         args_parser.error(str(err))  # exits with the message and the usage
     device = start_up(args, args_parser)
     if not args.dry_run and grid.heads == "tf32" and device.type != "cuda":
@@ -114,8 +137,19 @@ def main(argv: list[str] | None = None) -> dict:
     stem = "paper_scale_tiny" if grid.tiny else "paper_scale"
     deadline = None if args.budget_s is None else time.perf_counter() + args.budget_s
     estimates = {(r["pair"], r["batch"]): r for r in est["rows"]}
+    rank, world = 0, 1
+    if quality is not None:  # under torchrun each rank makes its share of the images on its own device
+        rank, world, device = init_distributed(str(device))
     ctx = RunContext(grid, device, args.checkpoints, estimates, deadline)
+    scored = {} if quality is None else run_quality(cells, ctx, quality, quality.features(device), rank, world)
+    if rank != 0:
+        return {}
     result = run(cells, ctx, est, partial(write_result, out=args.out, stem=stem))
+    if quality is not None:
+        for entry in result["pairs"]:
+            entry["quality"] = scored.get(entry["pair"])
+        result["fid"] = {"n": quality.n, "stats": str(quality.stats), "backend": quality.backend}
+        write_result(result, args.out, stem)
     print(markdown(result))
     print(f"wrote {args.out / (stem + '.json')} and {args.out / (stem + '.md')}")
     return result

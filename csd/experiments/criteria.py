@@ -1,0 +1,109 @@
+"""Which acceptance test, and what it does to the images (issue 53): a pair under the project's derived test,
+the published sign, and what the published code computes (criterion "published": its products of densities
+in float32 and in float64, its scale slots holding the final step's std, as MarkXCloud/CSpD d91f721 does, or
+its variance), on n paired images: image i of every setting has the label and seed of target-only's image i.
+
+For each setting: acceptance, the share of drafted tokens the resampler left at zero (the published
+fallback), the Frechet distance and class accuracy, and both differences to target-only with their paired
+standard errors (:func:`csd.experiments.decide.compare`: a paired bootstrap for the distance).
+
+    python -m csd.experiments.criteria --target assets/models/shapes_target.safetensors \\
+        --draft assets/models/shapes_draft.safetensors --n 200 --threads 1 --out bench/results/criteria/class.json
+    python -m visualize.report bench/results/criteria/class.json   # criteria.md beside it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from csd.cli import start_up
+from csd.config import CSDConfig, SamplingConfig
+from csd.experiments.decide import Scored, compare, score
+from csd.experiments.evaluate import (
+    add_setting_args,
+    eval_labels_seeds,
+    generate_images,
+    load_models,
+    settings_from_args,
+    summarize_stats,
+)
+from csd.panels import json_float
+from csd.shapes.metrics import REFERENCE_SEED, frechet_distance, load_classifier, reference_features
+
+KIND = "criteria"  # a result's "kind": what visualize.report makes of it
+BATCH = 8  # images generated at once
+
+
+def criteria_settings(csd: CSDConfig) -> dict[str, CSDConfig]:
+    """The tests compared, each over the same other knobs (``csd``)."""
+    published = replace(csd, criterion="published", trajectory_term="published")
+    return {
+        "derived": replace(csd, criterion="aligned", trajectory_term="derived"),
+        "published sign": replace(csd, criterion="aligned", trajectory_term="published"),
+        "published code, float32": replace(published, product_precision="float32"),
+        "published code, float64": replace(published, product_precision="float64"),
+        "published code, float64, variances in the scale slots": replace(
+            published, product_precision="float64", published_scale="variance"
+        ),
+    }
+
+
+def run_criteria(
+    target, draft, sampling: SamplingConfig, csd: CSDConfig, n: int, classifier, ref, log: Callable[[str], None]
+) -> dict:
+    """Target-only and every setting of :func:`criteria_settings` on the same n labels and seeds."""
+    labels, seeds = eval_labels_seeds(n, 0, target.traits)
+    t0 = time.perf_counter()
+    images, _ = generate_images("target", target, draft, labels, seeds, sampling, csd, BATCH)
+    base = score(images, labels, classifier)
+    rows = {"target only": _row(base, base, ref, None)}
+    for name, setting in criteria_settings(csd).items():
+        images, stats = generate_images("csd", target, draft, labels, seeds, sampling, setting, BATCH)
+        rows[name] = _row(score(images, labels, classifier), base, ref, summarize_stats(stats))
+        rows[name]["setting"] = asdict(setting)
+        log(f"{name}: acceptance {rows[name]['acceptance_rate']}, {(time.perf_counter() - t0) / 60:.1f} min")
+    return {"kind": KIND, "n": n, "sampling": asdict(sampling), "rows": rows}
+
+
+def _row(scored: Scored, base: Scored, ref, stats: dict | None) -> dict:
+    row = {"fd": frechet_distance(scored.feats, ref), "accuracy": float(scored.correct.mean())}
+    if stats is None:
+        return row
+    return row | {
+        "acceptance_rate": json_float(stats["acceptance_rate"]),
+        "zeroed_share": json_float(stats["zeroed_share"]),
+        "cap_hits": stats["cap_hits"],
+        "drafted_tokens": stats["drafted_tokens"],
+        "vs_target": compare(scored, base, ref),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m csd.experiments.criteria", description=__doc__.split("\n")[0])
+    add_setting_args(parser)
+    parser.add_argument("--n", type=int, default=200, help="images per setting (paired: the same labels and seeds)")
+    parser.add_argument("--n-ref", type=int, default=1000, help="held-out real images for the Frechet distance")
+    parser.add_argument("--out", type=Path, required=True, help="the result's JSON")
+    args = parser.parse_args(argv)
+    if args.n < 2:
+        parser.error(f"--n must be at least 2, got {args.n}")
+    device = start_up(args, parser)
+    sampling, csd = settings_from_args(args)
+    target, draft = load_models(args.target, args.draft, device, sampling.precision)
+    classifier = load_classifier(args.classifier)
+    ref = reference_features(args.n_ref, REFERENCE_SEED, classifier)
+    result = run_criteria(target, draft, sampling, csd, args.n, classifier, ref, print)
+    result |= {"target": str(args.target), "draft": str(args.draft), "n_ref": args.n_ref}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
