@@ -9,7 +9,8 @@ standard errors (:func:`csd.experiments.decide.compare`: a paired bootstrap for 
 
     python -m csd.experiments.criteria --target assets/models/shapes_target.safetensors \\
         --draft assets/models/shapes_draft.safetensors --n 200 --threads 1 --out bench/results/criteria/class.json
-    python -m visualize.report bench/results/criteria/class.json   # criteria.md beside it
+
+writes the JSON and its table (:func:`markdown`, the same name with ``.md``).
 """
 
 from __future__ import annotations
@@ -83,6 +84,32 @@ def _row(scored: Scored, base: Scored, ref, stats: dict | None) -> dict:
     }
 
 
+def _fmt(v, digits: int = 2) -> str:
+    return "-" if v is None or v != v else f"{v:.{digits}f}"
+
+
+def markdown(result: dict) -> str:
+    """The result as a table: per setting acceptance, the share left at zero, FD and accuracy with their paired
+    differences to target-only in standard errors (positive: better than target-only)."""
+    lines = [
+        f"{result['n']} paired images, {result['sampling']['num_steps']} AR steps; differences to target-only "
+        "(paired standard errors; positive: better than target-only).",
+        "",
+        "| test | acceptance | left at zero | Frechet distance | vs target-only (SE) | accuracy "
+        "| vs target-only (SE) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in result["rows"].items():
+        vs = row.get("vs_target")
+        fd_vs = "" if vs is None else f"{vs['fd']['diff']:+.1f} ({vs['fd']['margin']:+.1f})"
+        acc_vs = "" if vs is None else f"{vs['accuracy']['diff']:+.3f} ({vs['accuracy']['margin']:+.1f})"
+        lines.append(
+            f"| {name} | {_fmt(row.get('acceptance_rate'))} | {_fmt(row.get('zeroed_share'))} | {row['fd']:.1f} | "
+            f"{fd_vs} | {row['accuracy']:.3f} | {acc_vs} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m csd.experiments.criteria", description=__doc__.split("\n")[0])
     add_setting_args(parser)
@@ -97,11 +124,13 @@ def main(argv: list[str] | None = None) -> dict:
     target, draft = load_models(args.target, args.draft, device, sampling.precision)
     classifier = load_classifier(args.classifier)
     ref = reference_features(args.n_ref, REFERENCE_SEED, classifier)
-    result = run_criteria(target, draft, sampling, csd, args.n, classifier, ref, print)
+    result = run_criteria(target, draft, sampling, csd, args.n, classifier, ref, lambda s: print(s, flush=True))
     result |= {"target": str(args.target), "draft": str(args.draft), "n_ref": args.n_ref}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    args.out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
     return result
 
 
