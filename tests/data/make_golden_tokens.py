@@ -14,6 +14,11 @@ Regenerate only on a deliberate change of output:
     python -m tests.data.make_golden_tokens                # every array
     python -m tests.data.make_golden_tokens --only xar     # one pair's arrays (new weights shipped)
     python -m tests.data.make_golden_tokens --keep-tokens  # every array but the tokens (a new trace field)
+
+and, after any of them, measure the saved runs' rounding against their float64 reruns (the bounds of
+tests/test_same_tokens.py stand on it):
+
+    python -m tests.data.make_golden_tokens --measure      # writes tests/data/golden_rounding.json
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from csd.speculative import speculative_generate
 from tests.helpers import pair_name
 
 OUT = Path(__file__).resolve().parent / "golden_tokens.safetensors"
+ROUNDING = OUT.with_name("golden_rounding.json")
 LABELS, SEEDS = [3, 7], [11, 12]
 PROMPTS = ["a large red star on a plain white background", "a small blue circle on a black to white gradient"]
 SAMPLING = SamplingConfig(num_steps=8, cfg_scale=3.0, cfg_schedule="linear")
@@ -58,11 +64,15 @@ def pairs():
     yield "xar", embedded_pair(pair_name("xar", "embedded")), LABELS, XAR_SAMPLING
 
 
-def runs() -> dict[str, Generation]:
-    """Every run, one torch thread; CSD runs keep their details (the acceptance draws)."""
-    torch.set_num_threads(1)
+def runs(precision: str = "float32") -> dict[str, Generation]:
+    """Every run; CSD runs keep their details (the acceptance draws). The file's runs are float32 ones, made
+    on one torch thread; the test's are float64 ones (the same runs without their rounding, the same on
+    every CPU: csd.precision), which it compares with the file's."""
+    if precision == "float32":
+        torch.set_num_threads(1)
     out = {}
     for name, pair, conditions, sampling in pairs():
+        pair, sampling = pair.at_precision(precision), replace(sampling, precision=precision)
         out[f"{name}/target"] = generate(pair.target, conditions, SEEDS, sampling)
         for case, csd in CASES.items():
             out[f"{name}/csd_{case}"] = speculative_generate(
@@ -98,11 +108,40 @@ def made_by(path: Path = OUT) -> dict[str, str]:
         return json.loads((f.metadata() or {}).get("made_by", "{}"))
 
 
+def rounding(saved: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) -> dict[str, dict[str, float]]:
+    """Per saved run, how far its float32 values lie from ``fresh`` (the float64 reruns): the greatest token
+    difference, its 99th percentile, and for a CSD run the greatest log r difference in units of log r's
+    scale (|trajectory term| + |final term| + 1)."""
+    out = {}
+    for key in sorted(k for k in saved if k.count("/") == 1):
+        diff = (fresh[key].double() - saved[key].double()).abs().reshape(-1)
+        out[key] = {"most": diff.max().item(), "q99": diff.quantile(0.99).item()}
+        if f"{key}/maker" in saved:
+            terms = [
+                (d[f"{key}/log_ratio_trajectory"].double(), d[f"{key}/log_ratio_final"].double())
+                for d in (saved, fresh)
+            ]
+            (t0, f0), (t1, f1) = terms
+            moved = ((t1 + f1) - (t0 + f0)).abs() / (t0.abs() + f0.abs() + 1.0)
+            out[key]["log_ratio"] = moved.nan_to_num(0.0).max().item()
+    return out
+
+
+def measure() -> None:
+    fresh = {name: a for key, run in runs("float64").items() for name, a in arrays(key, run).items()}
+    record = {"what": "saved float32 runs against their float64 reruns", "by": this_machine()}
+    ROUNDING.write_text(json.dumps(record | {"runs": rounding(load_file(OUT), fresh)}, indent=1) + "\n")
+    print(f"wrote {ROUNDING}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", help="pair names (embedded, text, xar, random, ...): remake their arrays")
     p.add_argument("--keep-tokens", action="store_true", help="keep every saved token array, remake the rest")
+    p.add_argument("--measure", action="store_true", help="write the saved runs' rounding (golden_rounding.json)")
     args = p.parse_args(argv)
+    if args.measure:
+        return measure()
     fresh = {name: a for key, run in runs().items() for name, a in arrays(key, run).items()}
     saved, origin = (load_file(OUT), made_by()) if OUT.exists() else ({}, {})
     remade = {k for k in fresh if not args.only or k.split("/")[0] in args.only}
