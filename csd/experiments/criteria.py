@@ -88,12 +88,20 @@ def _fmt(v, digits: int = 2) -> str:
     return "-" if v is None or v != v else f"{v:.{digits}f}"
 
 
+def _versus(vs: dict | None, key: str, digits: int) -> str:
+    """A paired difference to target-only and its size in standard errors, said as better or worse."""
+    if vs is None:
+        return ""
+    diff, margin = vs[key]["diff"], vs[key]["margin"]
+    return f"{diff:+.{digits}f} ({abs(margin):.1f} SE {'better' if margin > 0 else 'worse'})"
+
+
 def markdown(result: dict) -> str:
     """The result as a table: per setting acceptance, the share left at zero, FD and accuracy with their paired
-    differences to target-only in standard errors (positive: better than target-only)."""
+    differences to target-only and those in standard errors, better or worse."""
     lines = [
         f"{result['n']} paired images, {result['sampling']['num_steps']} AR steps; differences to target-only "
-        "(paired standard errors; positive: better than target-only).",
+        "(a - target-only, and its size in paired standard errors).",
         "",
         "| test | acceptance | left at zero | Frechet distance | vs target-only (SE) | accuracy "
         "| vs target-only (SE) |",
@@ -101,8 +109,7 @@ def markdown(result: dict) -> str:
     ]
     for name, row in result["rows"].items():
         vs = row.get("vs_target")
-        fd_vs = "" if vs is None else f"{vs['fd']['diff']:+.1f} ({vs['fd']['margin']:+.1f})"
-        acc_vs = "" if vs is None else f"{vs['accuracy']['diff']:+.3f} ({vs['accuracy']['margin']:+.1f})"
+        fd_vs, acc_vs = _versus(vs, "fd", 1), _versus(vs, "accuracy", 3)
         lines.append(
             f"| {name} | {_fmt(row.get('acceptance_rate'))} | {_fmt(row.get('zeroed_share'))} | {row['fd']:.1f} | "
             f"{fd_vs} | {row['accuracy']:.3f} | {acc_vs} |"
