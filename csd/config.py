@@ -86,6 +86,8 @@ class Knob:
                 check_choice(name, value, (None, *self.choices) if self.optional else self.choices)
             if self.kind == "ints":
                 return check_ints(name, value, self.lo)
+            if self.kind == "bool" and not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
         except ValueError as err:
             raise SettingError(str(err), field_name) from None
         return value

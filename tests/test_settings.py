@@ -85,18 +85,25 @@ def test_a_flag_of_the_wrong_kind_is_refused_by_name(capsys):
 
 def bad_value(k):
     """A value outside a knob's declared range or choices."""
-    return {"int": (k.lo or 0) - 1, "number": (k.hi or 0) + 1, "choice": "nonsense", "ints": (0,)}.get(k.kind)
+    return {"int": (k.lo or 0) - 1, "number": (k.hi or 0) + 1, "choice": "nonsense", "ints": (0,), "bool": "yes"}[
+        k.kind
+    ]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.__name__)
 def test_a_bad_value_of_every_knob_is_an_error_that_carries_its_field(config):
     for name, k in knobs(config).items():
-        value = bad_value(k)
-        if value is None:  # a bool: any value is one
-            continue
         with pytest.raises(SettingError) as caught:
-            config(**{name: value})
+            config(**{name: bad_value(k)})
         assert caught.value.field == name and (k.name or name) in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, None])
+def test_a_bool_knob_takes_only_true_or_false(value):
+    with pytest.raises(SettingError, match="align must be True or False") as caught:
+        CSDConfig(align=value)
+    assert caught.value.field == "align"
+    assert CSDConfig(align=False).align is False and CSDConfig(counterfactual=True).counterfactual is True
 
 
 def controls_of(*fields: str) -> dict:
