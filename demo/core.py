@@ -164,7 +164,7 @@ class App:
         for sampling, csd, *kind in planned:
             kind = kind[0] if kind else "target" if csd is None else "csd"
             calls = head_calls(r.pair, sampling)
-            seconds += rates.seconds(sampling.num_steps, images, {kind: 1}, csd, calls)
+            seconds += rates.seconds(sampling, images, {kind: 1}, csd, calls)
         return seconds
 
     def check_fits(self, seconds: float, advice: str, control: str | None = None, within: float | None = None) -> None:

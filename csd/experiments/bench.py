@@ -105,7 +105,8 @@ def time_batch(target, draft, sampling: SamplingConfig, csd: CSDConfig, batch: i
     rows = []
     for g in config.gammas:
         spec, base = samples[f"csd/{g}"], samples["target"]
-        passes, drafts = csd_passes(target.seq_len, sampling.num_steps, g, csd.prefill)
+        at_g = replace(csd, gamma=g)
+        passes, drafts = csd_passes(target.seq_len, sampling, at_g)
         lo, hi = ratio_spread(base, spec)
         rows.append(
             {
@@ -118,8 +119,8 @@ def time_batch(target, draft, sampling: SamplingConfig, csd: CSDConfig, batch: i
                 "speedup": base.median / spec.median,
                 "speedup_min": lo,
                 "speedup_max": hi,
-                "speedup_bound": speedup_bound(costs, sampling.num_steps, g, p_steps, target.traits.head_per_block),
-                "speedup_bound_simple": simple_bound(costs.target_backbone, costs.draft_backbone, g),
+                "speedup_bound": speedup_bound(costs, target.seq_len, sampling, at_g, target.traits.head_per_block),
+                "speedup_bound_simple": simple_bound(costs, sampling, at_g),
                 "fewer_steps_time": samples[fewer_key(g)].median / base.median,
                 "fewer_steps": fewer[g].num_steps,
                 "fewer_head_steps": target.head_steps(fewer[g].head_steps),
@@ -167,7 +168,7 @@ def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, con
     def gamma_row(g: int, accuracy: float, fd: float, stats: dict, key: str) -> dict:
         return {
             "gamma": g,
-            "target_passes": csd_passes(target.seq_len, sampling.num_steps, g, csd.prefill)[0],
+            "target_passes": csd_passes(target.seq_len, sampling, replace(csd, gamma=g))[0],
             "acceptance": stats["acceptance_rate"],
             "accuracy": accuracy,
             "fd": fd,
@@ -272,7 +273,7 @@ def compare_settings(
     rows = []
     for name, csd in settings.items():
         lo, hi = ratio_spread(base, timed[name])
-        passes, _ = csd_passes(target.seq_len, sampling.num_steps, csd.gamma, csd.prefill, csd.gamma_schedule)
+        passes, _ = csd_passes(target.seq_len, sampling, csd)
         speedup = base.median / timed[name].median
         rows.append({"setting": name, "target_passes": passes, "speedup": speedup, "min": lo, "max": hi})
     return rows

@@ -111,7 +111,7 @@ def fewer_steps(sampling: SamplingConfig, csd: CSDConfig, target) -> SamplingCon
     Where the family's AR steps are fixed (xAR: one per cell) CSD's target passes are whole flow
     chains over a block, so the baseline keeps the AR steps and cuts the flow (head) steps in the same
     proportion: T * passes / S, at least 2."""
-    passes, _ = csd_passes(target.seq_len, sampling.num_steps, csd.gamma, csd.prefill, csd.gamma_schedule)
+    passes, _ = csd_passes(target.seq_len, sampling, csd)
     if target.traits.cheap_knob == "num_steps":
         return replace(sampling, num_steps=passes)
     steps = target.head_steps(sampling.head_steps)
