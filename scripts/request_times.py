@@ -23,9 +23,10 @@ from pathlib import Path
 
 import torch
 
+from csd.experiments.defaults import PRESETS
 from csd.experiments.timing import machine
 from demo import server
-from demo.controls import PRESETS, preset_values
+from demo.controls import preset_values
 from demo.core import pair_defaults
 from demo.estimate import HEADROOM
 from demo.limits import Limits

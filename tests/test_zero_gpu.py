@@ -22,9 +22,10 @@ import torch
 pytest.importorskip("gradio_client")
 from gradio_client import Client
 
+from csd.experiments.defaults import PRESETS
 from csd.experiments.pairs import RANDOM_SOURCE, PairStore
 from demo import gpu, server
-from demo.controls import PRESETS, preset_values
+from demo.controls import preset_values
 from demo.core import App, pair_defaults
 from demo.gpu import GpuCalls
 from demo.limits import Limits

@@ -13,12 +13,13 @@ import gradio as gr
 import numpy as np
 
 from csd.experiments.analysis import Run, run_csd, run_single
+from csd.experiments.defaults import PRESETS
 from csd.experiments.jobs import Job, Step
 from csd.experiments.pairs import EXAMPLE_PROMPTS
 from csd.trace import Maker
 from demo import showcase
 from demo.cards import model_line
-from demo.controls import PRESETS, preset_values
+from demo.controls import preset_values
 from demo.core import App
 from demo.estimate import words
 from demo.gpu import task
