@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from csd.experiments.jobs import Job, Step, Stopped
+from csd.experiments.jobs import Job, RunStart, Step, Stopped
 from csd.experiments.pairs import ModelPair, PairStore
 from csd.models.tokenizer import to_uint8
 from csd.panels import Panels
@@ -236,10 +236,10 @@ class App:
             self.history.append({"status": status, "steps": steps, "seconds": time.perf_counter() - t0})
 
     def run_all(self, task: str, values: dict, seconds: float, progress) -> Iterator[str]:
-        """Run GPU task ``task`` (whose work posts (done, total, label) before each of its runs, :func:`steps_job`)
-        on ``values``, asking for ``seconds``: yields a status line (the run within the runs, the AR step within
-        the run); returns the task's result."""
-        run = (0, 1, "")
+        """Run GPU task ``task`` (whose work posts a :class:`~csd.experiments.jobs.RunStart` before each of its
+        runs, :func:`steps_job`) on ``values``, asking for ``seconds``: yields a status line (the run within the
+        runs, the AR step within the run); returns the task's result."""
+        run = RunStart(0, 1, "")
         follow = self.follow(self.gpu.call(task, values, seconds), [], lambda *args, **kwargs: None)
         while True:
             try:
@@ -247,10 +247,9 @@ class App:
             except StopIteration as done:
                 return done.value
             if isinstance(event, Step):
-                done, total, _ = run
-                progress((done * event.total + event.done, total * event.total), desc=event.text, unit="steps")
-                yield f"Running {done + 1}/{total}: {event.text} ..."
-            else:
+                progress((run.done * event.total + event.done, run.total * event.total), desc=event.text, unit="steps")
+                yield f"Running {run.done + 1}/{run.total}: {event.text} ..."
+            elif isinstance(event, RunStart):
                 run = event
 
 
@@ -268,12 +267,12 @@ def calibrate_task(app: App, pair_name: str) -> Iterator[Done]:
 
 
 def steps_job(runs, finish) -> Callable:
-    """The work of a job over ``runs.steps()`` (one generation each): posts (done, total, label) before each
-    run, and returns ``finish()`` once every run is done."""
+    """The work of a job over ``runs.steps()`` (one generation each): posts its
+    :class:`~csd.experiments.jobs.RunStart` before each run, and returns ``finish()`` once every run is done."""
 
     def work(job: Job):
-        for done, total, label in runs.steps(on_step=lambda label: job.on_step(label)):
-            job.post((done, total, label))
+        for start in runs.steps(on_step=lambda label: job.on_step(label)):
+            job.post(start)
         return finish()
 
     return work

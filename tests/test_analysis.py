@@ -32,7 +32,7 @@ def pair(one_thread, random_models):
 @pytest.fixture(scope="module")
 def analysis(pair):
     a = Analysis(pair, SETTINGS)
-    labels = [label for _, _, label in a.steps()]
+    labels = [run.label for run in a.steps()]
     assert len(labels) == len(a)
     return a
 

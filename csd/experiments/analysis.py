@@ -24,6 +24,7 @@ from csd.config import CSDConfig, SamplingConfig
 from csd.cost import StepCosts, simple_bound, speedup_bound
 from csd.decoding import Generation, StepCallback, sync_cuda
 from csd.experiments import defaults
+from csd.experiments.jobs import RunStart
 from csd.experiments.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover
 from csd.panels import (
     DistancePanel,
@@ -185,14 +186,12 @@ class Analysis:
         """The setting of every run, in order (CSD None: target-only): what an estimate of the cost needs."""
         return [(sampling, csd) for _, sampling, csd in [*self._plan.values(), *self._timed]]
 
-    def steps(
-        self, on_step: Callable[[str], StepCallback | None] = lambda label: None
-    ) -> Iterator[tuple[int, int, str]]:
-        """Run the planned generations; yields (done, total, label of the next run) before each.
+    def steps(self, on_step: Callable[[str], StepCallback | None] = lambda label: None) -> Iterator[RunStart]:
+        """Run the planned generations; yields a :class:`~csd.experiments.jobs.RunStart` before each.
         ``on_step(label)`` may give a per-AR-step callback for the run ``label``."""
         runs = [(*plan, self._runs) for plan in self._plan.values()] + [(*t, self._retimed) for t in self._timed]
         for i, (label, sampling, csd, store) in enumerate(runs):
-            yield i, len(runs), label
+            yield RunStart(i, len(runs), label)
             callback = on_step(label)
             if csd is None:
                 run = run_single(self.pair, self.labels, self.seeds, sampling, on_step=callback)
@@ -351,8 +350,8 @@ def _time(target: Run, csd: Run, sampling: SamplingConfig, config: CSDConfig, pe
 
 def analyze(pair: ModelPair, settings: AnalysisSettings) -> Panels:
     analysis = Analysis(pair, settings)
-    for done, total, label in analysis.steps():
-        print(f"[{done + 1}/{total}] {label}", flush=True)
+    for run in analysis.steps():
+        print(f"[{run.done + 1}/{run.total}] {run.label}", flush=True)
     return analysis.panels()
 
 

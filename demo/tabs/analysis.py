@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import gradio as gr
 
-from csd.experiments import frontier
 from csd.experiments.analysis import Analysis, AnalysisSettings
+from csd.experiments.grid import deciding_points, grid
+from csd.experiments.small_frontier import SmallFrontier
 from demo.controls import slider, take
 from demo.core import App, pair_defaults, steps_job
 from demo.errors import refuse
@@ -101,7 +102,7 @@ def analysis_task(app: App, n_images: int, **controls):
 
 def plan_frontier(
     app: App, n_images: int, components: dict | None = None, load: bool = True, **controls
-) -> tuple[Request, frontier.SmallFrontier] | None:
+) -> tuple[Request, SmallFrontier] | None:
     """The request and the settings of a frontier recompute, refused by name when over the work limit."""
     r = app.request(components, load, **controls, batch_size=1)
     if r is None:
@@ -118,14 +119,14 @@ def plan_frontier(
     fixed = r.pair.traits.fixed_num_steps is not None  # xAR: one AR step per cell
     head = r.pair.target.head_steps(r.sampling.head_steps)
     traits = r.pair.traits
-    points = frontier.grid(r.sampling, r.csd, head, quick=True, fixed_steps=fixed)
-    points += frontier.deciding_points(r.sampling, head, traits.head_samplers, traits.takes_gtr)
-    return r, frontier.SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], **r.condition())
+    points = grid(r.sampling, r.csd, head, quick=True, fixed_steps=fixed)
+    points += deciding_points(r.sampling, head, traits.head_samplers, traits.takes_gtr)
+    return r, SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], **r.condition())
 
 
 def check_frontier(
     app: App, n_images: int, components: dict | None = None, load: bool = True, within: float | None = None, **controls
-) -> tuple[frontier.SmallFrontier, float] | None:
+) -> tuple[SmallFrontier, float] | None:
     """The settings of a frontier recompute and their estimated seconds, refused by name when over the
     server's limits (or ``within``)."""
     planned = plan_frontier(app, n_images, components, load, **controls)
