@@ -498,3 +498,20 @@ def test_the_apps_deciding_points_are_the_full_grids_settings(name):
     assert [e for e in expected if any(e in p.name for p in points)] == expected
     for p in points:
         assert p.csd is None and full[p.name].sampling == p.sampling, p.name
+
+
+def test_a_points_key_is_its_setting_written_as_the_tools_read_it():
+    """Each key part is a knob's key=value (csd.cli.parse_setting's form): read back over the baseline and the
+    default CSD setting, the key gives the point's own configs."""
+    from csd.cli import parse_setting
+    from csd.config import knobs
+
+    s = SamplingConfig(num_steps=32, cfg_scale=3.0)
+    full = grid(s, CSDConfig(), 25, False, caches_guidance=True, caches_tokens=True, head_samplers=("ddpm", "ddim"))
+    for p in full + grid(s, CSDConfig(), 25, False, fixed_steps=True, head_samplers=("euler-maruyama", "euler")):
+        kind, *parts = p.key(s).split(",")
+        ours = [item for item in parts if item.partition("=")[0] in knobs(SamplingConfig)]
+        assert parse_setting(",".join(ours), s) == p.sampling, p.name
+        theirs = [item for item in parts if item not in ours]
+        assert (kind == "csd") == (p.csd is not None) and (p.csd is not None or not theirs)
+        assert p.csd is None or parse_setting(",".join(theirs), CSDConfig()) == p.csd, p.name
