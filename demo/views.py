@@ -20,7 +20,7 @@ from visualize.frontier import frontier_chart
 from visualize.images import display_grid, upscale
 from visualize.panels import analysis_charts, time_breakdown
 from visualize.render import to_plotly
-from visualize.report import frontier_markdown
+from visualize.tables import frontier_markdown
 
 
 def image_grid(pair: ModelPair, run: Run) -> np.ndarray:

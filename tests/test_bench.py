@@ -26,7 +26,8 @@ from csd.schedule import step_sizes
 from csd.shapes.metrics import REFERENCE_SEED, load_classifier, reference_features
 from csd.speculative import speculative_generate
 from tests.helpers import LinearGaussianChain, ToyARModel, save_tiny_pixel_pair, save_tiny_xar_pair
-from visualize.report import docs_prefix, headline_markdown, write_tables
+from visualize.report import write_tables
+from visualize.tables import docs_prefix, headline_markdown
 
 COSTS = StepCosts(target_backbone=10.0, target_head=2.0, draft_backbone=1.0, draft_head=0.5)
 

@@ -14,7 +14,7 @@ from csd.experiments.frontier import fd_standard_error
 from csd.experiments.grid import Point, grid
 from csd.experiments.paired import Scored, compare, judge, keeps_target, margin, paired_fd, paired_mean, summarize
 from tests.helpers import save_tiny_pixel_pair
-from visualize.report import decide_markdown, decide_summary
+from visualize.decisions import decide_markdown, decide_summary
 
 
 def feature_sets(n: int = 200, d: int = 4, noise: float = 0.1, seed: int = 0):

@@ -15,7 +15,7 @@ from csd.shapes.metrics import load_classifier, reference_features
 from csd.verdict import METRICS, pareto
 from tests.helpers import save_tiny_pixel_pair
 from visualize.frontier import frontier_chart
-from visualize.report import frontier_markdown
+from visualize.tables import frontier_markdown
 
 
 def test_pareto_keeps_the_points_nothing_beats_on_both_time_and_quality():

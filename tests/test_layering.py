@@ -113,3 +113,18 @@ def test_figures_import_nothing_from_the_experiments():
         if d == "csd.experiments" or d.startswith("csd.experiments.")
     ]
     assert not found, "\n".join(found)
+
+
+def test_no_module_of_the_figures_the_app_or_the_experiments_names_a_family():
+    """Their families' names, labels and docs blocks come from the families' rows (csd.models.registry)."""
+    from csd.models.registry import FAMILIES
+
+    names = [f'"{family.shared_traits().family}"' for family in FAMILIES.values()]
+    found = [
+        f"{path.relative_to(ROOT)}:{i}"
+        for folder in ("visualize", "demo", "csd/experiments")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if any(name in line for name in names)
+    ]
+    assert not found, "\n".join(found)

@@ -20,7 +20,7 @@ from demo.tabs.generate import compare
 from tests.families import registered
 from tests.families.toy import FAMILY
 from tests.helpers import assert_same64, sampling64
-from visualize.report import headline_markdown
+from visualize.tables import headline_markdown
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SAMPLING64 = sampling64(num_steps=16, cfg_scale=2.0, head_steps=4)  # one AR step per token
