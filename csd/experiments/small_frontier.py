@@ -57,7 +57,14 @@ class SmallFrontier:
         self.pair, self.points = pair, points
         self.labels = image_conditions(pair, n_images, label, prompt)
         self.seeds = [seed + i for i in range(n_images)]
+        self._condition = {"prompt": prompt} if pair.is_text else {"label": label}
         self._runs: list = []
+
+    def plan(self) -> dict:
+        """Its pair's name and the arguments that make it again: plain, picklable values, for a run in another
+        process (the app's GPU call) that takes the points as planned and checked."""
+        plan = {"pair_name": self.pair.name, "points": self.points, "n_images": len(self.seeds), "seed": self.seeds[0]}
+        return plan | self._condition
 
     def __len__(self) -> int:
         return len(self.points) + 1

@@ -89,14 +89,14 @@ def analysis_panels(app: App, n_images: int, progress, components: dict | None =
     """Recompute every panel over ``n_images`` images (image i: seed + i) at the controls, in one GPU call:
     yields status lines, returns the panels."""
     analysis, seconds = check_analysis(app, n_images, components, **controls)
-    values = controls | {"n_images": analysis.settings.n_images}
+    values = {"pair_name": analysis.pair.name, "settings": analysis.settings}
     return (yield from app.run_all("analysis", values, seconds, progress))
 
 
 @task("analysis")
-def analysis_task(app: App, n_images: int, **controls):
-    """The GPU task of :func:`analysis_panels`."""
-    _, analysis = plan_analysis(app, n_images, None, True, **controls)
+def analysis_task(app: App, pair_name: str, settings: AnalysisSettings):
+    """The GPU task of :func:`analysis_panels`: the runs of the analysis planned (and checked) before the call."""
+    analysis = Analysis(app.store.get(pair_name), settings)
     yield from app.job_events(steps_job(analysis, analysis.panels))
 
 
@@ -143,14 +143,14 @@ def frontier_result(app: App, n_images: int, progress, components: dict | None =
     combinations) around the controls, over ``n_images`` images, one run per setting, in one GPU call: yields
     status lines, returns the frontier."""
     small, seconds = check_frontier(app, n_images, components, **controls)
-    values = controls | {"n_images": len(small.seeds)}
-    return (yield from app.run_all("frontier", values, seconds, progress))
+    return (yield from app.run_all("frontier", small.plan(), seconds, progress))
 
 
 @task("frontier")
-def frontier_task(app: App, n_images: int, **controls):
-    """The GPU task of :func:`frontier_result`."""
-    _, small = plan_frontier(app, n_images, None, True, **controls)
+def frontier_task(app: App, pair_name: str, **plan):
+    """The GPU task of :func:`frontier_result`: the runs of the frontier planned (and checked) before the call
+    (:meth:`csd.experiments.small_frontier.SmallFrontier.plan`)."""
+    small = SmallFrontier(app.store.get(pair_name), **plan)
     yield from app.job_events(steps_job(small, small.result))
 
 
