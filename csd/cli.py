@@ -119,6 +119,29 @@ def parse_setting(spec: str, base, what: str = "setting"):
     return replace(base, **changes)
 
 
+def value_text(value) -> str:
+    """A knob's value as :func:`parse_value` reads it back: ints of a sequence joined by ":", None as "none",
+    a bool as true / false, a float in its shortest exact form."""
+    if isinstance(value, tuple):
+        return ":".join(map(str, value))
+    if value is None or isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
+    return str(value)
+
+
+def changes(config, base) -> list[str]:
+    """The knobs of ``config`` that differ from ``base``'s, as ``key=value`` in field order (what
+    :func:`parse_setting` takes)."""
+    return [
+        f"{name}={value_text(getattr(config, name))}"
+        for name in knobs(config)
+        if getattr(config, name) != getattr(base, name)
+    ]
+
+
 # --- start-up: threads and device ---------------------------------------------------------------------
 
 

@@ -89,6 +89,8 @@ class Knob:
                 check_choice(name, value, (None, *self.choices) if self.optional else self.choices)
             if self.kind == "ints":
                 return check_ints(name, value, self.lo)
+            if self.kind == "bool" and not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
         except ValueError as err:
             raise SettingError(str(err), field_name) from None
         return value
@@ -348,25 +350,14 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class CSDConfig:
-    """Knobs of the speculative decoder.
+    """Knobs of the speculative decoder; each knob's declaration says what it does and its valid values.
 
-    gamma: draft length in AR steps per block. gamma_schedule: optional draft lengths of the first
-    blocks, in order (block b drafts gamma_schedule[b] steps; the blocks after them draft gamma);
-    empty by default, the paper's constant draft length. prefill: fraction of tokens the target makes
-    before drafting starts. align: share the draft's noise with the target's chain.
-    criterion: "aligned" (the paper's approximation) or "exact" (path-space reference).
-    trajectory_term: sign convention of criterion (a)'s trajectory term ("derived", "published")
-    or "none" (final-step term only). tau_v: widening of the final Gaussians in the test.
-    resample_widening: widening of the same Gaussians when resampling (the published code: 1).
-    max_tries: resampler cap. counterfactual: also run the target chain with the other noise
-    choice, to record the draft-target distance with and without alignment. draft_head_steps: a
-    cheaper (or dearer) draft head, None for the target's head steps; a different number of steps
-    cannot share noise or compare per-step stds, so it needs align=False, criterion "aligned" and
-    trajectory_term "none". With a head-step schedule (SamplingConfig.head_steps_min) every block
-    runs the head steps of its first AR step. acceptance_unit: "row" (a token of MAR or Harmon, a
-    whole cell of xAR: the exact unit) or "token" (a family whose rows hold several tokens, xAR's
-    cells: each token of a cell tested and resampled alone, an approximation to measure; a cell
-    counts as accepted when all of its tokens are, and Trace.unit_accepted holds the fraction).
+    Beyond them: an empty gamma_schedule (the default) is the paper's constant draft length. A
+    draft_head_steps other than the target's head steps cannot share noise or compare per-step stds, so it
+    needs align=False, criterion "aligned" and trajectory_term "none" (:meth:`needs_equal_chains`); under a
+    head-step schedule (SamplingConfig.head_steps_min) every block runs the head steps of its first AR step.
+    Under acceptance_unit "token" a cell counts as accepted when all of its tokens are, and
+    Trace.unit_accepted holds the fraction.
     """
 
     gamma: int = knob(

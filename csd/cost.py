@@ -5,7 +5,8 @@ S - P steps and verifies them in ceil((S - P) / gamma) target passes:
 
     (S - P)(C_q + H_q) + (P + ceil((S - P) / gamma)) C_p + S H_p   (+ resampling and overhead)
 
-With P = 0 and gamma dividing S this is DESIGN.md's ``S (C_q + H_q) + (S / gamma) C_p + S H_p``.
+With P = 0 and gamma dividing S this is DESIGN.md's ``S (C_q + H_q) + (S / gamma) C_p + S H_p``. The
+functions take the configs whole: a ``CSDConfig.gamma_schedule`` sets the lengths of the first blocks.
 
 The model charges the target head per AR step (S H_p, as measured in target-only runs), but CSD runs
 it once per block over every drafted token; where per-call overhead dominates the head (batch 1 on a
@@ -35,36 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from csd.config import CSDConfig, SamplingConfig
 from csd.schedule import step_sizes
-
-
-def sequential_passes(sizes: list[int], gamma: int, prefill: float, acceptance: float) -> tuple[float, float]:
-    """Expected (target passes, draft passes) of *sequential* CSD, where tokens pass independently.
-
-    DESIGN.md's optional sequential verification checks drafted step j with the drafted steps < j as
-    context and ends the block at the first step with a rejected token (that step is committed,
-    resampled). A step of k tokens passes whole with probability ``acceptance ** k``. One target pass
-    verifies a block (the contexts batched), so the expected passes are the pre-fill steps plus the
-    expected number of blocks; the draft drafts every step of every block. No bonus step is drawn
-    after a fully accepted block. Exact, by recursion over the step where a block starts.
-    """
-    if not (isinstance(gamma, int) and gamma >= 1):
-        raise ValueError(f"gamma (draft length) must be an int >= 1, got {gamma!r}")
-    if not (0.0 <= acceptance <= 1.0):
-        raise ValueError(f"acceptance must be in [0, 1], got {acceptance!r}")
-    num_steps, p = len(sizes), prefill_steps(sizes, prefill)
-    blocks, drafts = [0.0] * (num_steps + 1), [0.0] * (num_steps + 1)  # expected from a block start
-    for s in range(num_steps - 1, p - 1, -1):
-        end = min(s + gamma, num_steps)
-        blocks[s], drafts[s] = 1.0, float(end - s)
-        reach = 1.0  # P(steps s..j-1 all passed)
-        for j in range(s, end):
-            whole = acceptance ** sizes[j]
-            stop_here = reach if j == end - 1 else reach * (1.0 - whole)
-            blocks[s] += stop_here * blocks[j + 1]
-            drafts[s] += stop_here * drafts[j + 1]
-            reach *= whole
-    return p + blocks[p], drafts[p]
 
 
 def prefill_steps(sizes: list[int], prefill: float) -> int:
@@ -76,18 +49,22 @@ def prefill_steps(sizes: list[int], prefill: float) -> int:
     return steps
 
 
-def csd_passes(
-    num_tokens: int, num_steps: int, gamma: int, prefill: float, schedule: Sequence[int] = ()
-) -> tuple[int, int]:
-    """(target passes, draft passes) of one block-CSD generation; ``schedule``: draft lengths of the
-    first blocks (``CSDConfig.gamma_schedule``), gamma after them."""
-    p = prefill_steps(step_sizes(num_tokens, num_steps), prefill)
-    blocks, left = 0, num_steps - p
-    for g in schedule:
+def _blocks(csd: CSDConfig, steps: int) -> tuple[int, int]:
+    """(blocks of ``csd.gamma_schedule`` that ``steps`` drafted AR steps run, the steps left after them)."""
+    blocks, left = 0, steps
+    for g in csd.gamma_schedule:
         if left <= 0:
             break
         blocks, left = blocks + 1, left - g
-    return p + blocks + max(0, math.ceil(left / gamma)), num_steps - p
+    return blocks, max(0, left)
+
+
+def csd_passes(num_tokens: int, sampling: SamplingConfig, csd: CSDConfig) -> tuple[int, int]:
+    """(target passes, draft passes) of one block-CSD generation of ``num_tokens`` tokens: the pre-fill
+    steps, then a pass per block (``csd.gamma_schedule``'s lengths first, ``csd.gamma`` after them)."""
+    p = prefill_steps(step_sizes(num_tokens, sampling.num_steps), csd.prefill)
+    blocks, left = _blocks(csd, sampling.num_steps - p)
+    return p + blocks + math.ceil(left / csd.gamma), sampling.num_steps - p
 
 
 @dataclass(frozen=True)
@@ -109,25 +86,28 @@ class StepCosts:
 
 
 def speedup_bound(
-    costs: StepCosts, num_steps: int, gamma: int, prefill_steps: int, head_per_block: bool = False
+    costs: StepCosts, num_tokens: int, sampling: SamplingConfig, csd: CSDConfig, head_per_block: bool = False
 ) -> float:
-    """Target-only cost over block-CSD cost for the same S, without resampling and overhead.
+    """Target-only cost over block-CSD cost for the same S, without resampling and overhead; the blocks as
+    :func:`csd_passes` counts them (a ``gamma_schedule`` included).
 
     ``head_per_block``: the target's chain of a whole block costs what one step's does (xAR: its flow
     chain is the backbone itself, run over the block's cells at once), so verification is charged
     (P + blocks) (C_p + H_p) instead of (P + blocks) C_p + S H_p."""
-    if not 0 <= prefill_steps <= num_steps:
-        raise ValueError(f"prefill_steps must be in [0, {num_steps}], got {prefill_steps}")
-    s, p = num_steps, prefill_steps
+    s = sampling.num_steps
+    passes, drafted = csd_passes(num_tokens, sampling, csd)
     c_p, h_p, c_q, h_q = costs.target_backbone, costs.target_head, costs.draft_backbone, costs.draft_head
-    passes = p + math.ceil((s - p) / gamma)
     verify = passes * (c_p + h_p) if head_per_block else passes * c_p + s * h_p
-    return s * (c_p + h_p) / ((s - p) * (c_q + h_q) + verify)
+    return s * (c_p + h_p) / (drafted * (c_q + h_q) + verify)
 
 
-def simple_bound(target_backbone: float, draft_backbone: float, gamma: int) -> float:
-    """C_p / (C_q + C_p / gamma): the bound when the heads are free and nothing is pre-filled."""
-    return target_backbone / (draft_backbone + target_backbone / gamma)
+def simple_bound(costs: StepCosts, sampling: SamplingConfig, csd: CSDConfig) -> float:
+    """C_p / (C_q + C_p / gamma): the bound when the heads are free and nothing is pre-filled, gamma the
+    mean draft length of the blocks (``csd.gamma_schedule``'s, then ``csd.gamma``; a last block counted in
+    part)."""
+    blocks, left = _blocks(csd, sampling.num_steps)
+    per_step = (blocks + left / csd.gamma) / sampling.num_steps  # target passes per drafted step
+    return costs.target_backbone / (costs.draft_backbone + costs.target_backbone * per_step)
 
 
 # --- per-pass costs and a run's predicted time (the frontier's cost model) -------------------------

@@ -185,9 +185,8 @@ class FamilyTraits:
 class Plan:
     """The AR schedule of a batch: orders (B, N), tokens per step, guidance per step.
 
-    The tokens still masked after step s are orders[:, :masked_after[s]], so step s makes
-    orders[:, masked_after[s]:masked_before[s]] (MAR's convention; a raster family uses the
-    identity order)."""
+    Before step s the tokens orders[:, :N - sum(sizes[:s])] are still masked, and step s makes the last
+    sizes[s] of them (:meth:`positions`; MAR's convention; a raster family uses the identity order)."""
 
     orders: Tensor
     sizes: list[int]

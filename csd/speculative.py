@@ -75,7 +75,7 @@ def speculative_generate(
     run = _Decoding.start(target, draft, conditions, seeds, sampling or SamplingConfig(), csd or CSDConfig(), on_step)
     if keep_details:
         run.trace.keep_details(max(run.steps_p + [run.csd.draft_head_steps or 0]), target.token_dim)
-    s = run.prefill()  # 1. the target alone until a fraction rho of the tokens exists
+    s = run.prefill()  # 1. the target alone until a fraction csd.prefill of the tokens exists
     for block_id, steps in enumerate(run.blocks(s)):
         block = run.draft_block(steps)  # 2. gamma AR steps of the draft, on its own tokens
         check = run.verify(block)  # 3. the target's chains for the whole block at once

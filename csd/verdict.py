@@ -1,11 +1,12 @@
-"""A frontier result judged: the quality metrics it holds and the stated rule by which CSD is *clearly
-ahead*, *on par* or *behind* the best alternative measured at no more than its time. Pure functions of
-a result's rows (:func:`csd.experiments.frontier.run_frontier` writes them; the app, the report and the
-charts read them without loading a model)."""
+"""A frontier result judged: the quality metrics it holds, the rows on its Pareto fronts, and the stated rule
+by which CSD is *clearly ahead*, *on par* or *behind* the best alternative measured at no more than its time.
+Pure functions of a result's rows (:func:`csd.experiments.frontier.run_frontier` writes them; the app, the
+report and the charts read them without loading a model)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 METRICS = {  # key -> (label, higher is better)
     "fd": ("Frechet distance", False),
@@ -17,6 +18,27 @@ METRICS = {  # key -> (label, higher is better)
 def result_metrics(result: dict) -> list[str]:
     """The metrics a result holds, the one to plot first (results from before the key: FD and accuracy)."""
     return list(result.get("metrics", ["fd", "accuracy"]))
+
+
+def pareto(times: list[float], quality: list[float], higher_is_better: bool) -> list[bool]:
+    """True for the points no other point beats on both: at most the time and at least the quality,
+    better in one of them."""
+    q = [v if higher_is_better else -v for v in quality]
+    front = []
+    for i in range(len(times)):
+        dominated = any(
+            times[j] <= times[i] and q[j] >= q[i] and (times[j] < times[i] or q[j] > q[i]) for j in range(len(times))
+        )
+        front.append(not dominated)
+    return front
+
+
+def mark_fronts(rows: list[dict], metrics: Sequence[str]) -> None:
+    """Set ``front_<metric>`` on every row: on the Pareto front of time against that metric."""
+    times = [r["time"] for r in rows]
+    for key in metrics:
+        for r, on in zip(rows, pareto(times, [r[key] for r in rows], METRICS[key][1]), strict=True):
+            r[f"front_{key}"] = on
 
 
 SLACK = 0.05  # an alternative counts against a CSD setting up to this much slower (time ratio)

@@ -215,14 +215,19 @@ def declare_controls(store: PairStore, limits: Limits) -> dict[str, Control]:
     }
 
 
-# Presets (csd.experiments.defaults.PRESETS) as changes to the controls.
-PRESETS: dict[str, dict] = {
-    name: {control_name(f): v for f, v in changes.items()} for name, changes in defaults.PRESETS.items()
-}
+def preset_controls(name: str) -> dict:
+    """The controls preset ``name`` (:data:`csd.experiments.defaults.PRESETS`) sets: each offered knob whose
+    value differs from the default setting's, by control name."""
+    chosen = defaults.PRESETS[name]._asdict()
+    return {
+        control_name(f): getattr(chosen[config], f)
+        for f, (config, _) in offered_knobs().items()
+        if getattr(chosen[config], f) != getattr(CONFIGS[config][1], f)
+    }
 
 
-def preset_values(name: str, values: dict, defaults: dict) -> dict:
+def preset_values(name: str, values: dict, default_values: dict) -> dict:
     """The controls after choosing preset ``name``: the default setting's knobs, then the preset's changes;
     the visitor's pair, class, prompt, seed and batch stay."""
     keep = {k: values[k] for k in ("pair_name", "class_name", "prompt", "seed", "batch_size") if k in values}
-    return defaults | PRESETS[name] | keep
+    return default_values | preset_controls(name) | keep

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from csd.experiments.jobs import Job, Step, Stopped
+from csd.experiments.jobs import Job, RunStart, Step, Stopped
 from csd.experiments.pairs import ModelPair, PairStore
+from csd.family import FamilyTraits
 from csd.models.tokenizer import to_uint8
 from csd.panels import Panels
-from demo.controls import declare_controls
+from demo.controls import declare_controls, preset_values
 from demo.errors import refuse
 from demo.estimate import CALIBRATION_SECONDS, HEADROOM, Rates, calibrate, head_calls, words
 from demo.gpu import Done, Ended, GpuCalls, task
@@ -35,14 +36,17 @@ PRECISION = "bfloat16" if DEVICE.type == "cuda" else "float32"  # backbone preci
 DECODE_SECONDS = 2.0  # what a decode call asks for, before the margin (an estimate: KL-16 on 8 images)
 
 
+def fixed_controls(traits: FamilyTraits) -> dict:
+    """The controls a pair fixes, by control name: its AR steps (xAR: one per cell) and its CFG ramp."""
+    fixed = {"ar_steps": traits.fixed_num_steps, "cfg_schedule": traits.cfg_schedule}
+    return {name: value for name, value in fixed.items() if value}
+
+
 def pair_defaults(app: App, controls: dict, pair_name: str) -> dict:
-    """``controls`` on another pair: its fixed AR steps and CFG ramp (xAR), a class it has."""
+    """``controls`` on another pair: the controls it fixes (:func:`fixed_controls`), a class it has. The one
+    place a pair's fixed knobs are set."""
     source = app.store.source(pair_name)
-    controls = controls | {"pair_name": pair_name}
-    if source.traits.fixed_num_steps:
-        controls["ar_steps"] = source.traits.fixed_num_steps
-    if source.traits.cfg_schedule:
-        controls["cfg_schedule"] = source.traits.cfg_schedule
+    controls = controls | {"pair_name": pair_name} | fixed_controls(source.traits)
     if not source.is_text and controls.get("class_name") not in source.class_names:
         controls["class_name"] = source.class_names[0]
     return controls
@@ -164,7 +168,7 @@ class App:
         for sampling, csd, *kind in planned:
             kind = kind[0] if kind else "target" if csd is None else "csd"
             calls = head_calls(r.pair, sampling)
-            seconds += rates.seconds(sampling.num_steps, images, {kind: 1}, csd, calls)
+            seconds += rates.seconds(sampling, images, {kind: 1}, csd, calls)
         return seconds
 
     def check_fits(self, seconds: float, advice: str, control: str | None = None, within: float | None = None) -> None:
@@ -190,6 +194,11 @@ class App:
     def default_controls(self) -> dict:
         """Keyword arguments of :meth:`request` for the default setting, within the limits."""
         return {name: control.default for name, control in self.controls.items()}
+
+    def preset(self, name: str, controls: dict) -> dict:
+        """The controls after choosing preset ``name`` (:func:`demo.controls.preset_values`) on the pair of
+        ``controls``, whose fixed knobs stay (:func:`pair_defaults`)."""
+        return pair_defaults(self, preset_values(name, controls, self.default_controls()), controls["pair_name"])
 
     def job_events(self, work) -> Iterator[object]:
         """A model run as a GPU task yields it: ``work(job)`` in a :class:`~csd.experiments.jobs.Job` (progress
@@ -236,10 +245,10 @@ class App:
             self.history.append({"status": status, "steps": steps, "seconds": time.perf_counter() - t0})
 
     def run_all(self, task: str, values: dict, seconds: float, progress) -> Iterator[str]:
-        """Run GPU task ``task`` (whose work posts (done, total, label) before each of its runs, :func:`steps_job`)
-        on ``values``, asking for ``seconds``: yields a status line (the run within the runs, the AR step within
-        the run); returns the task's result."""
-        run = (0, 1, "")
+        """Run GPU task ``task`` (whose work posts a :class:`~csd.experiments.jobs.RunStart` before each of its
+        runs, :func:`steps_job`) on ``values``, asking for ``seconds``: yields a status line (the run within the
+        runs, the AR step within the run); returns the task's result."""
+        run = RunStart(0, 1, "")
         follow = self.follow(self.gpu.call(task, values, seconds), [], lambda *args, **kwargs: None)
         while True:
             try:
@@ -247,10 +256,9 @@ class App:
             except StopIteration as done:
                 return done.value
             if isinstance(event, Step):
-                done, total, _ = run
-                progress((done * event.total + event.done, total * event.total), desc=event.text, unit="steps")
-                yield f"Running {done + 1}/{total}: {event.text} ..."
-            else:
+                progress((run.done * event.total + event.done, run.total * event.total), desc=event.text, unit="steps")
+                yield f"Running {run.done + 1}/{run.total}: {event.text} ..."
+            elif isinstance(event, RunStart):
                 run = event
 
 
@@ -268,12 +276,12 @@ def calibrate_task(app: App, pair_name: str) -> Iterator[Done]:
 
 
 def steps_job(runs, finish) -> Callable:
-    """The work of a job over ``runs.steps()`` (one generation each): posts (done, total, label) before each
-    run, and returns ``finish()`` once every run is done."""
+    """The work of a job over ``runs.steps()`` (one generation each): posts its
+    :class:`~csd.experiments.jobs.RunStart` before each run, and returns ``finish()`` once every run is done."""
 
     def work(job: Job):
-        for done, total, label in runs.steps(on_step=lambda label: job.on_step(label)):
-            job.post((done, total, label))
+        for start in runs.steps(on_step=lambda label: job.on_step(label)):
+            job.post(start)
         return finish()
 
     return work

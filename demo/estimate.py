@@ -54,15 +54,20 @@ class Rates:
         return self.one[kind] + slope * (images - 1)
 
     def seconds(
-        self, steps: int, images: int, runs: dict[str, int], csd: CSDConfig | None = None, head_calls: float = 0.0
+        self,
+        sampling: SamplingConfig,
+        images: int,
+        runs: dict[str, int],
+        csd: CSDConfig | None = None,
+        head_calls: float = 0.0,
     ) -> float:
         """``runs``: how many runs of each kind the request makes; ``csd``: the CSD runs' setting (None: the
         timed one); ``head_calls``: the network calls of a chain (0: the timed number). A CSD step costs the
         timed one plus a target step per extra target pass per AR step and a draft step per extra draft pass
         (fewer: less), never less than a draft step; a kind's head chains cost in proportion to their calls."""
-        cost = {kind: self.step(kind, images) for kind in runs}
+        steps, cost = sampling.num_steps, {kind: self.step(kind, images) for kind in runs}
         if "csd" in cost and csd is not None and self.passes is not None:
-            target, draft = csd_passes(self.tokens, steps, csd.gamma, csd.prefill, csd.gamma_schedule)
+            target, draft = csd_passes(self.tokens, sampling, csd)
             extra = self.step("target", images) * (target / steps - self.passes[0])
             extra += self.step("draft", images) * (draft / steps - self.passes[1])
             cost["csd"] = max(self.step("draft", images), cost["csd"] + extra)
@@ -117,7 +122,7 @@ def calibrate(pair: ModelPair, sampling: SamplingConfig, csd: CSDConfig, conditi
             out[kind] = (time.perf_counter() - t0) / steps
         return out
 
-    target, draft = csd_passes(pair.num_tokens, steps, csd.gamma, csd.prefill, csd.gamma_schedule)
+    target, draft = csd_passes(pair.num_tokens, sampling, csd)
     one, many = per_step(1), per_step(CALIBRATION_BATCH)
     share = {kind: _head_share(trace) for kind, trace in traces.items()}  # at the larger batch
     passes = (target / steps, draft / steps)

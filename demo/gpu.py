@@ -5,9 +5,10 @@ On a ZeroGPU Space (:data:`ZERO_GPU_FLAG` set) CUDA exists only inside such a ca
 forks a worker that holds a GPU for the call; the call asks for a duration before it starts (here the
 request's own estimate with a margin, at most ``--gpu-seconds``); its arguments reach the worker pickled and
 what it yields comes back pickled; what the worker changes stays in the worker. So a call takes plain values
-(a task's name, the controls, the estimate) and yields plain values (progress steps, images, a result), and
-the main process keeps the state (each pair's rates, the history). Off ZeroGPU ``spaces.GPU`` returns the
-function itself: a CPU server, or a machine with its own GPU, runs the same path in-process.
+(a task's name, the request checked in the main process or its plan, the estimate) and yields plain values
+(progress steps, images, a result), and the main process keeps the state (each pair's rates, the history).
+Off ZeroGPU ``spaces.GPU`` returns the function itself: a CPU server, or a machine with its own GPU, runs the
+same path in-process.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from PIL import Image
 
 from csd.cli import add_machine_flags, start_up
 from demo import server
+from demo.core import pair_defaults
 from demo.showcase import EXAMPLES, SHOWCASE_DIR
 from demo.tabs.generate import compare
 from demo.views import stats_markdown
@@ -26,12 +27,7 @@ def make(app, out: Path = SHOWCASE_DIR) -> list[str]:
     for name, title, pair_name, changes in EXAMPLES:
         if pair_name not in app.store.names:
             continue
-        controls = app.default_controls() | {"pair_name": pair_name} | changes
-        source = app.store.source(pair_name)
-        if source.traits.fixed_num_steps:  # xAR: its AR steps and CFG ramp
-            controls |= {"ar_steps": source.traits.fixed_num_steps, "cfg_schedule": source.traits.cfg_schedule}
-        if not source.is_text and controls["class_name"] not in source.class_names:
-            controls["class_name"] = source.class_names[0]
+        controls = pair_defaults(app, app.default_controls() | changes, pair_name)  # xAR: its AR steps and CFG ramp
         *_, c = compare(app, lambda *a, **k: None, fit=False, **controls)  # the last event: the Comparison
         images = c.images
         record = {"title": title, "stats": stats_markdown(c.summary), "summary": c.summary}

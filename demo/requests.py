@@ -35,6 +35,9 @@ def library_errors(prefix: str = "Invalid setting", controls: dict[str, Control]
 
 @dataclass(frozen=True)
 class Request:
+    """A checked request: made once per request (:func:`build_request`), handed to its GPU call as plain values
+    (:meth:`plain`) and rebuilt there without checking again (:meth:`from_plain`)."""
+
     pair: ModelPair
     labels: list  # one condition per image: class ids, or prompts for a text pair
     seeds: list[int]
@@ -44,6 +47,18 @@ class Request:
     def condition(self) -> dict:
         """The first image's condition as the analyses take it: ``prompt`` for a text pair, else ``label``."""
         return {"prompt": self.labels[0]} if self.pair.is_text else {"label": self.labels[0]}
+
+    def plain(self) -> dict:
+        """The request as a GPU call takes it (picklable values: the pair by name)."""
+        plain = {"pair_name": self.pair.name, "labels": self.labels, "seeds": self.seeds}
+        return plain | {"sampling": self.sampling, "csd": self.csd}
+
+    @classmethod
+    def from_plain(
+        cls, store: PairStore, pair_name: str, labels: list, seeds: list[int], sampling: SamplingConfig, csd: CSDConfig
+    ) -> Request:
+        """The request :meth:`plain` gave, its pair from ``store``: it was checked when it was made."""
+        return cls(store.get(pair_name), labels, seeds, sampling, csd)
 
 
 def build_request(
@@ -58,6 +73,33 @@ def build_request(
     page's components of those controls, when their own checks (range, type) should run here too.
     ``load=False`` (a validator, which must answer at once): check only what needs no model load, and
     return None when the pair is not loaded yet (the handler checks the rest)."""
+    values = _taken(controls, components, values)
+    _check_condition(store, values)
+    if not isinstance(values["align"], bool):
+        label = controls["align"].label
+        raise refuse(f"{label} must be true or false, got {short(values['align'])}", control="align")
+    fields = {"sampling": {"precision": precision}, "csd": {}}
+    for name, control in controls.items():
+        if control.field is not None:
+            config, field = control.field.split(".")
+            fields[config][field] = values[name]
+    with library_errors(controls=controls):
+        sampling, csd = SamplingConfig(**fields["sampling"]), CSDConfig(**fields["csd"])
+    pair_name = values["pair_name"]
+    if not load and store.loaded(pair_name) is None:
+        return None
+    try:
+        pair = store.get(pair_name)
+    except (OSError, ValueError) as err:  # missing or mismatched checkpoint files
+        raise refuse(f"Model pair {pair_name!r} could not be loaded: {err}", control="pair_name") from None
+    with library_errors(f"Invalid setting for {pair_name}", controls):
+        pair.traits.check_sampling(sampling, pair.num_tokens)
+    seed, batch = values["seed"], values["batch_size"]
+    return Request(pair, _conditions(pair, values), [seed + i for i in range(batch)], sampling, csd)
+
+
+def _taken(controls: dict[str, Control], components: dict | None, values: dict) -> dict:
+    """One value per control, each as its component takes it (its range and type checked)."""
     if set(values) != set(controls):
         missing, unknown = sorted(set(controls) - set(values)), sorted(set(values) - set(controls))
         raise refuse(f"Controls missing: {missing}; unknown: {unknown}")
@@ -70,6 +112,11 @@ def build_request(
         except gr.Error as err:
             err.control = name
             raise
+    return values
+
+
+def _check_condition(store: PairStore, values: dict) -> None:
+    """The pair is served, and the class is one of its classes (or the prompt one any text family takes)."""
     pair_name, class_name = values["pair_name"], values["class_name"]
     if pair_name not in store.names:
         raise refuse(f"Model pair must be one of {store.names}, got {short(pair_name)}", control="pair_name")
@@ -85,35 +132,19 @@ def build_request(
             check_prompt(values["prompt"])
         except ValueError as err:
             raise refuse(str(err).capitalize(), control="prompt") from None
-    if not isinstance(values["align"], bool):
-        label = controls["align"].label
-        raise refuse(f"{label} must be true or false, got {short(values['align'])}", control="align")
-    fields = {"sampling": {"precision": precision}, "csd": {}}
-    for name, control in controls.items():
-        if control.field is not None:
-            config, field = control.field.split(".")
-            fields[config][field] = values[name]
-    with library_errors(controls=controls):
-        sampling, csd = SamplingConfig(**fields["sampling"]), CSDConfig(**fields["csd"])
-    if not load and store.loaded(pair_name) is None:
-        return None
-    try:
-        pair = store.get(pair_name)
-    except (OSError, ValueError) as err:  # missing or mismatched checkpoint files
-        raise refuse(f"Model pair {pair_name!r} could not be loaded: {err}", control="pair_name") from None
-    with library_errors(f"Invalid setting for {pair_name}", controls):
-        pair.traits.check_sampling(sampling, pair.num_tokens)
-    seed, batch = values["seed"], values["batch_size"]
-    if pair.is_text:
-        try:  # what the model's tokenizer can encode (a closed vocabulary names the words it knows)
-            pair.target.check_conditions([values["prompt"]], 1, pair.device)
-        except ValueError as err:
-            message = str(err)
-            raise refuse(message[:1].upper() + message[1:], control="prompt") from None
-        conditions = [values["prompt"]] * batch
-    else:
-        conditions = [names.index(class_name)] * batch
-    return Request(pair, conditions, [seed + i for i in range(batch)], sampling, csd)
+
+
+def _conditions(pair: ModelPair, values: dict) -> list:
+    """Each image's condition: the prompt the model's tokenizer can encode, or the class's id."""
+    batch = values["batch_size"]
+    if not pair.is_text:
+        return [pair.class_names.index(values["class_name"])] * batch
+    try:  # what the model's tokenizer can encode (a closed vocabulary names the words it knows)
+        pair.target.check_conditions([values["prompt"]], 1, pair.device)
+    except ValueError as err:
+        message = str(err)
+        raise refuse(message[:1].upper() + message[1:], control="prompt") from None
+    return [values["prompt"]] * batch
 
 
 def twin_events(

@@ -20,7 +20,7 @@ from visualize.frontier import frontier_chart
 from visualize.images import display_grid, upscale
 from visualize.panels import analysis_charts, time_breakdown
 from visualize.render import to_plotly
-from visualize.report import frontier_markdown
+from visualize.tables import frontier_markdown
 
 
 def image_grid(pair: ModelPair, run: Run) -> np.ndarray:
@@ -30,7 +30,7 @@ def image_grid(pair: ModelPair, run: Run) -> np.ndarray:
 def run_summary(r: Request, target: Run, spec: Run, draft: Run) -> dict:
     """The numbers of one comparison, JSON-ready (the API's last output)."""
     t = spec.trace
-    model, bound = cost_model(target.trace, draft.trace, r.csd, r.pair.traits.head_per_block)
+    model, bound = cost_model(target.trace, draft.trace, r.sampling, r.csd, r.pair.traits.head_per_block)
     return {
         "pair": r.pair.name,
         "batch_size": len(r.seeds),

@@ -155,6 +155,33 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def interleaved(workers: dict, cases: list[dict], repeats: int) -> tuple[dict, list]:
+    """Every case run by both trees ``repeats`` times, after an untimed run of each, the trees' order flipping
+    every repeat: (each case's runs by tree, keyed by the case as JSON; the load averages, one per repeat and
+    one before)."""
+    loads = [load_average()]
+    samples = {json.dumps(c, sort_keys=True): {"before": [], "after": []} for c in cases}
+    for case in cases:  # untimed: the first run of a shape pays one-time costs
+        for w in workers.values():
+            w.run(case)
+    for rep in range(repeats):
+        order = ["before", "after"] if rep % 2 == 0 else ["after", "before"]
+        for case in cases:
+            runs = {tree: workers[tree].run(case) for tree in order}
+            if runs["before"]["tokens"] != runs["after"]["tokens"]:
+                raise SystemExit(f"tokens differ between the trees: {case} ({runs['after']['pair']})")
+            key = json.dumps(case, sort_keys=True)
+            for tree, run in runs.items():
+                samples[key][tree].append(run)
+            print(
+                f"repeat {rep + 1}/{repeats} {case}: CPU {runs['before']['phases']['total'][1]:.2f} -> "
+                f"{runs['after']['phases']['total'][1]:.2f} s",
+                flush=True,
+            )
+        loads.append(load_average())
+    return samples, loads
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", type=Path, required=True, help="the older tree (git worktree add DIR COMMIT)")
@@ -173,27 +200,8 @@ def main() -> None:
         for b in args.batches
         for m in args.modes
     ]
-    loads = [load_average()]
-    samples = {json.dumps(c, sort_keys=True): {"before": [], "after": []} for c in cases}
     try:
-        for case in cases:  # untimed: the first run of a shape pays one-time costs
-            for w in workers.values():
-                w.run(case)
-        for rep in range(args.repeats):
-            order = ["before", "after"] if rep % 2 == 0 else ["after", "before"]
-            for case in cases:
-                runs = {tree: workers[tree].run(case) for tree in order}
-                if runs["before"]["tokens"] != runs["after"]["tokens"]:
-                    raise SystemExit(f"tokens differ between the trees: {case} ({runs['after']['pair']})")
-                key = json.dumps(case, sort_keys=True)
-                for tree, run in runs.items():
-                    samples[key][tree].append(run)
-                print(
-                    f"repeat {rep + 1}/{args.repeats} {case}: CPU {runs['before']['phases']['total'][1]:.2f} -> "
-                    f"{runs['after']['phases']['total'][1]:.2f} s",
-                    flush=True,
-                )
-            loads.append(load_average())
+        samples, loads = interleaved(workers, cases, args.repeats)
     finally:
         for w in workers.values():
             w.close()

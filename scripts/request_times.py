@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
+from csd.experiments.defaults import PRESETS
 from csd.experiments.timing import machine
 from demo import server
-from demo.controls import PRESETS, preset_values
 from demo.core import pair_defaults
 from demo.estimate import HEADROOM
 from demo.limits import Limits
@@ -58,7 +58,7 @@ def measure(app, pair_name: str) -> dict:
     default_pair = pair_name == app.store.names[0]
     rows = {}
     for name in PRESETS:
-        values = preset_values(name, base, base)
+        values = app.preset(name, base)
         r = check_generate(app, None, True, **values)
         goal = GOALS["generate, default pair"] if default_pair and name == "default" else GOALS["generate"]
         rows[f"generate, preset {name}"] = {

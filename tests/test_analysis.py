@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.cost import csd_passes, prefill_steps, simple_bound, speedup_bound
+from csd.cost import csd_passes, simple_bound, speedup_bound
 from csd.experiments.analysis import Analysis, AnalysisSettings, cost_model, step_costs
 from csd.panels import Histogram, Panels, Spread
 from csd.trace import Trace
@@ -32,7 +32,7 @@ def pair(one_thread, random_models):
 @pytest.fixture(scope="module")
 def analysis(pair):
     a = Analysis(pair, SETTINGS)
-    labels = [label for _, _, label in a.steps()]
+    labels = [run.label for run in a.steps()]
     assert len(labels) == len(a)
     return a
 
@@ -45,7 +45,7 @@ def panels(analysis):
 def test_runs_are_planned_once_per_distinct_setting(analysis):
     # CSD at S = 8 makes 4 target passes (2 pre-fill steps + 2 blocks), so the fair fewer-steps
     # baseline coincides with S/2.
-    assert csd_passes(64, 8, 4, 0.05) == (4, 6)
+    assert csd_passes(64, SETTINGS.sampling, SETTINGS.csd) == (4, 6)
     # aligned + independent + pre-fill 0%, 15% + gamma 2 + CFG 1 + target-only (the default CSD run is
     # shared); target-only and CSD timed again.
     assert len(analysis) == 7 + 2
@@ -94,9 +94,24 @@ def test_time_panel_uses_the_cost_model_of_csd_cost():
     costs = step_costs(target, csd_run)
     per_step = (costs.target_backbone, costs.target_head, costs.draft_backbone, costs.draft_head)
     assert per_step == pytest.approx((1.0, 0.1, 0.1, 0.05))  # target per AR step, draft per draft pass
-    model, bound = cost_model(target, csd_run, csd)
-    assert math.isclose(model, speedup_bound(costs, 8, 4, prefill_steps([2] * 8, 0.05)))
-    assert math.isclose(bound, simple_bound(1.0, 0.1, 4))
+    sampling = SamplingConfig(num_steps=8)
+    model, bound = cost_model(target, csd_run, sampling, csd)
+    assert math.isclose(model, speedup_bound(costs, 16, sampling, csd))
+    assert math.isclose(bound, simple_bound(costs, sampling, csd)) and math.isclose(bound, 1.0 / (0.1 + 1.0 / 4))
+
+
+def test_the_time_panels_bounds_count_the_blocks_of_a_draft_length_schedule(pair):
+    """A gamma_schedule's short first blocks cost target passes: 8 AR steps in blocks of 1, 1, then 4 and 2
+    make 4 passes, not gamma 4's 2 (the bounds took gamma alone before issue 54)."""
+    csd = CSDConfig(gamma=4, gamma_schedule=(1, 1), prefill=0.0)
+    settings = replace(SETTINGS, n_images=1, csd=csd, gammas=(4,), prefills=(0.0,), cfg_scales=(2.0,))
+    analysis = Analysis(pair, settings)
+    for _ in analysis.steps():
+        pass
+    time = analysis.panels().time
+    c_p, h_p, c_q, h_q = (time.costs[k] for k in ("C_p", "H_p", "C_q", "H_q"))
+    assert time.cost_model == pytest.approx(8 * (c_p + h_p) / (8 * (c_q + h_q) + 4 * c_p + 8 * h_p))
+    assert time.bound == pytest.approx(c_p / (c_q + c_p * 3.5 / 8))  # blocks of 1, 1, then 6 / 4 = 1.5 of gamma
 
 
 def test_spread_ignores_nan_and_marks_empty_groups():

@@ -326,6 +326,86 @@ def test_an_xar_pair_generates_and_names_its_fixed_ar_steps():
     assert update[tab.saved] == {"ar_steps": 32, "cfg_schedule": "constant"}  # the visitor's own, kept
 
 
+def test_a_preset_on_a_pair_with_fixed_steps_keeps_them():
+    """A pair's fixed knobs are set in one place (demo.core.pair_defaults): a preset chosen on the xAR pair, on
+    the page as in App.preset (the estimate line, the start-up timing's script), keeps its AR steps and CFG
+    ramp, and the request it makes is accepted."""
+    from csd.experiments.defaults import PRESETS
+    from csd.experiments.pairs import random_source, random_spec
+    from demo.core import fixed_controls, pair_defaults
+
+    xar_source = random_source(random_spec("xar"))
+    application = App(PairStore([RANDOM_SOURCE, xar_source], torch.device("cpu")), Limits(max_batch=2))
+    assert fixed_controls(xar_source.traits) == {"ar_steps": 16, "cfg_schedule": "linear"}
+    assert fixed_controls(RANDOM_SOURCE.traits) == {}
+    on_xar = pair_defaults(application, application.default_controls(), xar_source.name)
+    assert application.default_controls()["ar_steps"] != 16  # a preset starts from the default setting's knobs
+    tab = GenerateTab(application)
+    with gr.Blocks():
+        tab.build(Page({}))
+    for name in PRESETS:
+        values = application.preset(name, on_xar)
+        assert (values["ar_steps"], values["cfg_schedule"], values["pair_name"]) == (16, "linear", xar_source.name)
+        assert application.request(None, True, **values).sampling.num_steps == 16
+        update = tab.apply_preset(name, **on_xar)
+        shown = {k: on_xar[k] if update[c] == gr.skip() else update[c] for k, c in tab.controls.items()}
+        assert (shown["ar_steps"], shown["cfg_schedule"]) == (16, "linear")
+    assert application.preset("faithful", on_xar)["gamma"] == 2
+    on_mar = application.preset("faithful", application.default_controls())  # a pair that fixes none: the default
+    assert on_mar["ar_steps"] == application.default_controls()["ar_steps"]
+
+
+def app_sampling_checks(monkeypatch) -> list[str]:
+    """The modules of the app (demo) that call a family's sampling check from now on; the calls of a model's
+    own plan (csd, the library's guard of each run) are not the app's."""
+    import sys
+
+    from csd.family import FamilyTraits
+
+    seen, check = [], FamilyTraits.check_sampling
+
+    def counted(self, config, seq_len):
+        caller = sys._getframe(1).f_globals["__name__"]
+        if caller.split(".")[0] == "demo":
+            seen.append(caller)
+        return check(self, config, seq_len)
+
+    monkeypatch.setattr(FamilyTraits, "check_sampling", counted)
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["generate", "analysis", "frontier"])
+def test_the_sampling_check_runs_once_per_request_and_the_gpu_call_takes_the_checked_request(monkeypatch, kind):
+    """The family's sampling check (in build_request) runs once, in the main process; the GPU task takes the
+    checked request as plain values (Request.plain, the analysis' settings, the frontier's plan) and does not
+    check it again."""
+    from demo.core import drain
+    from demo.tabs.analysis import analysis_panels
+
+    limits = Limits(max_batch=2, max_steps=8, max_images=2, max_seconds=3600)  # however busy this machine is
+    application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), limits)
+    application.rates(application.store.get(RANDOM_SOURCE.name))  # the start-up timing: a request of its own
+    calls, call = [], application.gpu.call
+    monkeypatch.setattr(application.gpu, "call", lambda name, values, s: calls.append(values) or call(name, values, s))
+    seen = app_sampling_checks(monkeypatch)
+    no_progress = lambda *a, **k: None
+    if kind == "generate":
+        done = list(compare(application, no_progress, **controls(application)))[-1]
+        assert isinstance(done, Comparison)
+    else:
+        run = analysis_panels if kind == "analysis" else frontier_result
+        assert drain(run(application, 1, no_progress, **analysis_controls(application))) is not None
+    assert seen == ["demo.requests"]
+    (values,) = calls
+    assert "ar_steps" not in values and values["pair_name"] == RANDOM_SOURCE.name  # no controls: the checked plan
+    plain = {
+        "generate": {"pair_name", "labels", "seeds", "sampling", "csd"},
+        "analysis": {"pair_name", "settings"},
+        "frontier": {"pair_name", "points", "n_images", "seed", "label"},
+    }
+    assert set(values) == plain[kind]
+
+
 def test_leaving_a_pair_with_fixed_steps_restores_the_visitors_own():
     from csd.experiments.pairs import random_source, random_spec
 

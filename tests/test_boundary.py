@@ -7,6 +7,7 @@ import gradio as gr
 import pytest
 import torch
 
+from csd.config import SamplingConfig
 from csd.experiments.pairs import RANDOM_SOURCE, PairStore
 from demo.controls import Invalid, check_value, named
 from demo.core import App
@@ -88,7 +89,8 @@ def test_an_estimate_is_linear_in_the_batch_through_the_two_timed_batches():
     assert rates.step("target", 1) == 1.0 and rates.step("target", 4) == pytest.approx(2.5)
     assert rates.step("target", 8) == pytest.approx(4.5)  # beyond the timed batch: the same slope
     assert rates.step("draft", 8) == 0.5  # a kind whose cost does not grow with the batch
-    assert rates.seconds(10, 4, {"target": 1, "csd": 2}) == pytest.approx(10 * (2.5 + 2 * 2.0))
+    ten = SamplingConfig(num_steps=10)
+    assert rates.seconds(ten, 4, {"target": 1, "csd": 2}) == pytest.approx(10 * (2.5 + 2 * 2.0))
 
 
 def test_a_csd_estimate_follows_its_target_and_draft_passes():
@@ -98,16 +100,18 @@ def test_a_csd_estimate_follows_its_target_and_draft_passes():
     from csd.cost import csd_passes
     from demo.estimate import Rates
 
-    timed = csd_passes(64, 32, 8, 0.05)  # the default setting's (target, draft) passes
+    s = SamplingConfig(num_steps=32)
+    timed = csd_passes(64, s, CSDConfig())  # the default setting's (target, draft) passes
     per_step = {"target": 1.0, "draft": 0.1, "csd": 0.5}
     rates = Rates(per_step, per_step, batch=4, passes=(timed[0] / 32, timed[1] / 32), tokens=64)
-    assert rates.seconds(32, 1, {"csd": 1}, CSDConfig()) == pytest.approx(32 * 0.5)
-    target, draft = csd_passes(64, 32, 2, 0.1)
+    assert rates.seconds(s, 1, {"csd": 1}, CSDConfig()) == pytest.approx(32 * 0.5)
+    faithful = CSDConfig(gamma=2, prefill=0.1)
+    target, draft = csd_passes(64, s, faithful)
     assert target > timed[0] and draft < timed[1]
     expected = 32 * 0.5 + (target - timed[0]) * 1.0 + (draft - timed[1]) * 0.1
-    assert rates.seconds(32, 1, {"csd": 1}, CSDConfig(gamma=2, prefill=0.1)) == pytest.approx(expected)
-    assert rates.seconds(32, 1, {"csd": 1}, CSDConfig(gamma=2, prefill=0.1)) > rates.seconds(32, 1, {"csd": 1})
-    assert rates.seconds(32, 1, {"csd": 1}, CSDConfig(gamma=32, prefill=0.0)) >= 32 * 0.1  # never below drafting
+    assert rates.seconds(s, 1, {"csd": 1}, faithful) == pytest.approx(expected)
+    assert rates.seconds(s, 1, {"csd": 1}, faithful) > rates.seconds(s, 1, {"csd": 1})
+    assert rates.seconds(s, 1, {"csd": 1}, CSDConfig(gamma=32, prefill=0.0)) >= 32 * 0.1  # never below drafting
 
 
 def test_a_pair_is_timed_at_the_pages_default_setting(monkeypatch):
@@ -146,6 +150,7 @@ def test_a_chain_of_fewer_head_calls_costs_its_share_less():
 
     per_step = {"target": 1.0, "csd": 1.0}
     rates = Rates(per_step, per_step, head_share={"target": 0.5, "csd": 0.2}, head_calls=25.0)
-    assert rates.seconds(10, 1, {"target": 1}, head_calls=12.5) == pytest.approx(10 * (0.5 + 0.5 * 0.5))
-    assert rates.seconds(10, 1, {"csd": 1}, head_calls=50.0) == pytest.approx(10 * (0.8 + 0.2 * 2))
-    assert rates.seconds(10, 1, {"target": 1}) == rates.seconds(10, 1, {"target": 1}, head_calls=25.0) == 10.0
+    s = SamplingConfig(num_steps=10)
+    assert rates.seconds(s, 1, {"target": 1}, head_calls=12.5) == pytest.approx(10 * (0.5 + 0.5 * 0.5))
+    assert rates.seconds(s, 1, {"csd": 1}, head_calls=50.0) == pytest.approx(10 * (0.8 + 0.2 * 2))
+    assert rates.seconds(s, 1, {"target": 1}) == rates.seconds(s, 1, {"target": 1}, head_calls=25.0) == 10.0

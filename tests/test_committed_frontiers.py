@@ -8,7 +8,8 @@ import pytest
 
 from csd.models.checkpoint import file_digest
 from csd.verdict import SLACK, verdict
-from visualize.report import committed_frontiers, verdict_table
+from visualize.report import committed_frontiers
+from visualize.tables import verdict_table
 
 ROOT = Path(__file__).resolve().parents[1]
 M = ROOT / "assets" / "models"
@@ -89,11 +90,11 @@ def test_the_readme_verdict_table_is_that_of_the_committed_frontiers():
 
 
 def test_docs_results_holds_every_frontier_table_and_the_verdicts():
-    from visualize.report import DOCS_PREFIX, frontier_markdown
+    from visualize.tables import docs_prefix, frontier_markdown
 
     docs = (ROOT / "docs" / "results.md").read_text()
     for r in RESULTS:
-        name = f"{DOCS_PREFIX[r['family']]}frontier-b{r['batch']}"
+        name = f"{docs_prefix(r)}frontier-b{r['batch']}"
         block = docs[docs.index(f"<!-- {name}:start -->") : docs.index(f"<!-- {name}:end -->")]
         assert frontier_markdown(r).strip() in block
     block = docs[docs.index("<!-- verdicts:start -->") : docs.index("<!-- verdicts:end -->")]
@@ -101,7 +102,8 @@ def test_docs_results_holds_every_frontier_table_and_the_verdicts():
 
 
 def test_the_token_cache_run_is_on_the_shipped_class_pair_and_in_the_docs():
-    from visualize.report import frontier_markdown, token_cache_runs
+    from visualize.report import token_cache_runs
+    from visualize.tables import frontier_markdown
 
     runs = token_cache_runs(ROOT)
     assert [r["batch"] for r in runs] == [1, 8]

@@ -3,26 +3,18 @@ tiny decision end to end."""
 
 import json
 import math
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.experiments.decide import (
-    Scored,
-    candidates,
-    chosen,
-    compare,
-    judge,
-    keeps_target,
-    margin,
-    paired_fd,
-    paired_mean,
-    summarize,
-)
-from csd.experiments.frontier import Point, fd_standard_error, grid
+from csd.experiments.decide import candidates, chosen
+from csd.experiments.frontier import fd_standard_error
+from csd.experiments.grid import Point, grid
+from csd.experiments.paired import Scored, compare, judge, keeps_target, margin, paired_fd, paired_mean, summarize
 from tests.helpers import save_tiny_pixel_pair
-from visualize.report import decide_markdown, decide_summary
+from visualize.decisions import decide_markdown, decide_summary
 
 
 def feature_sets(n: int = 200, d: int = 4, noise: float = 0.1, seed: int = 0):
@@ -184,20 +176,29 @@ def test_summarize_pairs_every_csd_setting_with_every_alternative():
     assert summary[-1].startswith("- MAR (class pair): ") and "target-only: FD" in summary[-1]
 
 
-def test_candidates_are_csds_best_the_alternatives_near_its_time_and_the_unmeasured():
-    frontier = {"batch": 8, "rows": ROWS, "verdict": {"best": {"name": "CSD a", "time": 0.40, "margin": 1.0}}}
-    frontier["rows"] = [r | {"time": r["time"]["1"]} for r in ROWS]
-    found = candidates(frontier, ["target-only", "near", "target, Euler ODE flow 6 steps"])
+def test_candidates_are_csds_best_the_alternatives_near_its_time_and_the_unmeasured_by_key():
+    steps = {"target-only": 6, "fast": 2, "near": 3, "far": 4}
+    settings = {name: {"sampling": asdict(replace(S, num_steps=k)), "csd": None} for name, k in steps.items()}
+    settings["CSD a"] = {"sampling": asdict(S), "csd": asdict(CSDConfig(gamma=2))}
+    frontier = {"batch": 8, "verdict": {"best": {"name": "CSD a", "time": 0.40, "margin": 1.0}}}
+    frontier["rows"] = [r | {"time": r["time"]["1"]} | settings[r["name"]] for r in ROWS]
+    ode = Point("target, Euler ODE flow 6 steps", replace(S, head_steps=6, head_sampler="euler"))
+    found = candidates(frontier, [Point("target-only", S), Point("near", replace(S, num_steps=3)), ode])
     assert [r["name"] for r in found["alternatives"]] == ["fast", "near", "far"]  # up to 0.50, fastest first
-    assert found["best"]["name"] == "CSD a" and found["not_measured"] == ["target, Euler ODE flow 6 steps"]
+    assert [r["key"] for r in found["alternatives"]] == [f"target,num_steps={k}" for k in (2, 3, 4)]
+    assert found["best"]["key"] == "csd,gamma=2"
+    assert found["not_measured"] == [{"name": ode.name, "key": "target,head_steps=6,head_sampler=euler"}]
 
 
-def test_points_are_chosen_by_exact_name_with_the_baseline_first():
+def test_points_are_chosen_by_their_stable_key_with_the_baseline_first():
     points = grid(S, CSDConfig(gamma=2), 10, quick=True)
-    picked = chosen(points, [points[3].name, points[1].name])
+    keys = [p.key(S) for p in points]
+    assert keys[:3] == ["target", "target,head_steps=5", "target,head_steps=10,head_steps_min=2"]
+    assert "csd,gamma=4,tau_v=5" in keys and "csd,gamma=2,prefill=0.25" in keys  # the knobs each changes
+    picked = chosen(points, [keys[3], keys[1]])
     assert picked == [points[0], points[1], points[3]]
     with pytest.raises(ValueError, match="nearest"):
-        chosen(points, ["CSD gamma 4"])
+        chosen(points, ["CSD, gamma 4, tau_v 5"])  # a display name is not a key
 
 
 def test_a_tiny_decision_end_to_end_and_its_table(tmp_path, restore_threads):
@@ -208,7 +209,7 @@ def test_a_tiny_decision_end_to_end_and_its_table(tmp_path, restore_threads):
     out = tmp_path / "decide.json"
     args = ["--target", target, "--draft", draft, "--num-steps", "4", "--n", "6", "--n-ref", "20", "--threads", "1"]
     args += ["--repeats", "2", "--batches", "1", "2", "--bootstrap", "5", "--out", str(out)]
-    args += ["--points", "CSD, gamma 4, tau_v 5", "target, 2 AR steps", "--features", str(tmp_path / "f.npz")]
+    args += ["--points", "csd,gamma=4,tau_v=5", "target,num_steps=2", "--features", str(tmp_path / "f.npz")]
     result = main(args)
     saved = json.loads(out.read_text())
     assert [r["name"] for r in saved["rows"]] == [r["name"] for r in result["rows"]]

@@ -41,7 +41,7 @@ def test_interleave_undoes_the_strided_split_across_ranks(n, world):
 
 def test_fewer_steps_baseline_has_as_many_steps_as_csd_has_target_passes():
     sampling, csd = SamplingConfig(num_steps=16), CSDConfig(gamma=4, prefill=0.05)
-    passes, _ = csd_passes(64, 16, 4, 0.05)
+    passes, _ = csd_passes(64, sampling, csd)
     # The cosine schedule's first steps make 1, 1, 1, 2 tokens: 5% of 64 takes 4 pre-fill steps.
     assert (
         fewer_steps(sampling, csd, SimpleNamespace(seq_len=64, traits=FamilyTraits("MAR", num_classes=10))).num_steps

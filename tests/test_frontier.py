@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.experiments.frontier import Point, SmallFrontier, grid, image_scores, pareto, run_frontier
+from csd.experiments.frontier import run_frontier
+from csd.experiments.grid import Point, grid
+from csd.experiments.small_frontier import SmallFrontier, image_scores
 from csd.shapes.metrics import load_classifier, reference_features
-from csd.verdict import METRICS
+from csd.verdict import METRICS, pareto
 from tests.helpers import save_tiny_pixel_pair
 from visualize.frontier import frontier_chart
-from visualize.report import frontier_markdown
+from visualize.tables import frontier_markdown
 
 
 def test_pareto_keeps_the_points_nothing_beats_on_both_time_and_quality():
@@ -160,7 +162,7 @@ def test_the_bench_frontier_records_the_weights_the_app_matches(tmp_path, restor
 
 
 def test_the_parts_of_a_grid_cover_it_once_each_with_the_baseline_and_the_fewest_steps_in_every_part():
-    from csd.experiments.frontier import part
+    from csd.experiments.parts import part
 
     points = grid(SamplingConfig(num_steps=32, cfg_scale=3.0), CSDConfig(gamma=8), 25, quick=False)
     fewest = next(p.name for p in points if p.name == "target, 8 AR steps")
@@ -235,7 +237,7 @@ def test_a_grown_grid_runs_only_its_new_settings_and_keeps_the_earlier_rows_once
     args = ["--frontier", "--quick", "--target", target, "--draft", draft, "--n", "4", "--n-ref", "20"]
     args += ["--repeats", "1", "--batches", "2", "--num-steps", "6", "--threads", "1"]
     earlier = main(args + ["--out", str(tmp_path / "earlier")])[2]
-    new = ["--frontier-only", "CSD", "--out", str(tmp_path / "new")]
+    new = ["--frontier-only", "csd", "--out", str(tmp_path / "new")]  # every CSD setting
     parts = [main(args + new + ["--frontier-part", f"{k}/2"])[2] for k in (1, 2)]
     merged = main(args[1:] + new + ["--merge-parts", "2", "--keep-rows", str(tmp_path / "earlier")])[2]
     assert [r["name"] for r in merged["rows"]] == [r["name"] for r in earlier["rows"]]  # the whole grid's order
@@ -276,7 +278,7 @@ SMALL = SamplingConfig(num_steps=4, cfg_scale=2.0)
 def small(one_thread, random_models):
     points = grid(SMALL, CSDConfig(gamma=2), 10, quick=True)
     f = SmallFrontier(random_models, points, 3, seed=5, label=2)
-    labels = [label for _, _, label in f.steps()]
+    labels = [run.label for run in f.steps()]
     assert len(labels) == len(f) == len(points) + 1 and labels[-1].endswith("timed again")
     return f, f.result()
 
@@ -385,7 +387,7 @@ def test_the_frontier_runs_on_an_xar_pair_with_fewer_flow_steps_in_place_of_ar_s
 def test_the_grid_never_holds_a_setting_the_decoder_refuses(criterion, fixed):
     """Around any controls (here the exact criterion too), a draft head of other length is always unaligned,
     with the aligned criterion and the final-step term only: the decoder's rule for chains of unequal length."""
-    from csd.experiments.frontier import grid
+    from csd.experiments.grid import grid
 
     s = SamplingConfig(num_steps=16 if fixed else 32, cfg_scale=3.0, head_steps=25)
     for point in grid(s, CSDConfig(criterion=criterion, align=True), 25, quick=True, fixed_steps=fixed):
@@ -395,7 +397,7 @@ def test_the_grid_never_holds_a_setting_the_decoder_refuses(criterion, fixed):
 
 
 def test_the_full_grid_holds_lazymars_token_cache_where_the_family_takes_it():
-    from csd.experiments.frontier import select
+    from csd.experiments.grid import select
 
     s, c = SamplingConfig(num_steps=32, cfg_scale=3.0), CSDConfig()
     assert not any(p.sampling.token_cache_keep for p in grid(s, c, 25, quick=False))
@@ -407,9 +409,25 @@ def test_the_full_grid_holds_lazymars_token_cache_where_the_family_takes_it():
         ("CSD", 2, 4),
     ]
     assert cached[1].sampling.cond_cache_start == 2 and cached[0].sampling.token_cache_keep == 0.25
-    some = select(full, ["LazyMAR"])
+    some = select(full, ["cond_cache_start", "token_cache_keep"])  # the points that change either knob
     assert some[0] == full[0] and all("LazyMAR" in p.name for p in some[1:]) and len(some) == 6
     assert select(full, None) == full
+
+
+def test_a_grids_points_are_selected_by_their_keys_not_their_names():
+    from csd.experiments.grid import select
+
+    s, c = SamplingConfig(num_steps=32, cfg_scale=3.0), CSDConfig()
+    full = grid(s, c, 25, quick=False)
+    keys = [p.key(s) for p in full]
+    assert keys[0] == "target" and len(set(keys)) == len(keys)  # the baseline, then each setting once
+    assert full[keys.index("target,num_steps=16")].name == "target, 16 AR steps"
+    assert full[keys.index("csd,head_steps=12,gamma=4,tau_v=5")].name == "CSD, gamma 4, tau_v 5, head 12"
+    fast = select(full, ["gamma=4,tau_v=5"])  # every point holding both parts
+    assert len(fast) > 3 and all(p.csd.gamma == 4 and p.csd.tau_v == 5.0 for p in fast[1:])
+    assert select(full, ["=csd"]) == [full[0], full[keys.index("csd")]]  # a whole key: that point alone
+    assert [p.name for p in select(full, ["=csd"])][1] == "CSD, gamma 8, tau_v 42"
+    assert select(full, ["CSD, gamma 8, tau_v 42"]) == [full[0]]  # a display name selects nothing
 
 
 def test_the_grid_holds_the_targets_few_step_samplers_gtr_and_disas_floor_by_name():
@@ -467,7 +485,7 @@ def test_the_apps_deciding_points_are_the_full_grids_settings(name):
     """The app's quick frontier adds the alternatives that decided the paired verdicts (GtR's stages on
     the masked pairs, Euler and Heun ODE steps on xAR), under the names and settings of the full grid."""
     from csd.experiments import defaults
-    from csd.experiments.frontier import deciding_points, pair_grid
+    from csd.experiments.grid import deciding_points, pair_grid
     from csd.models.registry import load_model
 
     target = load_model(Path(__file__).resolve().parents[1] / "assets" / "models" / f"{name}.safetensors")
@@ -480,3 +498,20 @@ def test_the_apps_deciding_points_are_the_full_grids_settings(name):
     assert [e for e in expected if any(e in p.name for p in points)] == expected
     for p in points:
         assert p.csd is None and full[p.name].sampling == p.sampling, p.name
+
+
+def test_a_points_key_is_its_setting_written_as_the_tools_read_it():
+    """Each key part is a knob's key=value (csd.cli.parse_setting's form): read back over the baseline and the
+    default CSD setting, the key gives the point's own configs."""
+    from csd.cli import parse_setting
+    from csd.config import knobs
+
+    s = SamplingConfig(num_steps=32, cfg_scale=3.0)
+    full = grid(s, CSDConfig(), 25, False, caches_guidance=True, caches_tokens=True, head_samplers=("ddpm", "ddim"))
+    for p in full + grid(s, CSDConfig(), 25, False, fixed_steps=True, head_samplers=("euler-maruyama", "euler")):
+        kind, *parts = p.key(s).split(",")
+        ours = [item for item in parts if item.partition("=")[0] in knobs(SamplingConfig)]
+        assert parse_setting(",".join(ours), s) == p.sampling, p.name
+        theirs = [item for item in parts if item not in ours]
+        assert (kind == "csd") == (p.csd is not None) and (p.csd is not None or not theirs)
+        assert p.csd is None or parse_setting(",".join(theirs), CSDConfig()) == p.csd, p.name

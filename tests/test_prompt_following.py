@@ -228,7 +228,8 @@ def _prompts_result(modes=("target", "csd")) -> dict:
 
 
 def test_a_prompt_result_becomes_its_table_and_the_docs_block(tmp_path):
-    from visualize.report import prompts_markdown, report
+    from visualize.report import report
+    from visualize.tables import prompts_markdown
 
     table = prompts_markdown(_prompts_result())
     assert "| target only | 0.74 | 0.96 | 0.74 | 24.2 |  |" in table
@@ -251,7 +252,7 @@ def test_the_committed_prompt_scores_are_the_shipped_pairs_meet_the_colour_goals
     from pathlib import Path
 
     from csd.models.checkpoint import file_digest
-    from visualize.report import prompts_markdown
+    from visualize.tables import prompts_markdown
 
     root = Path(__file__).resolve().parents[1]
     result = json.loads((root / "bench" / "results" / "text" / "prompts.json").read_text())

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from visualize.report import bench_markdown, headline_markdown
+from visualize.tables import bench_markdown, headline_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -51,7 +51,8 @@ def test_the_front_page_is_short():
 
 
 def test_update_docs_rewrites_both_blocks_from_a_result(tmp_path):
-    from visualize.report import bench_markdown, update_docs
+    from visualize.report import update_docs
+    from visualize.tables import bench_markdown
 
     result = json.loads((ROOT / "bench" / "results" / "bench.json").read_text())
     (tmp_path / "docs").mkdir()
@@ -71,7 +72,8 @@ def test_the_where_csd_pays_paragraph_quotes_the_committed_frontiers():
     and its verdict table is theirs."""
     import re
 
-    from visualize.report import committed_frontiers, verdict_table
+    from visualize.report import committed_frontiers
+    from visualize.tables import verdict_table
 
     results = committed_frontiers(ROOT)
     para = README[README.index("**Where CSD pays**") :]
@@ -124,3 +126,18 @@ def test_a_text_result_with_background_scores_gets_their_column():
     assert "| 0.250 |" in headline_markdown(with_bg) and "| 0.550 |" in headline_markdown(with_bg)
     plain = {k: v for k, v in result.items() if not k.startswith(("colour_accuracy_", "background_accuracy_"))}
     assert "colour accuracy" not in headline_markdown(plain) and "background" not in headline_markdown(plain)
+
+
+def test_the_docs_name_each_family_and_its_blocks_by_its_row():
+    from csd.models.registry import FAMILIES
+    from visualize.tables import docs_prefix, family_label
+
+    for family in FAMILIES.values():
+        name = family.shared_traits().family
+        assert family_label(name) == family.docs.label and docs_prefix({"family": name}) == family.docs.prefix
+    assert [f.docs.label for f in sorted(FAMILIES.values(), key=lambda f: f.docs.rank)] == [
+        "MAR (class pair)",
+        "Harmon (text pair)",
+        "xAR (cells pair)",
+    ]
+    assert family_label("nonesuch") == "?" and family_label(None, "unnamed") == "unnamed"

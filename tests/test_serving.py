@@ -336,7 +336,7 @@ def test_nothing_a_visitor_can_read_holds_a_path_of_the_machine(served):
 
 
 def test_results_record_model_paths_relative_to_the_repository(tmp_path):
-    from csd.experiments.bench import ROOT, recorded_path
+    from csd.experiments.evaluate import ROOT, recorded_path
 
     assert (
         recorded_path(ROOT / "assets" / "models" / "shapes_target.safetensors")

@@ -17,7 +17,7 @@ from csd.config import CSDConfig, SamplingConfig, knobs
 from csd.experiments import defaults
 from csd.experiments.evaluate import add_setting_args, settings_from_args
 from csd.family import FamilyTraits
-from demo.controls import PAGE_FIELDS, PRESETS, control_name, knob_control, offered_knobs
+from demo.controls import PAGE_FIELDS, control_name, knob_control, offered_knobs, preset_controls
 from demo.requests import library_errors
 
 CONFIGS = (SamplingConfig, CSDConfig)
@@ -85,18 +85,25 @@ def test_a_flag_of_the_wrong_kind_is_refused_by_name(capsys):
 
 def bad_value(k):
     """A value outside a knob's declared range or choices."""
-    return {"int": (k.lo or 0) - 1, "number": (k.hi or 0) + 1, "choice": "nonsense", "ints": (0,)}.get(k.kind)
+    return {"int": (k.lo or 0) - 1, "number": (k.hi or 0) + 1, "choice": "nonsense", "ints": (0,), "bool": "yes"}[
+        k.kind
+    ]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.__name__)
 def test_a_bad_value_of_every_knob_is_an_error_that_carries_its_field(config):
     for name, k in knobs(config).items():
-        value = bad_value(k)
-        if value is None:  # a bool: any value is one
-            continue
         with pytest.raises(SettingError) as caught:
-            config(**{name: value})
+            config(**{name: bad_value(k)})
         assert caught.value.field == name and (k.name or name) in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, None])
+def test_a_bool_knob_takes_only_true_or_false(value):
+    with pytest.raises(SettingError, match="align must be True or False") as caught:
+        CSDConfig(align=value)
+    assert caught.value.field == "align"
+    assert CSDConfig(align=False).align is False and CSDConfig(counterfactual=True).counterfactual is True
 
 
 def controls_of(*fields: str) -> dict:
@@ -128,16 +135,22 @@ def test_the_app_offers_exactly_the_knobs_that_declare_a_control_in_page_order()
     assert [control_name(f) for f in PAGE_FIELDS][:2] == ["ar_steps", "gamma"]  # the API's keywords
 
 
-def test_the_presets_are_one_table_of_fields_and_the_defaults_repeat_no_dataclass_default():
+def test_the_presets_are_one_table_of_named_settings_and_the_defaults_repeat_no_dataclass_default():
     assert defaults.CSD == CSDConfig()
     changed = {f.name for f in dataclasses.fields(SamplingConfig) if getattr(defaults.SAMPLING, f.name) != f.default}
     assert changed == {"num_steps", "cfg_scale"}  # where the embedded pair differs, nothing else
-    every = set(knobs(SamplingConfig)) | set(knobs(CSDConfig))
-    for name, changes in defaults.PRESETS.items():
-        assert set(changes) <= every, name
-        sampling, csd = defaults.preset(name)
-        assert all(getattr(sampling if f in knobs(SamplingConfig) else csd, f) == v for f, v in changes.items())
-        assert PRESETS[name] == {control_name(f): v for f, v in changes.items()}  # the app's, derived
+    assert defaults.PRESETS["default"] == (defaults.SAMPLING, defaults.CSD)
+    for name, (sampling, csd) in defaults.PRESETS.items():
+        assert isinstance(sampling, SamplingConfig) and isinstance(csd, CSDConfig)
+        assert defaults.preset(name) == (sampling, csd)
+    with pytest.raises(ValueError, match="preset must be one of"):
+        defaults.preset("slow")
+
+
+def test_the_apps_presets_set_the_controls_of_the_knobs_each_changes():
+    assert [name for name in defaults.PRESETS if preset_controls(name)] == ["fast", "faithful", "show rejections"]
+    assert preset_controls("faithful") == {"gamma": 2, "prefill": 0.1}
+    assert preset_controls("show rejections") == {"align": False, "tau_v": 1.0}
 
 
 def test_start_up_sets_the_threads_and_resolves_the_device(restore_threads, capsys):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from csd import CSDConfig, generate, speculative_generate
+from csd import CSDConfig, SamplingConfig, generate, speculative_generate
 from csd.cost import csd_passes, prefill_steps
 from csd.experiments import bench, evaluate
 from csd.experiments.pairs import PairStore, discover, random_pair
@@ -20,7 +20,7 @@ from demo.tabs.generate import compare
 from tests.families import registered
 from tests.families.toy import FAMILY
 from tests.helpers import assert_same64, sampling64
-from visualize.report import headline_markdown
+from visualize.tables import headline_markdown
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SAMPLING64 = sampling64(num_steps=16, cfg_scale=2.0, head_steps=4)  # one AR step per token
@@ -53,7 +53,7 @@ def test_both_samplers_run_it_with_the_passes_the_cost_model_counts(toy):
     assert plain.tokens.shape == (2, 16, 192) and plain.trace.target_passes == 16
     csd = CSDConfig(gamma=4)
     run = speculative_generate(toy64.target, toy64.draft, labels, seeds, sampling, csd)
-    passes, drafts = csd_passes(16, 16, 4, csd.prefill)
+    passes, drafts = csd_passes(16, sampling, csd)
     assert (run.trace.target_passes, run.trace.draft_passes) == (passes, drafts)
     again = speculative_generate(toy64.target, toy64.draft, labels, seeds, sampling, csd)
     assert_same64(again.tokens, run.tokens, "the same seeds again")
@@ -79,7 +79,7 @@ def test_bench_quick_cuts_its_head_steps_for_the_cheap_baseline(toy_files, tmp_p
     args += ["--n", "4", "--n-ref", "20", "--repeats", "1", "--batches", "2", "--gammas", "4"]
     result = bench.main([*args, "--num-steps", "16", "--head-steps", "4", "--gamma", "4"])
     row = result["rows"][0]
-    passes = csd_passes(16, 16, 4, 0.05)[0]
+    passes = csd_passes(16, SamplingConfig(num_steps=16), CSDConfig(gamma=4))[0]
     assert result["settings"]["family"] == "Toy" and row["fewer_steps"] == 16
     assert row["fewer_head_steps"] == max(2, round(4 * passes / 16))
     assert f"| target, {row['fewer_head_steps']} head steps |" in headline_markdown(result)
@@ -103,4 +103,5 @@ def test_the_app_lists_its_embedded_pair_and_generates_with_it(toy_files):
     values = {**app.default_controls(), "batch_size": 1, "ar_steps": 16, "cfg_schedule": "linear"}
     done = list(compare(app, lambda *a, **k: None, **values))[-1]  # the last event: the Comparison
     assert done.pair_name == "toy (embedded)" and done.summary["target_passes"]["target-only"] == 16
-    assert done.summary["target_passes"]["CSD"] == csd_passes(16, 16, values["gamma"], values["prefill"])[0]
+    csd = CSDConfig(gamma=values["gamma"], prefill=values["prefill"])
+    assert done.summary["target_passes"]["CSD"] == csd_passes(16, SamplingConfig(num_steps=16), csd)[0]

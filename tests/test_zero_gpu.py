@@ -22,9 +22,9 @@ import torch
 pytest.importorskip("gradio_client")
 from gradio_client import Client
 
+from csd.experiments.defaults import PRESETS
 from csd.experiments.pairs import RANDOM_SOURCE, PairStore
 from demo import gpu, server
-from demo.controls import PRESETS, preset_values
 from demo.core import App, pair_defaults
 from demo.gpu import GpuCalls
 from demo.limits import Limits
@@ -105,9 +105,7 @@ def test_the_duration_is_positive_and_within_the_cap_for_every_pairs_defaults_an
     for pair in application.store.names:
         base = pair_defaults(application, application.default_controls(), pair)
         for preset in PRESETS:
-            values = preset_values(preset, base, base)
-            if application.store.source(pair).traits.fixed_num_steps:
-                values |= {k: base[k] for k in ("ar_steps", "cfg_schedule")}
+            values = application.preset(preset, base)  # the pair's fixed knobs stay
             r = check_generate(application, None, True, False, **values)  # whether it fits this CPU: not asked
             asked[pair, preset] = application.estimate(r, RUN_KINDS), values
         analysis = {k: v for k, v in base.items() if k != "batch_size"}

@@ -21,9 +21,10 @@ import torch
 from csd.checks import check_int
 from csd.cli import add_machine_flags, start_up
 from csd.config import CSDConfig, SamplingConfig
-from csd.cost import StepCosts, prefill_steps, simple_bound, speedup_bound
+from csd.cost import StepCosts, simple_bound, speedup_bound
 from csd.decoding import Generation, StepCallback, sync_cuda
 from csd.experiments import defaults
+from csd.experiments.jobs import RunStart
 from csd.experiments.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover
 from csd.panels import (
     DistancePanel,
@@ -185,14 +186,12 @@ class Analysis:
         """The setting of every run, in order (CSD None: target-only): what an estimate of the cost needs."""
         return [(sampling, csd) for _, sampling, csd in [*self._plan.values(), *self._timed]]
 
-    def steps(
-        self, on_step: Callable[[str], StepCallback | None] = lambda label: None
-    ) -> Iterator[tuple[int, int, str]]:
-        """Run the planned generations; yields (done, total, label of the next run) before each.
+    def steps(self, on_step: Callable[[str], StepCallback | None] = lambda label: None) -> Iterator[RunStart]:
+        """Run the planned generations; yields a :class:`~csd.experiments.jobs.RunStart` before each.
         ``on_step(label)`` may give a per-AR-step callback for the run ``label``."""
         runs = [(*plan, self._runs) for plan in self._plan.values()] + [(*t, self._retimed) for t in self._timed]
         for i, (label, sampling, csd, store) in enumerate(runs):
-            yield i, len(runs), label
+            yield RunStart(i, len(runs), label)
             callback = on_step(label)
             if csd is None:
                 run = run_single(self.pair, self.labels, self.seeds, sampling, on_step=callback)
@@ -220,7 +219,7 @@ class Analysis:
             resampler=_resampler(main.trace, c.max_tries),
             sweeps=self._sweeps(),
             log_ratio=_log_ratio(main.trace),
-            time=_time(self.timed(s, None), self.timed(s, c), c, self.pair.target.traits.head_per_block),
+            time=_time(self.timed(s, None), self.timed(s, c), s, c, self.pair.target.traits.head_per_block),
         )
 
     def _distance(self, aligned: Run, independent: Run) -> DistancePanel:
@@ -317,19 +316,18 @@ def step_costs(target: Trace, draft: Trace) -> StepCosts:
     )
 
 
-def cost_model(target: Trace, draft: Trace, csd: CSDConfig, per_block: bool = False) -> tuple[float, float]:
-    """(cost-model speedup with measured per-step costs, heads-free bound C_p / (C_q + C_p / gamma));
-    ``per_block``: the target's chain is charged per verified block (:attr:`csd.family.FamilyTraits.head_per_block`)."""
-    costs = step_costs(target, draft)
-    pre = prefill_steps(target.step_sizes, csd.prefill)
-    return (
-        speedup_bound(costs, len(target.step_sizes), csd.gamma, pre, per_block),
-        simple_bound(costs.target_backbone, costs.draft_backbone, csd.gamma),
-    )
+def cost_model(
+    target: Trace, draft: Trace, sampling: SamplingConfig, csd: CSDConfig, per_block: bool = False
+) -> tuple[float, float]:
+    """(cost-model speedup with measured per-step costs, heads-free bound C_p / (C_q + C_p / gamma)), both
+    over the blocks ``csd`` drafts (its ``gamma_schedule`` too); ``per_block``: the target's chain is charged
+    per verified block (:attr:`csd.family.FamilyTraits.head_per_block`)."""
+    costs, tokens = step_costs(target, draft), sum(target.step_sizes)
+    return speedup_bound(costs, tokens, sampling, csd, per_block), simple_bound(costs, sampling, csd)
 
 
-def _time(target: Run, csd: Run, config: CSDConfig, per_block: bool) -> TimePanel:
-    model, bound = cost_model(target.trace, csd.trace, config, per_block)
+def _time(target: Run, csd: Run, sampling: SamplingConfig, config: CSDConfig, per_block: bool) -> TimePanel:
+    model, bound = cost_model(target.trace, csd.trace, sampling, config, per_block)
     costs = step_costs(target.trace, csd.trace)
     return TimePanel(
         phases={
@@ -352,8 +350,8 @@ def _time(target: Run, csd: Run, config: CSDConfig, per_block: bool) -> TimePane
 
 def analyze(pair: ModelPair, settings: AnalysisSettings) -> Panels:
     analysis = Analysis(pair, settings)
-    for done, total, label in analysis.steps():
-        print(f"[{done + 1}/{total}] {label}", flush=True)
+    for run in analysis.steps():
+        print(f"[{run.done + 1}/{run.total}] {run.label}", flush=True)
     return analysis.panels()
 
 

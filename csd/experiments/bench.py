@@ -44,21 +44,25 @@ from csd.experiments.evaluate import (
     generate_images,
     load_models,
     quality,
+    recorded_models,
     settings_from_args,
     summarize_stats,
 )
+from csd.experiments.frontier_command import (
+    add_frontier_args,
+    check_frontier_args,
+    merge_frontier,
+    retime_frontier,
+    write_frontier,
+)
 from csd.experiments.timing import alternate, cost_breakdown, measured_costs, ratio_spread
-from csd.models.checkpoint import file_digest
 from csd.sampling import generate
 from csd.schedule import step_sizes
 from csd.shapes.metrics import REFERENCE_SEED, frechet_distance, load_classifier, reference_features
 from csd.speculative import speculative_generate
 from csd.trace import Maker
-from csd.verdict import verdict_line
 
 REAL_SEED = REFERENCE_SEED + 1  # a second real set: the Frechet distance a perfect sampler would get at this n
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,8 @@ def time_batch(target, draft, sampling: SamplingConfig, csd: CSDConfig, batch: i
     rows = []
     for g in config.gammas:
         spec, base = samples[f"csd/{g}"], samples["target"]
-        passes, drafts = csd_passes(target.seq_len, sampling.num_steps, g, csd.prefill)
+        at_g = replace(csd, gamma=g)
+        passes, drafts = csd_passes(target.seq_len, sampling, at_g)
         lo, hi = ratio_spread(base, spec)
         rows.append(
             {
@@ -118,8 +123,8 @@ def time_batch(target, draft, sampling: SamplingConfig, csd: CSDConfig, batch: i
                 "speedup": base.median / spec.median,
                 "speedup_min": lo,
                 "speedup_max": hi,
-                "speedup_bound": speedup_bound(costs, sampling.num_steps, g, p_steps, target.traits.head_per_block),
-                "speedup_bound_simple": simple_bound(costs.target_backbone, costs.draft_backbone, g),
+                "speedup_bound": speedup_bound(costs, target.seq_len, sampling, at_g, target.traits.head_per_block),
+                "speedup_bound_simple": simple_bound(costs, sampling, at_g),
                 "fewer_steps_time": samples[fewer_key(g)].median / base.median,
                 "fewer_steps": fewer[g].num_steps,
                 "fewer_head_steps": target.head_steps(fewer[g].head_steps),
@@ -167,7 +172,7 @@ def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, con
     def gamma_row(g: int, accuracy: float, fd: float, stats: dict, key: str) -> dict:
         return {
             "gamma": g,
-            "target_passes": csd_passes(target.seq_len, sampling.num_steps, g, csd.prefill)[0],
+            "target_passes": csd_passes(target.seq_len, sampling, replace(csd, gamma=g))[0],
             "acceptance": stats["acceptance_rate"],
             "accuracy": accuracy,
             "fd": fd,
@@ -184,23 +189,26 @@ def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, con
     if per_token:  # acceptance of the drafted tokens (not cells) when each token is tested alone
         out["acceptance_token_aligned"] = out.pop("csd_token")["unit_acceptance_rate"]
         out["acceptance_token_unaligned"] = out.pop("csd_token_unaligned")["unit_acceptance_rate"]
-    out.update(
-        {
-            "fd_csd_vs_target": frechet_distance(feats["csd"], feats["target"]),
-            "fd_real": frechet_distance(reference_features(config.n, REAL_SEED, classifier), ref),
-            "acceptance_aligned": aligned["acceptance_rate"],
-            "acceptance_unaligned": unaligned["acceptance_rate"],
-            # Both from the aligned run: the committed draft vs the target's aligned / independent sample.
-            "distance_aligned": aligned["distance_aligned"],
-            "distance_unaligned": aligned["distance_independent"],
-            "resample_tries_aligned": aligned["mean_resample_tries"],
-            "resample_tries_unaligned": unaligned["mean_resample_tries"],
-            "cap_hits_aligned": aligned["cap_hits"],
-            "cap_hits_unaligned": unaligned["cap_hits"],
-            "drafted_tokens": aligned["drafted_tokens"],
-        }
-    )
-    return out
+    out["fd_csd_vs_target"] = frechet_distance(feats["csd"], feats["target"])
+    out["fd_real"] = frechet_distance(reference_features(config.n, REAL_SEED, classifier), ref)
+    return out | alignment(aligned, unaligned)
+
+
+def alignment(aligned: dict, unaligned: dict) -> dict:
+    """CSD's acceptance, draft-target distance, resampler tries and cap hits with and without alignment, from
+    the two runs' summaries (:func:`csd.experiments.evaluate.summarize_stats`)."""
+    return {
+        "acceptance_aligned": aligned["acceptance_rate"],
+        "acceptance_unaligned": unaligned["acceptance_rate"],
+        # Both from the aligned run: the committed draft vs the target's aligned / independent sample.
+        "distance_aligned": aligned["distance_aligned"],
+        "distance_unaligned": aligned["distance_independent"],
+        "resample_tries_aligned": aligned["mean_resample_tries"],
+        "resample_tries_unaligned": unaligned["mean_resample_tries"],
+        "cap_hits_aligned": aligned["cap_hits"],
+        "cap_hits_unaligned": unaligned["cap_hits"],
+        "drafted_tokens": aligned["drafted_tokens"],
+    }
 
 
 # --- report ----------------------------------------------------------------------------------------
@@ -272,157 +280,15 @@ def compare_settings(
     rows = []
     for name, csd in settings.items():
         lo, hi = ratio_spread(base, timed[name])
-        passes, _ = csd_passes(target.seq_len, sampling.num_steps, csd.gamma, csd.prefill, csd.gamma_schedule)
+        passes, _ = csd_passes(target.seq_len, sampling, csd)
         speedup = base.median / timed[name].median
         rows.append({"setting": name, "target_passes": passes, "speedup": speedup, "min": lo, "max": hi})
     return rows
 
 
-def recorded_path(path) -> str:
-    """A model path as a result records it: relative to the repository where it lies inside it, so no
-    machine's directory layout is written into a committed result (or shown by the app)."""
-    path = Path(path)
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return path.name  # outside the repository: the file name alone
-
-
-def recorded_models(target, draft) -> dict:
-    return {"target": recorded_path(target), "draft": recorded_path(draft)}
-
-
 def single_batch(config: BenchConfig, batches: list[int] | None) -> int:
     """The batch of a one-batch mode (--compare, --frontier): the first --batches, else the grid's largest."""
     return config.batches[-1] if batches is None else batches[0]
-
-
-def frontier_part_arg(text: str) -> tuple[int, int]:
-    """--frontier-part K/N -> (K, N), 1 <= K <= N."""
-    try:
-        k, n = (int(v) for v in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--frontier-part must be K/N, e.g. 1/2, got {text!r}") from None
-    if not 1 <= k <= n:
-        raise argparse.ArgumentTypeError(f"--frontier-part K/N needs 1 <= K <= N, got {text!r}")
-    return k, n
-
-
-def merge_parts_arg(values: list[str], parser: argparse.ArgumentParser) -> list[tuple[int, int]]:
-    """--merge-parts N -> [(1, N) .. (N, N)]; --merge-parts K/N ... -> those parts, each once."""
-    try:
-        if len(values) == 1 and "/" not in values[0]:
-            n = int(values[0])
-            if n < 1:
-                raise ValueError
-            return [(k, n) for k in range(1, n + 1)]
-        specs = [frontier_part_arg(v) for v in values]
-    except (ValueError, argparse.ArgumentTypeError):
-        parser.error(f"--merge-parts takes N >= 1 or parts K/N (1 <= K <= N), got {' '.join(values)!r}")
-    if len(set(specs)) != len(specs):
-        parser.error(f"--merge-parts names a part twice: {' '.join(values)!r}")
-    return specs
-
-
-def frontier_batches(batches: list[int] | None) -> tuple[int, ...]:
-    """The batches a frontier is timed at: every --batches, else the latency and throughput regimes."""
-    return tuple(dict.fromkeys(batches)) if batches else (1, 8)
-
-
-def write_frontier(target, draft, sampling, csd, config: BenchConfig, args, out: Path) -> dict[int, dict]:
-    """The frontier at every batch of --batches (default 1 and 8), one run: frontier_b<batch>.json
-    (frontier_subset_b<batch> for a run of some settings, --frontier-only)."""
-    from csd.experiments import frontier
-
-    points = frontier.select(frontier.pair_grid(target, sampling, csd, args.quick), args.frontier_only)
-    if args.frontier_part:
-        points = frontier.part(points, *args.frontier_part)
-    classifier = load_classifier(args.classifier)
-    ref = reference_features(config.n_ref, REFERENCE_SEED, classifier)
-    batches = frontier_batches(args.batches)
-    t0 = time.perf_counter()
-    results = frontier.run_frontier(target, draft, points, classifier, ref, config.n, batches, config.repeats)
-    minutes = (time.perf_counter() - t0) / 60
-    out.mkdir(parents=True, exist_ok=True)
-    for b, result in results.items():
-        result["settings"] = {"sampling": asdict(sampling), "csd": asdict(csd), "n_ref": config.n_ref}
-        result["settings"]["batches"] = list(batches)
-        result["minutes"] = round(minutes, 1)  # the whole run, every batch
-        result["models"] = recorded_models(args.target, args.draft)
-        result["weights"] = file_digest(Path(args.target), Path(args.draft))  # as ModelPair.weights: the app checks it
-        result["family"] = target.traits.family
-        path = out / frontier_file(b, args.frontier_only, args.frontier_part)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"{verdict_line(result)}\nwrote {path}; its table (.md) and charts: python -m visualize.report {path}")
-    return results
-
-
-def frontier_file(batch: int, only=None, part: tuple[int, int] | None = None) -> str:
-    """frontier_b<batch>.json; frontier_subset_b<batch>.json (--frontier-only); frontier_part<k>of<n>_b<batch>.json
-    (--frontier-part k/n)."""
-    if part:
-        return f"frontier_part{part[0]}of{part[1]}_b{batch}.json"
-    return f"frontier_subset_b{batch}.json" if only else f"frontier_b{batch}.json"
-
-
-def merge_frontier(target, sampling, csd, args, out: Path) -> dict[int, dict]:
-    """--merge-parts N (or K/N ...): the parts 1..N of a frontier run at once (--frontier-part k/N), or the
-    parts named, put together into frontier_b<batch>.json, the rows in the grid's order; its minutes: the
-    longest part's (each part's under ``parts``)."""
-    from csd.experiments import frontier
-
-    only = None if args.keep_rows else args.frontier_only  # kept rows: the parts were a subset of the grid
-    order = [p.name for p in frontier.select(frontier.pair_grid(target, sampling, csd, args.quick), only)]
-    specs = args.merge_parts
-    n = " ".join(f"{k}/{m}" for k, m in specs)
-    merged = {}
-    for b in frontier_batches(args.batches):
-        paths = [out / frontier_file(b, part=spec) for spec in specs]
-        if missing := [str(p) for p in paths if not p.is_file()]:
-            raise SystemExit(f"--merge-parts {n}: missing {', '.join(missing)}")
-        parts = [json.loads(p.read_text()) for p in paths]
-        if {p["weights"] for p in parts} != {file_digest(Path(args.target), Path(args.draft))}:
-            raise SystemExit(f"--merge-parts {n}: the parts were measured on other weights than --target / --draft")
-        minutes = max(p["minutes"] for p in parts)  # the parts ran at once
-        if args.keep_rows:
-            earlier_path = Path(args.keep_rows) / frontier_file(b)
-            earlier = json.loads(earlier_path.read_text())
-            if earlier["weights"] != parts[0]["weights"] or earlier["batch"] != b or earlier["n"] != parts[0]["n"]:
-                raise SystemExit(f"--keep-rows: {earlier_path} was measured on other weights, batch or n")
-            try:
-                kept = frontier.kept_rows(earlier, parts)
-            except ValueError as e:
-                raise SystemExit(f"--keep-rows {earlier_path}: {e}") from None
-            parts.append(kept)
-        try:
-            result = frontier.merge_parts(parts, order)
-        except ValueError as e:  # the parts do not cover the grid (a part missing or from another grid)
-            raise SystemExit(f"--merge-parts {n}: {e}") from None
-        result["minutes"] = minutes
-        if args.keep_rows:
-            result["kept_rows"] = {"from": str(earlier_path), "rows": len(kept["rows"]), "minutes": earlier["minutes"]}
-        path = out / frontier_file(b, only)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"{verdict_line(result)}\nwrote {path}; its table (.md) and charts: python -m visualize.report {path}")
-        merged[b] = result
-    return merged
-
-
-def retime_frontier(target, draft, config: BenchConfig, args) -> dict:
-    """--retime FILE: the frontier in FILE timed again (same settings, models and batch), its quality kept,
-    written back to FILE."""
-    from csd.experiments import frontier
-
-    path = Path(args.retime)
-    result = json.loads(path.read_text())
-    if result.get("weights") != file_digest(Path(args.target), Path(args.draft)):
-        raise SystemExit(f"--retime {path}: measured on other weights than --target / --draft")
-    t0 = time.perf_counter()
-    out = frontier.retime(target, draft, result, config.repeats)
-    out["retime_minutes"] = round((time.perf_counter() - t0) / 60, 1)
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"{verdict_line(out)}\nwrote {path}; its table (.md) and charts: python -m visualize.report {path}")
-    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -440,45 +306,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--quality-gammas", type=int, nargs="+", help="also score CSD images made with these draft lengths"
     )
-    parser.add_argument(
-        "--frontier",
-        action="store_true",
-        help="instead: the quality-time frontier of target-only and CSD settings, "
-        "timed at every --batches (default 1 and 8): frontier_b<batch>.json in --out",
-    )
-    parser.add_argument(
-        "--retime",
-        metavar="FRONTIER_JSON",
-        help="time a committed frontier again at its batch (same settings; quality kept) and rewrite it",
-    )
-    parser.add_argument(
-        "--frontier-only",
-        nargs="+",
-        metavar="PART",
-        help="with --frontier: only the baseline and the settings whose name holds one of these "
-        "(frontier_subset_b<batch>.json)",
-    )
-    parser.add_argument(
-        "--frontier-part",
-        type=frontier_part_arg,
-        metavar="K/N",
-        help="with --frontier: part K of N of the grid, for N processes at once, one per core "
-        "(frontier_part<K>of<N>_b<batch>.json); then --merge-parts N",
-    )
-    parser.add_argument(
-        "--merge-parts",
-        nargs="+",
-        metavar="N",
-        help="put the N parts in --out together into frontier_b<batch>.json (same --target/--draft and settings); "
-        "or the parts named as K/N, which together cover the grid (e.g. 1/2 2/4 4/4: half 2 run as two quarters)",
-    )
-    parser.add_argument(
-        "--keep-rows",
-        metavar="DIR",
-        help="with --merge-parts, for a grid that grew: the parts ran only the new settings (--frontier-only, "
-        "given again here), the other rows are kept from DIR/frontier_b<batch>.json once the settings measured "
-        "in both agree on quality; then --retime the result",
-    )
+    add_frontier_args(parser)
     parser.add_argument(
         "--compare",
         nargs="+",
@@ -488,10 +316,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     args = parser.parse_args(argv)
 
-    if args.keep_rows and not args.merge_parts:
-        parser.error("--keep-rows goes with --merge-parts N")
-    if args.merge_parts:
-        args.merge_parts = merge_parts_arg(args.merge_parts, parser)
+    check_frontier_args(args, parser)
     device = start_up(args, parser)
     config = QUICK if args.quick else BenchConfig()
     grid = {"gammas": args.gammas, "batches": args.batches, "repeats": args.repeats, "n": args.n, "n_ref": args.n_ref}
@@ -500,11 +325,11 @@ def main(argv: list[str] | None = None) -> dict:
     sampling, csd = settings_from_args(args)
     target, draft = load_models(args.target, args.draft, device, sampling.precision)
     if args.retime:
-        return retime_frontier(target, draft, config, args)
+        return retime_frontier(target, draft, args, config.repeats)
     if args.merge_parts:
-        return merge_frontier(target, sampling, csd, args, Path(args.out))
+        return merge_frontier(target, sampling, csd, args)
     if args.frontier:
-        return write_frontier(target, draft, sampling, csd, config, args, Path(args.out))
+        return write_frontier(target, draft, sampling, csd, args, config.n, config.n_ref, config.repeats)
     if args.compare:
         settings = {spec: parse_setting(spec, csd, "--compare setting") for spec in args.compare}
         batch = single_batch(config, args.batches)

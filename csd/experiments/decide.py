@@ -12,13 +12,14 @@ are correlated, so a paired difference's error is smaller than the two sets' err
 The verdict is :mod:`csd.verdict`'s rule on these margins: per CSD setting, its smallest margin over the
 alternatives at no more than its time + slack (it must beat every one of them); *clearly ahead* where the
 best CSD setting's margin exceeds ``CLEAR`` paired standard errors, *behind* below ``-CLEAR``, else *on
-par*, at each slack of :data:`SLACKS` (ratios of target-only's time).
+par*, at each slack of :data:`~csd.experiments.paired.SLACKS` (ratios of target-only's time). The statistics
+are :mod:`csd.experiments.paired`'s; this module measures and runs the command.
 
     python -m csd.experiments.decide --candidates bench/results/xar/frontier_b1.json \\
         bench/results/xar/frontier_b8.json --target ... --draft ... --num-steps 16   # what to measure
     python -m csd.experiments.decide --threads 1 --out bench/results/xar/decide.json \\
         --target assets/models/shapes_xar_target.safetensors --draft assets/models/shapes_xar_draft.safetensors \\
-        --num-steps 16 --points "CSD, gamma 4, tau_v 5, flow 12" "target, Euler ODE flow 6 steps, official grid"
+        --num-steps 16 --points csd,head_steps=12,gamma=4,tau_v=5 target,head_steps=6,head_sampler=euler
     python -m visualize.report bench/results/xar/decide.json   # decide.md beside it
 """
 
@@ -27,10 +28,9 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -38,214 +38,28 @@ import torch
 
 from csd.cli import start_up
 from csd.config import CSDConfig
-from csd.experiments.bench import recorded_models
 from csd.experiments.evaluate import (
     add_setting_args,
     class_labels,
     eval_labels_seeds,
     generate_images,
     load_models,
+    recorded_models,
     settings_from_args,
 )
-from csd.experiments.frontier import (
-    BOOTSTRAP,
-    Point,
-    fd_standard_error,
-    pair_grid,
-    points_of,
-    time_points,
-    timed_units,
-)
+from csd.experiments.frontier import BOOTSTRAP, time_points, timed_units
+from csd.experiments.grid import Point, keyed, pair_grid, points_of
+from csd.experiments.paired import Scored, decisions, summarize
 from csd.models.checkpoint import file_digest
 from csd.shapes.metrics import (
     REFERENCE_SEED,
     features,
-    frechet_distance,
-    frechet_from_stats,
-    gaussian_stats,
     load_classifier,
     predict,
     reference_features,
 )
-from csd.verdict import CLEAR, METRICS, verdict_word
 
-SLACKS = (0.0, 0.05, 0.10)  # how much slower than CSD (ratios of target-only's time) an alternative may be
 CANDIDATE_SLACK = 0.10  # --candidates lists the alternatives up to this much slower than CSD's best
-KIND = "decide"  # a result's "kind": what visualize.report makes of it
-
-
-# --- the statistics: pure functions of per-image arrays --------------------------------------------
-
-
-@dataclass(frozen=True)
-class Scored:
-    """One setting's images as the comparisons read them: classifier features (n, d) and, per image whose
-    condition names a class (every image of a class pair), 1.0 where the classifier names it (m,)."""
-
-    feats: np.ndarray
-    correct: np.ndarray
-
-
-def paired_mean(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """mean(a - b) over paired items (n,) and its standard error: the per-item differences' std / sqrt(n)."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1 or len(a) < 2:
-        raise ValueError(f"need two paired vectors of the same length >= 2, got shapes {a.shape}, {b.shape}")
-    d = a - b
-    return float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d)))
-
-
-def paired_fd(
-    feats_a: np.ndarray, feats_b: np.ndarray, ref: np.ndarray, bootstrap: int = BOOTSTRAP, seed: int = 0
-) -> tuple[float, float]:
-    """FD(a) - FD(b) to the reference features, and its paired bootstrap standard error: each of the
-    ``bootstrap`` resamples draws one set of image indices for both (n, d) sets (image i of both made from
-    the same label and seed); the reference stays fixed."""
-    a, b = np.asarray(feats_a), np.asarray(feats_b)
-    if a.shape != b.shape:
-        raise ValueError(f"paired feature sets must have one shape, got {a.shape} and {b.shape}")
-    ref_stats = gaussian_stats(ref)
-    fd = lambda x: frechet_from_stats(*gaussian_stats(x), *ref_stats)
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(bootstrap):
-        i = rng.integers(0, len(a), len(a))
-        draws.append(fd(a[i]) - fd(b[i]))
-    return fd(a) - fd(b), float(np.std(draws, ddof=1))
-
-
-def margin(diff: float, se: float, higher_is_better: bool) -> float:
-    """A difference (CSD - alternative) in standard errors, positive where CSD is better."""
-    signed = diff if higher_is_better else -diff
-    if se > 0:
-        return signed / se
-    return math.inf if signed > 0 else -math.inf if signed < 0 else 0.0
-
-
-def compare(a: Scored, b: Scored, ref: np.ndarray, bootstrap: int = BOOTSTRAP) -> dict:
-    """``a`` against ``b`` on the same images, per metric: difference (a - b), paired standard error and
-    margin (positive: ``a`` better)."""
-    out = {}
-    for key, (diff, se) in (
-        ("fd", paired_fd(a.feats, b.feats, ref, bootstrap)),
-        ("accuracy", paired_mean(a.correct, b.correct)),
-    ):
-        out[key] = {"diff": diff, "se": se, "margin": margin(diff, se, METRICS[key][1])}
-    return out
-
-
-def judge(rows: list[dict], pairs: list[dict], batch: str, slack: float, metric: str, clear: float = CLEAR) -> dict:
-    """The verdict at one batch and slack on one metric. Each CSD row is held against every alternative
-    (``pairs``: CSD row, alternative, :func:`compare`) at no more than its time + ``slack`` at ``batch``;
-    its margin is the smallest (it must beat each one), the rival the alternative that gives it. The CSD
-    row with the largest margin decides, by :func:`csd.verdict.verdict_word`."""
-    times = {r["name"]: r["time"][batch] for r in rows}
-    rated = []
-    for r in rows:
-        if r["method"] != "CSD":
-            continue
-        near = [p for p in pairs if p["csd"] == r["name"] and times[p["alternative"]] <= times[r["name"]] + slack]
-        if not near:
-            continue
-        worst = min(near, key=lambda p: p[metric]["margin"])
-        rated.append(
-            {
-                "csd": r["name"],
-                "time": times[r["name"]],
-                "rival": worst["alternative"],
-                "rival_time": times[worst["alternative"]],
-                "alternatives": len(near),
-                **worst[metric],
-            }
-        )
-    out = {"batch": int(batch), "slack": slack, "metric": metric, "clear": clear, "settings": rated}
-    if not rated:
-        return out | {"verdict": "unrated", "best": None}
-    best = max(rated, key=lambda m: m["margin"])
-    return out | {"verdict": verdict_word(best["margin"], clear), "best": best}
-
-
-def keeps_target(rows: list[dict], batch: str) -> dict:
-    """The fastest row at ``batch`` whose quality stays within target-only's (``rows[0]``) standard error:
-    Frechet distance at most target-only's + its SE, accuracy at least target-only's - its SE."""
-    base = rows[0]
-    kept = [
-        r
-        for r in rows
-        if r["fd"] <= base["fd"] + base["fd_se"] and r["accuracy"] >= base["accuracy"] - base["accuracy_se"]
-    ]
-    best = min(kept, key=lambda r: r["time"][batch])  # target-only itself always qualifies
-    return {
-        "name": best["name"],
-        "method": best["method"],
-        "time": best["time"][batch],
-        "speedup": 1 / best["time"][batch],
-        "fd": best["fd"],
-        "accuracy": best["accuracy"],
-    }
-
-
-def summarize(
-    points: Sequence[Point],
-    seconds: dict[int, dict[str, float]],
-    scored: dict[str, Scored],
-    ref: np.ndarray,
-    bootstrap: int = BOOTSTRAP,
-    slacks: Sequence[float] = SLACKS,
-    clear: float = CLEAR,
-) -> dict:
-    """A decision's result from its measurements: ``seconds`` (batch -> setting -> median seconds of a
-    timed unit) and each setting's :class:`Scored` images. ``points[0]`` is target-only, the time unit and
-    the quality every row is also compared with (``vs_target``). Rows, every CSD-alternative comparison,
-    the verdicts per batch, slack and metric, and per batch the fastest setting within target-only's SE."""
-    base = points[0]
-    if base.csd is not None:
-        raise ValueError("points must start with the target-only baseline")
-    rows = []
-    for p in points:
-        s = scored[p.name]
-        n, m = len(s.feats), len(s.correct)
-        acc = float(s.correct.mean())
-        rows.append(
-            {
-                "name": p.name,
-                "method": p.method,
-                "time": {str(b): t[p.name] / t[base.name] for b, t in seconds.items()},
-                "fd": frechet_distance(s.feats, ref),
-                "fd_se": fd_standard_error(s.feats, ref),
-                "accuracy": acc,
-                "accuracy_se": math.sqrt(acc * (1 - acc) / m),
-                "n": n,
-                "n_accuracy": m,
-                "vs_target": None if p is base else compare(s, scored[base.name], ref, bootstrap),
-                "sampling": asdict(p.sampling),
-                "csd": None if p.csd is None else asdict(p.csd),
-            }
-        )
-    csd = [p for p in points if p.csd is not None]
-    alternatives = [p for p in points if p.csd is None]
-    pairs = [
-        {"csd": c.name, "alternative": a.name, **compare(scored[c.name], scored[a.name], ref, bootstrap)}
-        for c in csd
-        for a in alternatives
-    ]
-    result = {"kind": KIND, "rows": rows, "pairs": pairs, "n": len(scored[base.name].feats), "bootstrap": bootstrap}
-    return result | decisions(rows, pairs, slacks, clear)
-
-
-def decisions(rows: list[dict], pairs: list[dict], slacks: Sequence[float] = SLACKS, clear: float = CLEAR) -> dict:
-    """What the rows' times and the pairs' margins decide: the verdicts per batch, slack and metric
-    (:func:`judge`) and per batch the fastest setting within target-only's SE (:func:`keeps_target`)."""
-    batches = list(rows[0]["time"])
-    return {
-        "verdicts": [judge(rows, pairs, b, s, m, clear) for b in batches for s in slacks for m in ("fd", "accuracy")],
-        "keeps_target": {b: keeps_target(rows, b) for b in batches},
-        "slacks": list(slacks),
-        "clear": clear,
-    }
-
-
-# --- the measurements --------------------------------------------------------------------------------
 
 
 def score(images: torch.Tensor, labels: Sequence, classifier) -> Scored:
@@ -268,15 +82,11 @@ def run_decide(
     bootstrap: int = BOOTSTRAP,
     log: Callable[[str], None] = print,
 ) -> tuple[dict, dict[str, Scored]]:
-    """Time every point side by side at each batch (:func:`csd.experiments.frontier.time_points`), make
-    ``n`` images of each on the same labels and seeds (those of the frontier), and :func:`summarize` ->
-    (result, each setting's :class:`Scored`)."""
+    """Time every point side by side at each batch (:func:`time_batches`), make ``n`` images of each on the
+    same labels and seeds (those of the frontier), and :func:`~csd.experiments.paired.summarize` -> (result, each
+    setting's :class:`~csd.experiments.paired.Scored`)."""
     t0 = time.perf_counter()
-    seconds = {}
-    for b in batches:
-        timed = time_points(target, draft, list(points), b, repeats)
-        seconds[b] = {name: t.seconds for name, t in timed.items()}
-        log(f"timed at batch {b} ({(time.perf_counter() - t0) / 60:.1f} min)")
+    seconds = time_batches(target, draft, points, batches, repeats, log)
     labels, seeds = eval_labels_seeds(n, 0, target.traits)
     scored = {}
     for p in points:
@@ -295,11 +105,7 @@ def retime(target, draft, result: dict, repeats: int, log: Callable[[str], None]
     kept: a setting's images do not depend on when it is timed. Times, verdicts and the fastest setting
     within target-only's SE are this run's."""
     points = points_of(result)
-    seconds = {}
-    for b in result["rows"][0]["time"]:
-        timed = time_points(target, draft, points, int(b), repeats)
-        seconds[b] = {name: t.seconds for name, t in timed.items()}
-        log(f"timed at batch {b}")
+    seconds = time_batches(target, draft, points, list(result["rows"][0]["time"]), repeats, log)
     base = points[0].name
     rows = [r | {"time": {b: t[r["name"]] / t[base] for b, t in seconds.items()}} for r in result["rows"]]
     out = (
@@ -313,6 +119,17 @@ def retime(target, draft, result: dict, repeats: int, log: Callable[[str], None]
     return out
 
 
+def time_batches(target, draft, points: Sequence[Point], batches: Sequence, repeats: int, log) -> dict:
+    """Every point timed side by side at each batch (:func:`csd.experiments.frontier.time_points`) -> batch
+    (as given) -> setting -> median seconds of a timed unit."""
+    t0, seconds = time.perf_counter(), {}
+    for b in batches:
+        timed = time_points(target, draft, list(points), int(b), repeats)
+        seconds[b] = {name: t.seconds for name, t in timed.items()}
+        log(f"timed at batch {b} ({(time.perf_counter() - t0) / 60:.1f} min)")
+    return seconds
+
+
 def _timing(seconds: dict, repeats: int) -> dict[str, str]:
     return {
         str(b): f"median wall time of {timed_units(int(b)) * int(b)} images at batch {b} over {repeats} interleaved "
@@ -321,33 +138,39 @@ def _timing(seconds: dict, repeats: int) -> dict[str, str]:
     }
 
 
-def chosen(grid: Sequence[Point], names: Sequence[str]) -> list[Point]:
-    """The baseline (``grid[0]``) and the grid's points of exactly these names, in the grid's order; an
-    unknown name is a ValueError naming the nearest ones."""
-    by_name = {p.name: p for p in grid}
-    unknown = [name for name in names if name not in by_name]
+def chosen(grid: Sequence[Point], keys: Sequence[str]) -> list[Point]:
+    """The baseline (``grid[0]``) and the grid's points of these keys (:meth:`csd.experiments.grid.Point.key`),
+    in the grid's order; an unknown key is a ValueError naming the nearest ones."""
+    by_key = keyed(grid)
+    unknown = [key for key in keys if key not in by_key]
     if unknown:
-        near = {name: difflib.get_close_matches(name, list(by_name), n=3, cutoff=0.5) for name in unknown}
-        raise ValueError(f"not in the family's grid: {near} (the nearest names listed)")
-    return [grid[0]] + [p for p in grid[1:] if p.name in set(names)]
+        near = {key: difflib.get_close_matches(key, list(by_key), n=3, cutoff=0.5) for key in unknown}
+        raise ValueError(f"not in the family's grid: {near} (the nearest keys listed)")
+    return [grid[0]] + [p for key, p in list(by_key.items())[1:] if key in set(keys)]
 
 
-def candidates(result: dict, grid_names: Sequence[str], slack: float = CANDIDATE_SLACK) -> dict:
+def candidates(result: dict, grid: Sequence[Point], slack: float = CANDIDATE_SLACK) -> dict:
     """What a committed frontier says to measure at its batch: CSD's best setting by its verdict, every
     alternative measured at no more than its time + ``slack``, and the grid's settings it did not measure
-    (their time unknown: the few-step samplers and GtR, say)."""
-    best = result["verdict"]["best"]
-    measured = {r["name"] for r in result["rows"]}
+    (their time unknown: the few-step samplers and GtR, say); each with its key, what --points takes."""
+    best, base = result["verdict"]["best"], grid[0].sampling
+    key_of = {row["name"]: p.key(base) for p, row in zip(points_of(result), result["rows"], strict=True)}
     out = {"batch": result["batch"], "best": None, "alternatives": []}
     if best is not None:
         limit = best["time"] + slack
         near = [r for r in result["rows"] if r["method"] != "CSD" and r["time"] <= limit]
-        out["best"] = {"name": best["name"], "time": best["time"], "margin": best["margin"]}
+        out["best"] = {
+            "name": best["name"],
+            "key": key_of[best["name"]],
+            "time": best["time"],
+            "margin": best["margin"],
+        }
         out["alternatives"] = [
-            {"name": r["name"], "time": r["time"], "fd": r["fd"], "accuracy": r["accuracy"]}
+            {"name": r["name"], "key": key_of[r["name"]], "time": r["time"], "fd": r["fd"], "accuracy": r["accuracy"]}
             for r in sorted(near, key=lambda r: r["time"])
         ]
-    out["not_measured"] = [name for name in grid_names if name not in measured]
+    measured = set(key_of.values())
+    out["not_measured"] = [{"name": p.name, "key": key} for key, p in keyed(grid).items() if key not in measured]
     return out
 
 
@@ -357,13 +180,13 @@ def print_candidates(found: dict) -> None:
     if best is None:
         print("  no CSD setting rated")
         return
-    print(f"  CSD best: {best['name']!r} (time {best['time']:.2f}, margin {best['margin']:+.1f} SE)")
+    print(f"  CSD best: {best['key']} ({best['name']}; time {best['time']:.2f}, margin {best['margin']:+.1f} SE)")
     print(f"  alternatives at time <= {best['time'] + CANDIDATE_SLACK:.2f}:")
     for r in found["alternatives"]:
-        print(f"    {r['time']:.2f}  FD {r['fd']:6.1f}  accuracy {r['accuracy']:.2f}  {r['name']!r}")
+        print(f"    {r['time']:.2f}  FD {r['fd']:6.1f}  accuracy {r['accuracy']:.2f}  {r['key']} ({r['name']})")
     if found["not_measured"]:
         print("  in the grid, not in this frontier (time unknown):")
-        print("\n".join(f"    {name!r}" for name in found["not_measured"]))
+        print("\n".join(f"    {p['key']} ({p['name']})" for p in found["not_measured"]))
 
 
 def retime_file(target, draft, path: Path, args) -> dict:
@@ -390,10 +213,15 @@ def print_verdicts(result: dict) -> None:
             )
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(prog="python -m csd.experiments.decide", description=__doc__.split("\n")[0])
     add_setting_args(parser)
-    parser.add_argument("--points", nargs="+", metavar="NAME", help="settings of the family's frontier grid, by name")
+    parser.add_argument(
+        "--points",
+        nargs="+",
+        metavar="KEY",
+        help="settings of the family's frontier grid, by key (csd.experiments.grid.Point.key; --candidates lists them)",
+    )
     parser.add_argument(
         "--candidates",
         nargs="+",
@@ -419,7 +247,24 @@ def main(argv: list[str] | None = None) -> dict:
     for flag, least in (("n", 2), ("n_ref", 2), ("repeats", 1), ("bootstrap", 2)):
         if getattr(args, flag) < least:
             parser.error(f"--{flag.replace('_', '-')} must be at least {least}")
+    return args, parser
 
+
+def write_decision(result: dict, scored: dict, points: list[Point], ref: np.ndarray, args) -> Path:
+    """The decision to --out and, with --features, each setting's features and correctness."""
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.features:
+        arrays = {
+            f"{kind}_{i}": getattr(scored[p.name], kind) for i, p in enumerate(points) for kind in ("feats", "correct")
+        }
+        np.savez_compressed(args.features, names=np.asarray([p.name for p in points]), ref=ref, **arrays)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, parser = parse_args(argv)
     device = start_up(args, parser)
     sampling, csd = settings_from_args(args)
     target, draft = load_models(args.target, args.draft, device, sampling.precision)
@@ -427,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict:
         return retime_file(target, draft, Path(args.retime), args)
     grid = pair_grid(target, sampling, csd)
     if args.candidates:
-        found = [candidates(json.loads(Path(p).read_text()), [p.name for p in grid]) for p in args.candidates]
+        found = [candidates(json.loads(Path(p).read_text()), grid) for p in args.candidates]
         for f in found:
             print_candidates(f)
         return {"candidates": found}
@@ -450,14 +295,7 @@ def main(argv: list[str] | None = None) -> dict:
         "threads": torch.get_num_threads(),
         "minutes": round(minutes, 1),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    if args.features:
-        arrays = {
-            f"{kind}_{i}": getattr(scored[p.name], kind) for i, p in enumerate(points) for kind in ("feats", "correct")
-        }
-        np.savez_compressed(args.features, names=np.asarray([p.name for p in points]), ref=ref, **arrays)
+    out = write_decision(result, scored, points, ref, args)
     print_verdicts(result)
     print(f"{minutes:.1f} minutes; wrote {out}; its table: python -m visualize.report {out}")
     return result

@@ -1,10 +1,11 @@
-"""Default settings of the embedded shapes pair and the named sampler presets, in one place so the app,
-evaluation and benchmark agree: :data:`SAMPLING` and :data:`CSD` differ from the dataclass defaults only
-where the embedded pair does; a preset (:data:`PRESETS`) names the fields it changes over them."""
+"""Default settings of the embedded shapes pair and the named presets, in one place so the app, evaluation
+and benchmark agree: :data:`SAMPLING` and :data:`CSD` differ from the dataclass defaults only where the
+embedded pair does; :data:`PRESETS` names whole settings, as DiT names its model configs."""
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
+from typing import NamedTuple
 
 from csd.config import CSDConfig, SamplingConfig
 from csd.experiments.pairs import EMBEDDED_DIR
@@ -16,20 +17,25 @@ SAMPLING = SamplingConfig(num_steps=32, cfg_scale=3.0)
 CSD = CSDConfig()
 BATCH_SIZE = 8
 
-# Named sampler presets: the fields each changes over the defaults, named for what a user wants (the app's
-# preset menu, --preset). A family with fixed AR steps (xAR) keeps its own.
-PRESETS: dict[str, dict[str, object]] = {
-    "default": {},
-    "fast": {"gamma": 16, "prefill": 0.05},
-    "faithful": {"gamma": 2, "prefill": 0.1},
-    "show rejections": {"tau_v": 1.0, "align": False},
+
+class Preset(NamedTuple):
+    """A named setting: the two configs a run takes."""
+
+    sampling: SamplingConfig
+    csd: CSDConfig
+
+
+# Named for what a user wants (the app's preset menu, --preset). A family with fixed AR steps (xAR) keeps its own.
+PRESETS: dict[str, Preset] = {
+    "default": Preset(SAMPLING, CSD),
+    "fast": Preset(SAMPLING, replace(CSD, gamma=16, prefill=0.05)),
+    "faithful": Preset(SAMPLING, replace(CSD, gamma=2, prefill=0.1)),
+    "show rejections": Preset(SAMPLING, replace(CSD, tau_v=1.0, align=False)),
 }
 
 
-def preset(name: str) -> tuple[SamplingConfig, CSDConfig]:
-    """The default settings with preset ``name``'s changes."""
+def preset(name: str) -> Preset:
+    """The preset ``name``; an unknown name is a ValueError naming the presets."""
     if name not in PRESETS:
         raise ValueError(f"preset must be one of {list(PRESETS)}, got {name!r}")
-    changes = PRESETS[name]
-    split = lambda config: {f.name: changes[f.name] for f in fields(config) if f.name in changes}
-    return replace(SAMPLING, **split(SAMPLING)), replace(CSD, **split(CSD))
+    return PRESETS[name]

@@ -94,6 +94,7 @@ class EvalConfig:
             check_int(name, getattr(self, name), lo)
 
 
+ROOT = Path(__file__).resolve().parents[2]
 PROMPT_SEED = 104  # the held-out shapes images whose captions prompt a text model's evaluation
 
 
@@ -113,7 +114,7 @@ def fewer_steps(sampling: SamplingConfig, csd: CSDConfig, target) -> SamplingCon
     Where the family's AR steps are fixed (xAR: one per cell) CSD's target passes are whole flow
     chains over a block, so the baseline keeps the AR steps and cuts the flow (head) steps in the same
     proportion: T * passes / S, at least 2."""
-    passes, _ = csd_passes(target.seq_len, sampling.num_steps, csd.gamma, csd.prefill, csd.gamma_schedule)
+    passes, _ = csd_passes(target.seq_len, sampling, csd)
     if target.traits.cheap_knob == "num_steps":
         return replace(sampling, num_steps=passes)
     steps = target.head_steps(sampling.head_steps)
@@ -354,6 +355,20 @@ def settings_from_args(args: argparse.Namespace) -> tuple[SamplingConfig, CSDCon
     """The preset's settings with the knobs the flags set."""
     sampling, csd = defaults.preset(args.preset)
     return config_from_args(args, SamplingConfig, sampling), config_from_args(args, CSDConfig, csd)
+
+
+def recorded_path(path) -> str:
+    """A model path as a result records it: relative to the repository where it lies inside it, so no
+    machine's directory layout is written into a committed result (or shown by the app)."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return path.name  # outside the repository: the file name alone
+
+
+def recorded_models(target, draft) -> dict:
+    return {"target": recorded_path(target), "draft": recorded_path(draft)}
 
 
 def load_models(target_path: str | Path, draft_path: str | Path, device: torch.device, precision: str = "float32"):

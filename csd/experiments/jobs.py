@@ -48,6 +48,15 @@ class Step:
         return f"{self.label}: AR step {self.done}/{self.total} ({self.phase})"
 
 
+@dataclass(frozen=True)
+class RunStart:
+    """One run of several about to start: ``done`` of ``total`` runs are done, the next is ``label``."""
+
+    done: int
+    total: int
+    label: str
+
+
 _STEP, _POST, _DONE, _FAILED = range(4)
 
 

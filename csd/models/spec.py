@@ -163,6 +163,17 @@ class PaperScale:
 
 
 @dataclass(frozen=True)
+class ResultsDocs:
+    """Where a family's embedded pair stands in the results pages (:mod:`visualize.report`): ``label`` names
+    its rows in their tables, ``prefix`` its blocks in docs/results.md and the README (``<prefix>bench``,
+    ``<prefix>headline``, ``<prefix>frontier-b<batch>``), ``rank`` its place among the families' rows."""
+
+    label: str
+    prefix: str
+    rank: int
+
+
+@dataclass(frozen=True)
 class Family:
     """One row of the family table.
 
@@ -175,7 +186,8 @@ class Family:
     load_official: ``(checkpoint_dir, config_name, target=None) -> model`` from those files (``target``:
     the model a draft is loaded for, when the family matches a draft's sampler to its target's).
     pairs: the pairs it offers (:class:`PairSpec`; the conformance test needs its "random" one). paper: how
-    it runs at the published sizes (:class:`PaperScale`; None: not timed there).
+    it runs at the published sizes (:class:`PaperScale`; None: not timed there). docs: where its embedded
+    pair's results stand in the docs (:class:`ResultsDocs`; None: nowhere).
     """
 
     arch: str
@@ -189,6 +201,7 @@ class Family:
     load_official: Callable[..., nn.Module] | None = None
     pairs: tuple[PairSpec, ...] = ()
     paper: PaperScale | None = None
+    docs: ResultsDocs | None = None
 
     def __post_init__(self) -> None:
         for pair in self.pairs:

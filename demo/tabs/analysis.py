@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import gradio as gr
 
-from csd.experiments import frontier
 from csd.experiments.analysis import Analysis, AnalysisSettings
+from csd.experiments.grid import deciding_points, grid
+from csd.experiments.small_frontier import SmallFrontier
 from demo.controls import slider, take
 from demo.core import App, pair_defaults, steps_job
 from demo.errors import refuse
@@ -88,20 +89,20 @@ def analysis_panels(app: App, n_images: int, progress, components: dict | None =
     """Recompute every panel over ``n_images`` images (image i: seed + i) at the controls, in one GPU call:
     yields status lines, returns the panels."""
     analysis, seconds = check_analysis(app, n_images, components, **controls)
-    values = controls | {"n_images": analysis.settings.n_images}
+    values = {"pair_name": analysis.pair.name, "settings": analysis.settings}
     return (yield from app.run_all("analysis", values, seconds, progress))
 
 
 @task("analysis")
-def analysis_task(app: App, n_images: int, **controls):
-    """The GPU task of :func:`analysis_panels`."""
-    _, analysis = plan_analysis(app, n_images, None, True, **controls)
+def analysis_task(app: App, pair_name: str, settings: AnalysisSettings):
+    """The GPU task of :func:`analysis_panels`: the runs of the analysis planned (and checked) before the call."""
+    analysis = Analysis(app.store.get(pair_name), settings)
     yield from app.job_events(steps_job(analysis, analysis.panels))
 
 
 def plan_frontier(
     app: App, n_images: int, components: dict | None = None, load: bool = True, **controls
-) -> tuple[Request, frontier.SmallFrontier] | None:
+) -> tuple[Request, SmallFrontier] | None:
     """The request and the settings of a frontier recompute, refused by name when over the work limit."""
     r = app.request(components, load, **controls, batch_size=1)
     if r is None:
@@ -118,14 +119,14 @@ def plan_frontier(
     fixed = r.pair.traits.fixed_num_steps is not None  # xAR: one AR step per cell
     head = r.pair.target.head_steps(r.sampling.head_steps)
     traits = r.pair.traits
-    points = frontier.grid(r.sampling, r.csd, head, quick=True, fixed_steps=fixed)
-    points += frontier.deciding_points(r.sampling, head, traits.head_samplers, traits.takes_gtr)
-    return r, frontier.SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], **r.condition())
+    points = grid(r.sampling, r.csd, head, quick=True, fixed_steps=fixed)
+    points += deciding_points(r.sampling, head, traits.head_samplers, traits.takes_gtr)
+    return r, SmallFrontier(r.pair, points, n_images, seed=r.seeds[0], **r.condition())
 
 
 def check_frontier(
     app: App, n_images: int, components: dict | None = None, load: bool = True, within: float | None = None, **controls
-) -> tuple[frontier.SmallFrontier, float] | None:
+) -> tuple[SmallFrontier, float] | None:
     """The settings of a frontier recompute and their estimated seconds, refused by name when over the
     server's limits (or ``within``)."""
     planned = plan_frontier(app, n_images, components, load, **controls)
@@ -142,14 +143,14 @@ def frontier_result(app: App, n_images: int, progress, components: dict | None =
     combinations) around the controls, over ``n_images`` images, one run per setting, in one GPU call: yields
     status lines, returns the frontier."""
     small, seconds = check_frontier(app, n_images, components, **controls)
-    values = controls | {"n_images": len(small.seeds)}
-    return (yield from app.run_all("frontier", values, seconds, progress))
+    return (yield from app.run_all("frontier", small.plan(), seconds, progress))
 
 
 @task("frontier")
-def frontier_task(app: App, n_images: int, **controls):
-    """The GPU task of :func:`frontier_result`."""
-    _, small = plan_frontier(app, n_images, None, True, **controls)
+def frontier_task(app: App, pair_name: str, **plan):
+    """The GPU task of :func:`frontier_result`: the runs of the frontier planned (and checked) before the call
+    (:meth:`csd.experiments.small_frontier.SmallFrontier.plan`)."""
+    small = SmallFrontier(app.store.get(pair_name), **plan)
     yield from app.job_events(steps_job(small, small.result))
 
 

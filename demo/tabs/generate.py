@@ -13,13 +13,13 @@ import gradio as gr
 import numpy as np
 
 from csd.experiments.analysis import Run, run_csd, run_single
+from csd.experiments.defaults import PRESETS
 from csd.experiments.jobs import Job, Step
 from csd.experiments.pairs import EXAMPLE_PROMPTS
 from csd.trace import Maker
 from demo import showcase
 from demo.cards import model_line
-from demo.controls import PRESETS, preset_values
-from demo.core import App
+from demo.core import App, fixed_controls
 from demo.estimate import words
 from demo.gpu import task
 from demo.requests import Request, twin_events
@@ -84,19 +84,19 @@ def compare(app: App, progress, fit: bool = True, **controls) -> Iterator[object
     per AR step (as the throttle lets them through), :class:`TargetReady` and :class:`CsdReady` as each is
     ready, and last the :class:`Comparison`."""
     r = check_generate(app, None, True, fit, **controls)
-    return _compare(app, controls, app.estimate(r, RUN_KINDS), progress)
+    return _compare(app, r, app.estimate(r, RUN_KINDS), progress)
 
 
-def _compare(app: App, controls: dict, seconds: float, progress) -> Iterator[object]:
-    result = yield from app.follow(app.gpu.call("compare", controls, seconds), RUNS, progress)
+def _compare(app: App, r: Request, seconds: float, progress) -> Iterator[object]:
+    result = yield from app.follow(app.gpu.call("compare", r.plain(), seconds), RUNS, progress)
     yield result
 
 
 @task("compare")
-def compare_task(app: App, **controls) -> Iterator[object]:
-    """The GPU task of :func:`compare` (registered as "compare"): the three runs of the request ``controls``
-    names (checked before the call), their images decoded there."""
-    r = app.request(None, True, **controls)
+def compare_task(app: App, **request) -> Iterator[object]:
+    """The GPU task of :func:`compare` (registered as "compare"): the three runs of the request (checked before
+    the call, :meth:`demo.requests.Request.plain`), their images decoded there."""
+    r = Request.from_plain(app.store, **request)
 
     def work(job: Job) -> Comparison:
         target = run_single(r.pair, r.labels, r.seeds, r.sampling, on_step=job.on_step(RUNS[0]))
@@ -125,13 +125,9 @@ def estimate_line(app: App, **controls) -> str:
     runs = {"target": 1, "csd": 1, "draft": 1}
     this = app.estimate(r, runs, measure=False)
     parts = [f"**Expected on this server: {words(this)}**"]
-    defaults = app.default_controls()
     for name in PRESETS:
-        values = preset_values(name, controls, defaults)
-        fixed = r.pair.traits.fixed_num_steps
-        values |= {"ar_steps": fixed, "cfg_schedule": r.pair.traits.cfg_schedule} if fixed else {}
         try:
-            preset = app.request(None, False, **values)
+            preset = app.request(None, False, **app.preset(name, controls))
             parts.append(f"{name} {words(app.estimate(preset, runs, measure=False)).removeprefix('about ')}")
         except gr.Error:
             continue
@@ -220,20 +216,22 @@ class GenerateTab:
         return out | self.pair_results(pair_name) | self._condition(source, shown.controls if shown else {})
 
     def _knobs(self, source, ar_steps, cfg_schedule, saved: dict | None) -> dict:
-        """AR steps and the CFG ramp: a pair's fixed ones set and locked (the visitor's kept in ``saved``),
-        the visitor's own put back on a pair without them."""
-        c, fixed, schedule = self.controls, source.traits.fixed_num_steps, source.traits.cfg_schedule
-        if fixed:
-            saved = saved or {"ar_steps": ar_steps, "cfg_schedule": cfg_schedule}
-            row = source.traits.row_name[:-1]
-            steps = gr.update(value=fixed, interactive=False, info=f"fixed: one AR step per {row}")
-            ramp = gr.update(value=schedule, interactive=False, info=f"fixed: {source.traits.family}'s ramp")
-        else:
-            back = saved or {}
-            steps = gr.update(value=back.get("ar_steps", ar_steps), interactive=True, info="")
-            ramp = gr.update(value=back.get("cfg_schedule", cfg_schedule), interactive=True, info="")
-            saved = None
-        return {c["ar_steps"]: steps, c["cfg_schedule"]: ramp, self.saved: saved}
+        """AR steps and the CFG ramp: those a pair fixes (:func:`demo.core.fixed_controls`) set and locked (the
+        visitor's kept in ``saved``), the visitor's own put back on a pair that fixes none."""
+        traits, current = source.traits, {"ar_steps": ar_steps, "cfg_schedule": cfg_schedule}
+        fixed = fixed_controls(traits)
+        why = {
+            "ar_steps": f"fixed: one AR step per {traits.row_name[:-1]}",
+            "cfg_schedule": f"fixed: {traits.family}'s ramp",
+        }
+        back = {} if fixed else saved or {}
+        out = {self.saved: (saved or current) if fixed else None}
+        for name, value in current.items():
+            if name in fixed:
+                out[self.controls[name]] = gr.update(value=fixed[name], interactive=False, info=why[name])
+            else:
+                out[self.controls[name]] = gr.update(value=back.get(name, value), interactive=True, info="")
+        return out
 
     def _condition(self, source, made: dict | None) -> dict:
         """The class or prompt control of ``source``, with the value in ``made`` (the controls of the
@@ -265,9 +263,7 @@ class GenerateTab:
         """The controls after a preset (the pair's fixed knobs stay as they are)."""
         if name not in PRESETS:
             return {component: gr.skip() for component in self.controls.values()}
-        values = preset_values(name, controls, self.app.default_controls())
-        if self.app.store.source(controls["pair_name"]).traits.fixed_num_steps:
-            values = {k: v for k, v in values.items() if k not in ("ar_steps", "cfg_schedule")}
+        values = self.app.preset(name, controls)
         out = {component: gr.skip() for component in self.controls.values()}
         return out | {self.controls[k]: v for k, v in values.items() if k in self.controls}
 
@@ -318,62 +314,9 @@ class GenerateTab:
         first = self.shown[0] if self.shown else None
         with gr.Row():
             with gr.Column(scale=1, min_width=280):
-                with gr.Row():
-                    run = gr.Button("Generate", variant="primary", elem_id="generate", scale=2, min_width=100)
-                    stop = gr.Button("Stop", scale=1, min_width=60)
-                self.estimate_md = gr.Markdown("", elem_id="estimate")
-                preset = gr.Radio(list(PRESETS), value="default", label="Preset", elem_id="preset")
-                self.controls = {}
-                for name, c in app.controls.items():
-                    if c.advanced:
-                        continue
-                    self.controls[name] = c.component()
-                    if name == "pair_name":
-                        self.card = gr.Markdown(model_line(app.store.source(c.default)), elem_id="model-card")
-                    if name == "prompt":
-                        self.examples = self._prompt_examples(self.controls[name])
-                with gr.Accordion("Advanced", open=False):
-                    self.controls |= {name: c.component() for name, c in app.controls.items() if c.advanced}
+                run, stop, preset = self._controls_column()
             with gr.Column(scale=3, min_width=280):
-                im = first.images if first else {}
-                with gr.Row(equal_height=True, elem_classes="csd-pair"):
-                    self.target = gr.Image(im.get("target"), elem_id="img-target", label="Target only", **IMAGE)
-                    self.csd = gr.Image(im.get("csd"), elem_id="img-csd", label="Speculative (CSD)", **IMAGE)
-                with gr.Row(equal_height=True, elem_classes="csd-pair"):
-                    self.map = gr.Image(im.get("map"), elem_id="img-map", label="Who made each token (CSD)", **IMAGE)
-                    self.draft = gr.Image(
-                        im.get("draft"), elem_id="img-draft", label="Draft only (same seeds)", **IMAGE
-                    )
-                gr.HTML(legend_html())
-                intro = "Press **Generate**: target-only, CSD and draft-only run with the same seeds."
-                self.stats = gr.Markdown(shown_stats(first) if first else intro, elem_id="gen-status")
-                with gr.Accordion("Slide between target-only and CSD", open=False):
-                    self.slider = gr.ImageSlider(
-                        (first.images["target"], first.images["csd"]) if first else None,
-                        label="target-only | CSD",
-                        elem_id="img-slider",
-                        interactive=False,
-                    )
-                with gr.Accordion("One image to share: target | CSD | token map", open=False):
-                    self.composite = gr.Image(
-                        first.composite() if first else None,
-                        elem_id="img-composite",
-                        buttons=["download"],
-                        **{k: v for k, v in IMAGE.items() if k != "min_width"},
-                    )
-                    self.link = gr.Markdown(settings_link(first.controls) if first else "", elem_id="settings-link")
-                self.speed = gr.Plot(label="Speedup", elem_id="speed-plot")
-                with gr.Accordion("Run summary (JSON)", open=False):
-                    self.summary = gr.JSON(first.summary if first else None)
-                if self.shown:
-                    gallery = gr.Gallery(
-                        [(s.composite(), s.title) for s in self.shown],
-                        label="Precomputed examples (click one to load its settings and images)",
-                        columns=3,
-                        height="auto",
-                        allow_preview=False,
-                        elem_id="showcase",
-                    )
+                gallery = self._results_column(first)
         # This visitor's latest run, for the Inspect tab: kept a limited time, and only for the latest sessions
         # (the server's state capacity), so memory stays bounded however many visitors come.
         self.inspected = gr.State(None, time_to_live=app.limits.session_ttl)
@@ -384,6 +327,76 @@ class GenerateTab:
         self.outputs += [self.inspected, self.slider, self.composite, self.link, self.results]
         self.panes = [o for o in self.outputs if o is not self.inspected]  # what a pair's example sets
         app.components = self.controls
+        event = self._events(page, run, stop, preset, gallery)
+        page.controls, page.inspected, page.generated = self.controls, self.inspected, event
+
+    def _controls_column(self) -> tuple[gr.Button, gr.Button, gr.Radio]:
+        """Generate, Stop, the expected time, the presets and every control (the advanced ones folded)."""
+        app = self.app
+        with gr.Row():
+            run = gr.Button("Generate", variant="primary", elem_id="generate", scale=2, min_width=100)
+            stop = gr.Button("Stop", scale=1, min_width=60)
+        self.estimate_md = gr.Markdown("", elem_id="estimate")
+        preset = gr.Radio(list(PRESETS), value="default", label="Preset", elem_id="preset")
+        self.controls = {}
+        for name, c in app.controls.items():
+            if c.advanced:
+                continue
+            self.controls[name] = c.component()
+            if name == "pair_name":
+                self.card = gr.Markdown(model_line(app.store.source(c.default)), elem_id="model-card")
+            if name == "prompt":
+                self.examples = self._prompt_examples(self.controls[name])
+        with gr.Accordion("Advanced", open=False):
+            self.controls |= {name: c.component() for name, c in app.controls.items() if c.advanced}
+        return run, stop, preset
+
+    def _results_column(self, first: showcase.Shown | None) -> gr.Gallery | None:
+        """The four image panes, the status, the slider, the image to share, the speed chart, the summary and
+        the gallery of precomputed examples (None when none is served), opening on ``first``."""
+        im = first.images if first else {}
+        with gr.Row(equal_height=True, elem_classes="csd-pair"):
+            self.target = gr.Image(im.get("target"), elem_id="img-target", label="Target only", **IMAGE)
+            self.csd = gr.Image(im.get("csd"), elem_id="img-csd", label="Speculative (CSD)", **IMAGE)
+        with gr.Row(equal_height=True, elem_classes="csd-pair"):
+            self.map = gr.Image(im.get("map"), elem_id="img-map", label="Who made each token (CSD)", **IMAGE)
+            self.draft = gr.Image(im.get("draft"), elem_id="img-draft", label="Draft only (same seeds)", **IMAGE)
+        gr.HTML(legend_html())
+        intro = "Press **Generate**: target-only, CSD and draft-only run with the same seeds."
+        self.stats = gr.Markdown(shown_stats(first) if first else intro, elem_id="gen-status")
+        with gr.Accordion("Slide between target-only and CSD", open=False):
+            self.slider = gr.ImageSlider(
+                (first.images["target"], first.images["csd"]) if first else None,
+                label="target-only | CSD",
+                elem_id="img-slider",
+                interactive=False,
+            )
+        with gr.Accordion("One image to share: target | CSD | token map", open=False):
+            self.composite = gr.Image(
+                first.composite() if first else None,
+                elem_id="img-composite",
+                buttons=["download"],
+                **{k: v for k, v in IMAGE.items() if k != "min_width"},
+            )
+            self.link = gr.Markdown(settings_link(first.controls) if first else "", elem_id="settings-link")
+        self.speed = gr.Plot(label="Speedup", elem_id="speed-plot")
+        with gr.Accordion("Run summary (JSON)", open=False):
+            self.summary = gr.JSON(first.summary if first else None)
+        if not self.shown:
+            return None
+        return gr.Gallery(
+            [(s.composite(), s.title) for s in self.shown],
+            label="Precomputed examples (click one to load its settings and images)",
+            columns=3,
+            height="auto",
+            allow_preview=False,
+            elem_id="showcase",
+        )
+
+    def _events(self, page: Page, run, stop, preset, gallery):
+        """Generate (the page's and the API's event), Stop, another pair, an example, a preset and the expected
+        time; returns the page's Generate event."""
+        app, c = self.app, self.controls
         checker = lambda **values: check_generate(app, None, False, **values)
         # The page's event shows a refusal in the status line; the API's refuses before the queue, by name.
         fns = (self.generate_ui, self.generate)
@@ -394,17 +407,16 @@ class GenerateTab:
             self.generate_stopped, None, self.outputs, **private
         )
         quick = {"api_visibility": "private", "queue": False}  # instant page events: no queue slot, no job
-        c = self.controls
         shown = [c[k] for k in ("class_name", "prompt", "ar_steps", "cfg_schedule")]
         shown += [self.examples, self.saved, self.card, *self.panes]
         knobs = [c["pair_name"], c["ar_steps"], c["cfg_schedule"], self.saved, self.results]
         # Another pair, or an example, stops a run under way: its images would come in under other controls.
         c["pair_name"].change(self.pair_changed, knobs, shown, cancels=[event], **quick)
-        if self.shown:
+        if gallery is not None:
             gallery.select(self.show_example, None, [*c.values(), *self.outputs], cancels=[event], **quick)
         preset.input(self.apply_preset, inputs_kwargs={"name": preset, **c}, outputs=list(c.values()), **quick)
         gr.on([x.change for x in c.values()], self.estimate, inputs_kwargs=c, outputs=self.estimate_md, **quick)
-        page.controls, page.inspected, page.generated = self.controls, self.inspected, event
+        return event
 
     def _prompt_examples(self, prompt: gr.Textbox) -> gr.Dataset:
         """Example prompts one click away: the first text pair's."""

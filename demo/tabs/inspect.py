@@ -90,7 +90,7 @@ def inspect_run(
     r = check_inspect(app, image, row, column, components, **controls)
     image, row, column = _position(components, image, row, column)
     seconds = app.estimate(r, {"target": 1, "csd": 1})
-    run = drain(app.follow(app.gpu.call("inspect", controls, seconds), ["target-only", "CSD"], progress))
+    run = drain(app.follow(app.gpu.call("inspect", r.plain(), seconds), ["target-only", "CSD"], progress))
     try:
         token = run.token(image, row, column)
     except ValueError as err:
@@ -100,9 +100,10 @@ def inspect_run(
 
 
 @task("inspect")
-def inspect_task(app: App, **controls):
-    """The GPU task of :func:`inspect_run`: target-only and CSD with its details."""
-    r = app.request(None, True, **controls)
+def inspect_task(app: App, **request):
+    """The GPU task of :func:`inspect_run`: target-only and CSD with its details, for the request checked before
+    the call (:meth:`demo.requests.Request.plain`)."""
+    r = Request.from_plain(app.store, **request)
 
     def work(job: Job) -> Inspected:
         target = run_single(r.pair, r.labels, r.seeds, r.sampling, on_step=job.on_step("target-only"))
@@ -202,6 +203,46 @@ class InspectTab:
 
     def build(self, page: Page) -> None:
         controls, inspected, generated, queue = page.controls, page.inspected, page.generated, page.queue
+        play, position, open_token = self._layout()
+        shown = [self.label, self.canvas, self.status, self.target]
+        opened = [self.token, self.patches, self.chains, self.data]
+        self.where = position
+        where = list(position.values())
+        private = {"api_visibility": "private"}
+        quick = private | {"queue": False}  # decoding a few images: no queue slot
+        generated.then(self.after_run, inspected, [self.frame, self.hints, *where, *shown, *opened], **private)
+        self.frame.release(self.replay, [inspected, self.frame], shown, **quick)
+        self.frame.input(self.replay, [inspected, self.frame], shown, **quick)  # a typed frame number too
+        play.click(self.play, inspected, [self.frame, *shown], **private)
+        open_token.click(self.show_token, [inspected, *where], opened, **private)
+        self.status.select(self.select_on_map, inspected, where, **private).then(
+            self.show_token, [inspected, *where], opened, **private
+        )
+        self.hints.select(self.select_hint, inspected, where, **private).then(
+            self.show_token, [inspected, *where], opened, **private
+        )
+        # For API clients: the same, from the run's settings (the run is made again with the same seeds).
+        api = gr.Button(visible=False)
+        api_out = gr.JSON(visible=False)
+        inputs = {**controls, **position}
+        self.p_components = self.app.components | position
+
+        def check(image, row, column, **values):
+            return check_inspect(self.app, image, row, column, self.p_components, False, **values)
+
+        api.click(
+            self.inspect_api,
+            inputs_kwargs=inputs,
+            outputs=api_out,
+            api_name="inspect",
+            validator=validator(check, inputs),
+            preprocess=False,
+            **queue,
+        )
+
+    def _layout(self) -> tuple[gr.Button, dict, gr.Button]:
+        """The replay (frame, canvases, status map) and the token's panes; returns Play, the position's
+        fields and Open token."""
         gr.Markdown(
             "The latest **Generate** run of this page, replayed: the CSD canvas after each pre-fill step, each "
             "drafted block (the draft's proposal, orange) and each verification, beside the target-only canvas "
@@ -240,38 +281,4 @@ class InspectTab:
                 self.chains = gr.Plot(show_label=False, elem_id="token-chains")
                 with gr.Accordion("Token data (JSON)", open=False):
                     self.data = gr.JSON()
-        shown = [self.label, self.canvas, self.status, self.target]
-        opened = [self.token, self.patches, self.chains, self.data]
-        self.where = position
-        where = list(position.values())
-        private = {"api_visibility": "private"}
-        quick = private | {"queue": False}  # decoding a few images: no queue slot
-        generated.then(self.after_run, inspected, [self.frame, self.hints, *where, *shown, *opened], **private)
-        self.frame.release(self.replay, [inspected, self.frame], shown, **quick)
-        self.frame.input(self.replay, [inspected, self.frame], shown, **quick)  # a typed frame number too
-        play.click(self.play, inspected, [self.frame, *shown], **private)
-        open_token.click(self.show_token, [inspected, *where], opened, **private)
-        self.status.select(self.select_on_map, inspected, where, **private).then(
-            self.show_token, [inspected, *where], opened, **private
-        )
-        self.hints.select(self.select_hint, inspected, where, **private).then(
-            self.show_token, [inspected, *where], opened, **private
-        )
-        # For API clients: the same, from the run's settings (the run is made again with the same seeds).
-        api = gr.Button(visible=False)
-        api_out = gr.JSON(visible=False)
-        inputs = {**controls, **position}
-        self.p_components = self.app.components | position
-
-        def check(image, row, column, **values):
-            return check_inspect(self.app, image, row, column, self.p_components, False, **values)
-
-        api.click(
-            self.inspect_api,
-            inputs_kwargs=inputs,
-            outputs=api_out,
-            api_name="inspect",
-            validator=validator(check, inputs),
-            preprocess=False,
-            **queue,
-        )
+        return play, position, open_token

@@ -165,5 +165,5 @@ def _cell_dict(cell: Cell, grid: GridConfig) -> dict:
         "head_steps": cell.head_steps,
         "cfg_scale": s.cfg_scale,
         "precision": s.precision,
-        "target_passes": [csd_passes(cell.num_tokens, s.num_steps, g, grid.prefill)[0] for g in cell.gammas],
+        "target_passes": [csd_passes(cell.num_tokens, s, grid.csd(g))[0] for g in cell.gammas],
     }

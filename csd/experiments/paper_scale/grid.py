@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from csd.checks import check_choice, check_int, check_number, is_int
-from csd.config import SamplingConfig
+from csd.config import CSDConfig, SamplingConfig
 from csd.cost import prefill_steps
 from csd.family import FamilyTraits
 from csd.models.registry import FAMILIES
@@ -98,6 +98,10 @@ class GridConfig:
     @property
     def draft_lengths(self) -> tuple[int, ...]:
         return self.gammas or ((2, 4) if self.tiny else (8, 16, 32))
+
+    def csd(self, gamma: int) -> CSDConfig:
+        """The CSD setting the grid times at draft length ``gamma``."""
+        return CSDConfig(gamma=gamma, prefill=self.prefill)
 
     def selected_pairs(self) -> list[PairSpec]:
         return [p for p in paper_pairs() if p.family in self.families and p.key in self.pairs]

@@ -44,7 +44,7 @@ def plan_text(cells: list[Cell], grid: GridConfig, est: dict, budget: float | No
     by_cell = {(r["pair"], r["batch"]): r for r in est["rows"]}
     for cell in cells:
         s, r = cell.sampling, by_cell.get((cell.pair.paper_name, cell.batch))
-        passes = ", ".join(str(csd_passes(cell.num_tokens, s.num_steps, g, grid.prefill)[0]) for g in cell.gammas)
+        passes = ", ".join(str(csd_passes(cell.num_tokens, s, grid.csd(g))[0]) for g in cell.gammas)
         speedups = "skipped" if r is None else ", ".join(f"{v:.2f}x" for v in r["speedups"].values())
         lines.append(
             f"| {cell.pair.paper_name} | {cell.batch} | {', '.join(map(str, cell.gammas))} | {s.num_steps} "

@@ -71,7 +71,7 @@ def time_cell(loaded: LoadedPair, cell: Cell, grid: GridConfig, device: torch.de
     prompt_tokens = FAMILIES[cell.pair.family].paper.prompt_shape(grid.tiny)[0]
     official = loaded.weights == "official"
     conditions, seeds = conditions_for(target, cell.batch, grid.seed, prompt_tokens, official)
-    csd = {g: CSDConfig(gamma=g, prefill=grid.prefill) for g in cell.gammas}
+    csd = {g: grid.csd(g) for g in cell.gammas}
     fns: dict[str, Callable[[], object]] = {
         "target": partial(generate, target, conditions, seeds, sampling),
         "draft": partial(generate, draft, conditions, seeds, sampling, Maker.DRAFT),
@@ -82,7 +82,7 @@ def time_cell(loaded: LoadedPair, cell: Cell, grid: GridConfig, device: torch.de
     runs = {name: measured_run(fn, device, peaks, name, autocast) for name, fn in fns.items()}
     samples = alternate(runs, grid.repeats, grid.warmup)
     costs = measured_costs(samples["target"], samples["draft"], sampling.num_steps)
-    return [_row(cell, g, samples, costs, grid.prefill, peak_memory(peaks, device, g)) for g in cell.gammas]
+    return [_row(cell, csd[g], samples, costs, peak_memory(peaks, device, g)) for g in cell.gammas]
 
 
 def peak_memory(peaks: dict[str, int], device: torch.device, gamma: int) -> dict:
@@ -93,11 +93,12 @@ def peak_memory(peaks: dict[str, int], device: torch.device, gamma: int) -> dict
     return {"kind": "process peak RSS (resource.getrusage; not reset per run)", "target": rss, "csd": rss}
 
 
-def _row(cell: Cell, g: int, samples: dict[str, Samples], costs, prefill: float, memory: dict) -> dict:
+def _row(cell: Cell, csd: CSDConfig, samples: dict[str, Samples], costs, memory: dict) -> dict:
+    g = csd.gamma
     base, spec = samples["target"], samples[f"csd/{g}"]
     lo, hi = ratio_spread(base, spec)
-    steps, p_steps = cell.sampling.num_steps, cell.prefill_steps(prefill)
-    passes, drafts = csd_passes(cell.num_tokens, steps, g, prefill)
+    steps, p_steps = cell.sampling.num_steps, cell.prefill_steps(csd.prefill)
+    passes, drafts = csd_passes(cell.num_tokens, cell.sampling, csd)
     split = cost_breakdown(spec)
     per_block = cell.traits.head_per_block  # xAR's flow chain is the backbone: a block's chain costs one step's
     return {
@@ -114,7 +115,7 @@ def _row(cell: Cell, g: int, samples: dict[str, Samples], costs, prefill: float,
         "speedup": base.median / spec.median,
         "speedup_min": lo,
         "speedup_max": hi,
-        "speedup_bound": speedup_bound(costs, steps, g, p_steps, per_block),
+        "speedup_bound": speedup_bound(costs, cell.num_tokens, cell.sampling, csd, per_block),
         "per_step_ms": {k: 1e3 * v for k, v in asdict(costs).items()},
         "time_split": {
             "backbones": split["draft_backbone"] + split["target_backbone"],

@@ -6,7 +6,7 @@ from csd.models.harmon.network import HARMON_CONFIGS, Harmon, HarmonConfig, harm
 from csd.models.harmon.official import OFFICIAL_FILES, from_checkpoints, load_official_harmon
 from csd.models.harmon.paper import PAPER
 from csd.models.harmon.prompts import HubTokenizer, Prompts, WordTokenizer, tokenizer_from_dict
-from csd.models.spec import Family, PairSpec
+from csd.models.spec import Family, PairSpec, ResultsDocs
 
 
 def _build(config: HarmonConfig, meta) -> Harmon:
@@ -47,6 +47,7 @@ FAMILY = Family(
         PairSpec("random text (untrained)", "harmon", "random_text_target", "random_text_draft", "random"),
     ),
     paper=PAPER,
+    docs=ResultsDocs("Harmon (text pair)", "text-", 1),
 )
 
 __all__ = [

@@ -14,7 +14,7 @@ from csd.models.mar.network import (
 )
 from csd.models.mar.official import OFFICIAL_FILES, from_checkpoints, load_official_mar
 from csd.models.mar.paper import PAPER
-from csd.models.spec import Family, PairSpec
+from csd.models.spec import Family, PairSpec, ResultsDocs
 
 FAMILY = Family(
     arch="mar",
@@ -50,6 +50,7 @@ FAMILY = Family(
         PairSpec("random (untrained)", "mar", "random_target", "random_draft", "random"),
     ),
     paper=PAPER,
+    docs=ResultsDocs("MAR (class pair)", "", 0),
 )
 
 __all__ = [

@@ -20,7 +20,7 @@ from torch import Tensor
 from csd.chain import HeadChain, HeadCondition
 from csd.config import PRECISIONS
 from csd.family import Plan
-from csd.models.mar import gtr
+from csd.models.mar.gtr import DetailChains, detail_rows, frequency_score, grid_side, gtr_plan, stage_of
 from csd.models.mar.token_cache import DecoderPass, decoder_pass
 from csd.rng import ImageStreams
 from csd.schedule import step_cfg_scales, step_sizes
@@ -80,7 +80,7 @@ class MaskedARFamily:
         """MAR's plan, or GtR's stages (``config.gtr_stages``: :mod:`csd.models.mar.gtr`)."""
         self.traits.check_sampling(config, self.seq_len)
         if config.gtr_stages:
-            return gtr.gtr_plan(seeds, self.seq_len, config, device)
+            return gtr_plan(seeds, self.seq_len, config, device)
         return masked_plan(seeds, self.seq_len, config.num_steps, config.cfg_scale, config.cfg_schedule, device)
 
     def head_steps(self, steps: int | None) -> int:
@@ -117,9 +117,9 @@ class MaskedARFamily:
             z, z_uncond = self.conditions(tokens, mask, labels, guided, **extra)
         return z.float(), None if z_uncond is None else z_uncond.float()
 
-    def predict(self, tokens, mask, conditions, pos, cfg, config, steps: int) -> HeadChain | gtr.DetailChains:
+    def predict(self, tokens, mask, conditions, pos, cfg, config, steps: int) -> HeadChain | DetailChains:
         """One backbone pass and the head's chains of the tokens at ``pos``, on ``config.head_sampler``. Under
-        GtR's FTS a reconstruction step's chains are :class:`csd.models.mar.gtr.DetailChains`: ``steps`` for
+        GtR's FTS a reconstruction step's chains are :class:`csd.models.mar.DetailChains`: ``steps`` for
         its detail tokens, ``config.gtr_head_steps`` for the others."""
         z, z_uncond = self.guided_conditions(tokens, mask, conditions, config, pos)
         if z_uncond is None:
@@ -128,14 +128,11 @@ class MaskedARFamily:
             cond = HeadCondition(gather_rows(z, pos), gather_rows(z_uncond, pos), cfg)
         chain = HeadChain(self._head_chain(steps, config), cond, config.temperature)
         stages = len(config.gtr_stages)
-        if (
-            config.gtr_detail_fraction == 0.0
-            or int(gtr.stage_of(pos[0, 0], gtr.grid_side(self.seq_len), stages)) < stages - 1
-        ):
+        if config.gtr_detail_fraction == 0.0 or int(stage_of(pos[0, 0], grid_side(self.seq_len), stages)) < stages - 1:
             return chain
         short = HeadChain(self._head_chain(config.gtr_head_steps, config), cond, config.temperature)
-        return gtr.DetailChains(
-            chain, short, gtr.detail_rows(gtr.frequency_score(cond.z), pos.shape[0], config.gtr_detail_fraction)
+        return DetailChains(
+            chain, short, detail_rows(frequency_score(cond.z), pos.shape[0], config.gtr_detail_fraction)
         )
 
     def _head_chain(self, steps: int, config):

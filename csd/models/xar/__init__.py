@@ -3,7 +3,7 @@ official sampler as chains over cells (:mod:`.chains`), the samplers' view of it
 the official checkpoint loader (:mod:`.official`); :data:`FAMILY` is its row in
 :data:`csd.models.registry.FAMILIES`."""
 
-from csd.models.spec import Family, PairSpec
+from csd.models.spec import Family, PairSpec, ResultsDocs
 from csd.models.xar.adapter import XARFamily, cfg_ramp
 from csd.models.xar.chains import CellChain, CellCondition, CellFlow, JoinedCells, SelectedCells, flow_times
 from csd.models.xar.network import XAR, XAR_CONFIGS, XARConfig, block_causal_mask, cell_order, xar_config
@@ -25,6 +25,7 @@ FAMILY = Family(
         PairSpec("random xAR (untrained)", "xar", "random_xar_target", "random_xar_draft", "random"),
     ),
     paper=PAPER,
+    docs=ResultsDocs("xAR (cells pair)", "xar-", 2),
 )
 
 __all__ = [
