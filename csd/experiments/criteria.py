@@ -24,7 +24,7 @@ from pathlib import Path
 
 from csd.cli import start_up
 from csd.config import CSDConfig, SamplingConfig
-from csd.experiments.decide import Scored, compare, score
+from csd.experiments.decide import score
 from csd.experiments.evaluate import (
     add_setting_args,
     eval_labels_seeds,
@@ -33,6 +33,7 @@ from csd.experiments.evaluate import (
     settings_from_args,
     summarize_stats,
 )
+from csd.experiments.paired import Scored, compare
 from csd.panels import json_float
 from csd.shapes.metrics import REFERENCE_SEED, frechet_distance, load_classifier, reference_features
 
