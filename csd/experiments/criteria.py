@@ -37,7 +37,7 @@ from csd.experiments.paired import Scored, compare
 from csd.panels import json_float
 from csd.shapes.metrics import REFERENCE_SEED, frechet_distance, load_classifier, reference_features
 
-KIND = "criteria"  # a result's "kind": what visualize.report makes of it
+KIND = "criteria"  # the result's "kind", as every result file names its own
 BATCH = 8  # images generated at once
 
 
