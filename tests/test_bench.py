@@ -334,10 +334,10 @@ def test_quality_gammas_must_be_positive_ints():
 
 
 def test_quick_bench_command_runs_on_the_shipped_pair(tmp_path):
-    """The README's command on the embedded models, as a user runs it (smaller n and one repeat)."""
+    """The README's command on the embedded models, as a user runs it (20 images, one repeat, one batch)."""
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "bench"
-    cmd = [sys.executable, "-m", "csd.experiments.bench", "--quick", "--n", "40", "--n-ref", "200", "--repeats", "1"]
+    cmd = [sys.executable, "-m", "csd.experiments.bench", "--quick", "--n", "20", "--n-ref", "200", "--repeats", "1"]
     cmd += ["--batches", "8", "--gammas", "8", "--quality-gammas", "2", "--threads", "1", "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
@@ -349,8 +349,9 @@ def test_quick_bench_command_runs_on_the_shipped_pair(tmp_path):
     assert [(r["batch"], r["gamma"]) for r in result["rows"]] == [(8, 8)]
     assert [q["gamma"] for q in result["quality_by_gamma"]] == [2, 8]
     # Seeded, so these are fixed numbers of the shipped weights; the margins between them are wide. Measured here
-    # and under oneDNN off and the AVX2 and default capabilities (tests/kernels.py): FD 19.92 against 32.34-32.37,
-    # accuracy 0.85, distances 0.921 against 1.205, each moving by at most 0.04.
+    # at n 20: FD 28.3 against 47.9, accuracy 0.80, distances 0.875 against 1.126; at n 40, under oneDNN off and
+    # the AVX2 and default capabilities (tests/kernels.py), FD 19.92 against 32.34-32.37, accuracy 0.85,
+    # distances 0.921 against 1.205, each moving by at most 0.04.
     assert result["fd_target"] < result["fd_fewer"] and result["accuracy_target"] > 0.2
     assert result["distance_aligned"] < result["distance_unaligned"]
     assert write_tables(out / "bench.json").read_text().startswith("# CSD benchmark")

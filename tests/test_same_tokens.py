@@ -5,14 +5,15 @@ against the runs saved then (tests/data/make_golden_tokens.py, which also says h
 The same on every CPU, by construction. The saved runs are float32 runs on the CPU named in the file; the
 fresh runs here are the same runs in float64 (csd.precision: the same random numbers, no float32 rounding),
 which every CPU computes alike up to float64 rounding (at most 1e-9 after a chain, measured:
-tests/data/kernel_drift.json). So the fresh runs' distance from the saved ones is the saved runs' own float32
-rounding, a fixed number wherever the test runs, measured below; another CPU's kernels cannot move it (it
-used to compare float32 with float32, and a Xeon's kernels moved the exact criterion's tokens past its bound).
-What the code decides is compared exactly: the orders (the AR step of every position), the uniform u each
-drafted token is tested with, who made each token (``Trace.maker``) and the resampler's tries. A decision may
-flip only at a near tie, where |log r - log u| is within the saved log r's rounding: such a flip is named (a
-warning, and the failure message when it is not at a near tie), and that image's tokens from the flipped block
-on, which follow another context, are not compared."""
+tests/data/kernel_drift.json), as long as it draws the same normal numbers (torch's scalar ``default`` kernels
+draw them up to 1.5e-6 apart: a CPU without AVX2). So the fresh runs' distance from the saved ones is the
+saved runs' own float32 rounding, a fixed number wherever the test runs, measured below; another CPU's kernels
+cannot move it (it used to compare float32 with float32, and a Xeon's kernels moved the exact criterion's
+tokens past its bound). What the code decides is compared exactly: the orders (the AR step of every position),
+the uniform u each drafted token is tested with, who made each token (``Trace.maker``) and the resampler's
+tries. A decision may flip only at a near tie, where |log r - log u| is within the saved log r's rounding:
+such a flip is named (a warning, and the failure message when it is not at a near tie), and that image's
+tokens from the flipped block on, which follow another context, are not compared."""
 
 from __future__ import annotations
 
@@ -149,8 +150,8 @@ def compare(saved: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor], key:
 
 
 @pytest.fixture(scope="module")
-def fresh():
-    """Every saved run again, in float64."""
+def fresh(one_thread):
+    """Every saved run again, in float64 (one thread: tiny models gain nothing from more; two under threads2)."""
     return {name: a for key, run in runs("float64").items() for name, a in arrays(key, run).items()}
 
 
@@ -165,14 +166,20 @@ def test_tokens_equal_those_saved_before_the_move(fresh, key):
 
 def test_the_bounds_stand_on_the_committed_measurement_and_it_is_current(fresh):
     """Every bound at least 1.5x the rounding measured (tests/data/golden_rounding.json), and the measurement
-    what the float64 reruns give here: the float64 side is the same on every CPU up to 1e-9."""
+    what the float64 reruns give here, up to float64 rounding (1e-8). Not under torch's ``default``
+    capability: its scalar Box-Muller draws other normal numbers (up to 1.5e-6 apart), so its float64
+    reruns are other runs, whose distance from the saved ones the bounds hold anyway (measured 1.3e-4 for
+    the embedded pair's aligned run, against 1.1e-4 here)."""
     measured = json.loads(ROUNDING.read_text())["runs"]
     assert set(measured) == set(RUNS)
-    for key, got in rounding(SAVED, fresh).items():
+    for key, runs_rounding in measured.items():
         bound = DRIFT[key.split("/")[1]]
+        assert all(1.5 * value <= getattr(bound, name) for name, value in runs_rounding.items()), key
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        return
+    for key, got in rounding(SAVED, fresh).items():
         for name, value in got.items():
             assert value == pytest.approx(measured[key][name], abs=1e-8), (key, name)
-            assert 1.5 * value <= getattr(bound, name), (key, name, value)
 
 
 def test_the_file_names_the_capability_and_torch_that_made_each_array():
