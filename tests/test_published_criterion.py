@@ -118,6 +118,7 @@ def test_a_target_drafting_for_itself_at_gamma_1_is_accepted_everywhere_in_float
     assert run.trace.summary()["zeroed"] == int(zeroed.sum())
 
 
+@pytest.mark.kernels  # compares float64 runs within the float64 bound
 def test_a_token_never_accepted_is_zero_under_the_published_fallback_and_the_targets_sample_otherwise():
     pair = random_pair64()
     s = sampling64(num_steps=8, cfg_scale=2.0, head_steps=5)
