@@ -30,7 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from csd.trace import Maker
-from tests.data.make_golden_tokens import ROUNDING, arrays, rounding, runs
+from tests.data.make_golden_tokens import ROUNDING, arrays, log_ratio, log_ratio_scale, rounding, runs
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden_tokens.safetensors"
 SAVED = load_file(GOLDEN)
@@ -67,16 +67,6 @@ DRIFT = {
 class Comparison:
     problems: list[str] = field(default_factory=list)  # what fails the test
     flips: list[str] = field(default_factory=list)  # decisions flipped at a near tie: named, allowed
-
-
-def log_ratio_scale(data: dict[str, torch.Tensor], key: str) -> np.ndarray:
-    """(B, N) the size log r's rounding scales with: its two terms' magnitudes (they can nearly cancel), plus 1."""
-    traj, final = (data[f"{key}/log_ratio_{t}"].double().numpy() for t in ("trajectory", "final"))
-    return np.abs(traj) + np.abs(final) + 1.0
-
-
-def log_ratio(data: dict[str, torch.Tensor], key: str) -> np.ndarray:
-    return (data[f"{key}/log_ratio_trajectory"].double() + data[f"{key}/log_ratio_final"].double()).numpy()
 
 
 def near_ties(saved: dict[str, torch.Tensor], key: str) -> np.ndarray:

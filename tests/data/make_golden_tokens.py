@@ -28,6 +28,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -108,22 +109,27 @@ def made_by(path: Path = OUT) -> dict[str, str]:
         return json.loads((f.metadata() or {}).get("made_by", "{}"))
 
 
+def log_ratio_scale(data: dict[str, torch.Tensor], key: str) -> np.ndarray:
+    """(B, N) the size log r's rounding scales with: its two terms' magnitudes (they can nearly cancel), plus 1."""
+    traj, final = (data[f"{key}/log_ratio_{t}"].double().numpy() for t in ("trajectory", "final"))
+    return np.abs(traj) + np.abs(final) + 1.0
+
+
+def log_ratio(data: dict[str, torch.Tensor], key: str) -> np.ndarray:
+    return (data[f"{key}/log_ratio_trajectory"].double() + data[f"{key}/log_ratio_final"].double()).numpy()
+
+
 def rounding(saved: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) -> dict[str, dict[str, float]]:
     """Per saved run, how far its float32 values lie from ``fresh`` (the float64 reruns): the greatest token
-    difference, its 99th percentile, and for a CSD run the greatest log r difference in units of log r's
-    scale (|trajectory term| + |final term| + 1)."""
+    difference, its 99th percentile, and for a CSD run the greatest log r difference in units of
+    :func:`log_ratio_scale`."""
     out = {}
     for key in sorted(k for k in saved if k.count("/") == 1):
         diff = (fresh[key].double() - saved[key].double()).abs().reshape(-1)
         out[key] = {"most": diff.max().item(), "q99": diff.quantile(0.99).item()}
         if f"{key}/maker" in saved:
-            terms = [
-                (d[f"{key}/log_ratio_trajectory"].double(), d[f"{key}/log_ratio_final"].double())
-                for d in (saved, fresh)
-            ]
-            (t0, f0), (t1, f1) = terms
-            moved = ((t1 + f1) - (t0 + f0)).abs() / (t0.abs() + f0.abs() + 1.0)
-            out[key]["log_ratio"] = moved.nan_to_num(0.0).max().item()
+            moved = np.abs(log_ratio(fresh, key) - log_ratio(saved, key)) / log_ratio_scale(saved, key)
+            out[key]["log_ratio"] = float(np.nanmax(moved))
     return out
 
 
