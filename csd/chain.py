@@ -147,7 +147,18 @@ def standard_noise(n: int, d: int, num_steps: int, generator: torch.Generator, d
 
 
 def run_chain(head: GaussianChain, cond: HeadCondition, noise: ChainNoise, temperature: float = 1.0) -> Trajectory:
-    """Sample n tokens with the given noise; one head call per transition, vectorised over rows."""
+    """Sample n tokens with the given noise: the head's own fused sampler where it has one (``head.sample``,
+    the same numbers up to float rounding), else :func:`run_transitions`."""
+    sample = getattr(head, "sample", None)
+    traj = None if sample is None else sample(cond, noise, temperature)
+    return run_transitions(head, cond, noise, temperature) if traj is None else traj
+
+
+def run_transitions(
+    head: GaussianChain, cond: HeadCondition, noise: ChainNoise, temperature: float = 1.0
+) -> Trajectory:
+    """Sample n tokens with the given noise; one head call per transition, vectorised over rows: the reference
+    every fused sampler is tested against."""
     steps = head.num_steps()
     if noise.eps.shape[0] != steps - 1:
         raise ValueError(f"noise has {noise.eps.shape[0]} eps steps, the head needs {steps - 1}")

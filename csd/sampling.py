@@ -57,7 +57,7 @@ def generate(
     timer = PhaseTimer(device)
     phase = "target" if maker == Maker.TARGET else "draft"
     settings = {"sampling": asdict(config), "maker": maker.name.lower()}
-    trace = Trace.empty(batch, n, plan.sizes, settings, trace_dtype(config))
+    trace = Trace.empty(batch, n, plan.sizes, settings, trace_dtype(config), defer=device.type == "cuda")
 
     tokens, mask = new_canvas(batch, n, d, config, device)
     for s, k in enumerate(plan.sizes):
@@ -70,5 +70,6 @@ def generate(
         trace.record_pass(phase)
         if on_step is not None:
             on_step(s + 1, plan.num_steps, phase)
-    trace.record_times(timer.times, timer.work)
+    trace.record_times(timer.finish(), timer.work)
+    trace.flush()
     return Generation(finished(tokens), trace)

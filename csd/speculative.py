@@ -183,7 +183,12 @@ class _Decoding:
             streams=streams,
             timer=PhaseTimer(device),
             trace=Trace.empty(
-                batch, n, plan.sizes, {"sampling": asdict(sampling), "csd": asdict(csd)}, trace_dtype(sampling)
+                batch,
+                n,
+                plan.sizes,
+                {"sampling": asdict(sampling), "csd": asdict(csd)},
+                trace_dtype(sampling),
+                defer=device.type == "cuda",
             ),
             tokens=tokens,
             mask=mask,
@@ -317,5 +322,6 @@ class _Decoding:
         self.report(block.steps.stop, self.plan.num_steps, "verify")
 
     def finish(self) -> Generation:
-        self.trace.record_times(self.timer.times, self.timer.work)
+        self.trace.record_times(self.timer.finish(), self.timer.work)
+        self.trace.flush()
         return Generation(finished(self.tokens), self.trace)

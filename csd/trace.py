@@ -16,8 +16,12 @@ def _numpy(t: Tensor) -> np.ndarray:
     return (t if t.dtype == torch.float64 or not t.is_floating_point() else t.float()).cpu().numpy()
 
 
-def _put(arr: np.ndarray, pos: Tensor, values) -> None:
-    """arr[b, pos[b, j]] = values[b, j] for a (B, N) array; values (B*k,), (B, k) or a scalar."""
+def _put(arr: np.ndarray, pos: Tensor, values, pending: list | None = None) -> None:
+    """arr[b, pos[b, j]] = values[b, j] for a (B, N) array; values (B*k,), (B, k) or a scalar. With a
+    ``pending`` list the write is kept there, tensors where they are, for :meth:`Trace.flush` to make."""
+    if pending is not None:
+        pending.append((arr, pos, values))
+        return
     p = pos.cpu().numpy()
     if isinstance(values, Tensor):
         values = _numpy(values).reshape(p.shape)
@@ -89,13 +93,24 @@ class Trace:
     details: TokenDetails | None = None  # per-token inputs of every decision, when asked for
     # acceptance_unit "token": the fraction of each verified row's tokens accepted (an xAR cell's)
     unit_accepted: np.ndarray | None = None
+    # Writes not made yet (a deferred trace's: see :meth:`empty`), made by :meth:`flush`.
+    pending: list | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def empty(
-        cls, batch: int, num_tokens: int, step_sizes: list[int], settings: dict | None = None, dtype=np.float32
+        cls,
+        batch: int,
+        num_tokens: int,
+        step_sizes: list[int],
+        settings: dict | None = None,
+        dtype=np.float32,
+        defer: bool = False,
     ) -> Trace:
+        """An empty trace. ``defer``: per-token writes keep their tensors on the device until :meth:`flush`
+        copies them all, when the run ends (a CUDA run's loop then never waits for the device)."""
         nan = lambda: np.full((batch, num_tokens), np.nan, dtype=dtype)
         return cls(
+            pending=[] if defer else None,
             maker=np.full((batch, num_tokens), -1, dtype=np.int8),
             ar_step=np.full((batch, num_tokens), -1, dtype=np.int16),
             block=np.full((batch, num_tokens), -1, dtype=np.int16),
@@ -111,11 +126,17 @@ class Trace:
 
     # --- writing (the samplers write the trace only through these) -----------------------------
 
+    def flush(self) -> None:
+        """Make every deferred write, in the order they were recorded (one wait for the device: the first copy)."""
+        pending, self.pending = self.pending, None
+        for arr, pos, values in pending or ():
+            _put(arr, pos, values)
+
     def record_made(self, pos: Tensor, step: int, maker: Maker | None) -> None:
         """Tokens at ``pos`` (B, k) made at AR step ``step``; ``maker`` None: drafted, not yet decided."""
-        _put(self.ar_step, pos, step)
+        _put(self.ar_step, pos, step, self.pending)
         if maker is not None:
-            _put(self.maker, pos, int(maker))
+            _put(self.maker, pos, int(maker), self.pending)
 
     def record_pass(self, model: str) -> None:
         """One pass of the "target" or the "draft": an AR step's or a verified block's (see ``target_passes``)."""
@@ -158,11 +179,11 @@ class Trace:
 
     def record_accept_draw(self, pos: Tensor, uniforms: Tensor) -> None:
         if self.details is not None:
-            _put(self.details.accept_draw, pos, uniforms)
+            _put(self.details.accept_draw, pos, uniforms, self.pending)
 
     def record_distance(self, pos: Tensor, distance: Tensor, aligned: bool) -> None:
         """||x^q - x^p|| of a block's tokens, with shared (``aligned``) or independent noise."""
-        _put(self.distance_aligned if aligned else self.distance_independent, pos, distance)
+        _put(self.distance_aligned if aligned else self.distance_independent, pos, distance, self.pending)
 
     def record_block(
         self,
@@ -175,12 +196,15 @@ class Trace:
         resample_tries: Tensor,
     ) -> None:
         """What verification decided for a block's tokens at ``pos`` (B, k); values per row (B*k,)."""
-        _put(self.maker, pos, maker)
-        _put(self.block, pos, block)
-        _put(self.accept_prob, pos, accept_prob)
-        _put(self.log_ratio_trajectory, pos, log_ratio_trajectory)
-        _put(self.log_ratio_final, pos, log_ratio_final)
-        _put(self.resample_tries, pos, resample_tries)
+        for arr, values in (
+            (self.maker, maker),
+            (self.block, block),
+            (self.accept_prob, accept_prob),
+            (self.log_ratio_trajectory, log_ratio_trajectory),
+            (self.log_ratio_final, log_ratio_final),
+            (self.resample_tries, resample_tries),
+        ):
+            _put(arr, pos, values, self.pending)
 
     def record_unit_acceptance(self, pos: Tensor, fraction: Tensor | None) -> None:
         """Under acceptance_unit "token": the fraction of the tokens of each row at ``pos`` accepted (None: the
@@ -189,7 +213,7 @@ class Trace:
             return
         if self.unit_accepted is None:
             self.unit_accepted = np.full(self.maker.shape, np.nan, dtype=self.accept_prob.dtype)
-        _put(self.unit_accepted, pos, fraction)
+        _put(self.unit_accepted, pos, fraction, self.pending)
 
     @property
     def unit_acceptance_rate(self) -> float:

@@ -155,11 +155,13 @@ def test_an_int_step_reads_the_numbers_a_step_per_row_reads(t):
 
 
 def _plain_head(model, monkeypatch, calls: list) -> None:
-    """Make ``model``'s head chains compute every transition the plain way (:func:`plain_transition`)."""
+    """Make ``model``'s head chains compute every transition the plain way (:func:`plain_transition`), one
+    transition at a time (no fused sampler)."""
     chain = model.head.chain
 
     def plain_chain(*args, **kwargs):
         c = chain(*args, **kwargs)
+        c.sample = lambda *a, **k: None
         c.transition = lambda y, step, cond: calls.append(step) or plain_transition(c, y, step, cond)
         return c
 

@@ -73,6 +73,23 @@ class Schedule:
         return self.betas.log()
 
     @cached_property
+    def ddpm_coefficients(self) -> list[tuple[float, float, float, float, float, float]]:
+        """DDPM's transition at each diffusion index t as Python floats (a, b, c1, c2, p, q): x0 = a y - b eps,
+        mean = c1 x0 + c2 y, std = exp(v p + q) (the learned range between log beta and the clipped posterior
+        log variance, halved: :func:`learned_log_variance`)."""
+        lb, lp = self.log_betas.tolist(), self.posterior_log_variance_clipped.tolist()
+        cols = zip(
+            self.sqrt_recip_alphas_cumprod.tolist(),
+            self.sqrt_recipm1_alphas_cumprod.tolist(),
+            self.posterior_mean_coef1.tolist(),
+            self.posterior_mean_coef2.tolist(),
+            lb,
+            lp,
+            strict=True,
+        )
+        return [(a, b, c1, c2, (u - w) / 4.0, (u + w) / 4.0) for a, b, c1, c2, u, w in cols]
+
+    @cached_property
     def timesteps(self) -> list[int]:
         """The original timestep of every diffusion index (``timestep_map`` as ints)."""
         return self.timestep_map.tolist()

@@ -6,6 +6,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+def dropped(drop: nn.Dropout, x: Tensor) -> Tensor:
+    """``drop(x)``, skipped where it is the identity (evaluation, or p = 0): no op call, the same numbers."""
+    return drop(x) if drop.training and drop.p > 0.0 else x
+
+
 class Attention(nn.Module):
     def __init__(self, dim: int, num_heads: int, attn_drop: float = 0.0, proj_drop: float = 0.0):
         super().__init__()
@@ -27,7 +32,7 @@ class Attention(nn.Module):
         """Queries (B, heads, m, hd) over keys and values (B, heads, n, hd) -> (B, m, C), projected."""
         b, h, m, d = q.shape
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, m, h * d)))
+        return dropped(self.proj_drop, self.proj(out.transpose(1, 2).reshape(b, m, h * d)))
 
     def forward(self, x: Tensor) -> Tensor:
         return self.attend(*self.heads(x))
@@ -42,7 +47,7 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+        return dropped(self.drop, self.fc2(dropped(self.drop, self.act(self.fc1(x)))))
 
 
 class Block(nn.Module):

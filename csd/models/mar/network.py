@@ -293,7 +293,9 @@ class MAR(MaskedARFamily, nn.Module):
         """(B, enc) embeddings of class ids; ``labels=None`` gives the unconditional embedding."""
         if labels is None:
             return self.fake_latent.expand(batch, -1)
-        if labels.numel() and (labels.min() < 0 or labels.max() >= self.config.class_num):
+        if labels.device.type != "cpu":  # checked on the device: reading the labels back would wait for it
+            torch._assert_async(((labels >= 0) & (labels < self.config.class_num)).all())
+        elif labels.numel() and (labels.min() < 0 or labels.max() >= self.config.class_num):
             raise ValueError(f"class labels must be in [0, {self.config.class_num - 1}], got {labels.tolist()}")
         return self.class_emb(labels)
 
