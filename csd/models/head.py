@@ -285,8 +285,10 @@ class FusedSampler:
         d, width = net.token_dim, net.input_proj.out_features
         self.width = width
         self.input = (net.input_proj.bias, net.input_proj.weight.t())
-        self.blocks = [(b.in_ln, (b.mlp[0].bias, b.mlp[0].weight.t()), (b.mlp[2].bias, b.mlp[2].weight.t()))
-                       for b in net.res_blocks]
+        self.blocks = [
+            (b.in_ln, (b.mlp[0].bias, b.mlp[0].weight.t()), (b.mlp[2].bias, b.mlp[2].weight.t()))
+            for b in net.res_blocks
+        ]
         final = net.final_layer.linear
         self.eps_out = (final.bias[:d], final.weight[:d].t())
         self.var_out = (final.bias[d:], final.weight[d:].t())
@@ -323,7 +325,6 @@ class FusedSampler:
         size = max(1, MODULATION_ELEMENTS // max(per_step, 1))
         steps = self.chain.num_steps()
         return [range(a, min(a + size, steps)) for a in range(0, steps, size)]
-
 
     def run(self, noise: ChainNoise, temperature: float = 1.0) -> Trajectory:
         steps, n = self.chain.num_steps(), self.rows
