@@ -10,7 +10,11 @@
 4. target-only and CSD tokens of the same requests finite, and their statistics alike (CSD's tokens come from
    the target's distribution: mean within a quarter of a standard deviation, standard deviations within 2x);
 5. one paper-scale cell timed (``python -m csd.experiments.paper_scale``, MAR-L / MAR-B, batch 8, gamma 8);
-6. ``DIR/gpu_check.json``, ``DIR/gpu_check.md`` and ``DIR/screenshot.png`` (the page in Chromium where
+6. host synchronisations: target-only and CSD on each family's untrained pair under
+   ``torch.cuda.set_sync_debug_mode("warn")``, counted before, inside and after the AR loop (per AR step);
+7. the head chain as CUDA graphs (``DiffusionHead.use_cuda_graphs``) against the fused sampler, a MAR-L-size
+   head (random weights, 100 steps, guided) at batch 1 and 256 (4 tokens per AR step): milliseconds per chain;
+8. ``DIR/gpu_check.json``, ``DIR/gpu_check.md`` and ``DIR/screenshot.png`` (the page in Chromium where
    Playwright and Chromium are installed, else the images ``/generate`` returned, side by side).
 
 A step that fails is recorded and the next one still runs; the exit code is 1 if any failed. gradio,
@@ -180,6 +184,103 @@ def screenshot(url: str, images: list[str], path: Path) -> dict:
     return {"kind": "the page in Chromium after Generate"}
 
 
+def sync_counts(device: torch.device, tiny: bool) -> dict:
+    """Host synchronisations of target-only and CSD runs per family (untrained pairs, batch 2): those before
+    the first AR step's callback (set-up and the first step), between the first and the last callback (the
+    loop), and after it (the trace's one copy). On a CPU nothing synchronises: every count is 0."""
+    import warnings
+
+    from csd.config import CSDConfig, SamplingConfig
+    from csd.experiments.pairs import random_pair
+    from csd.sampling import generate
+    from csd.speculative import speculative_generate
+
+    result = {}
+    for family in ("mar", "xar", "harmon"):
+        pair = random_pair(device, family=family)
+        steps = pair.traits.fixed_num_steps or 8
+        sampling = SamplingConfig(num_steps=steps, cfg_scale=3.0, cfg_schedule=pair.traits.cfg_schedule or "linear")
+        conditions = list(pair.prompts[:1] or [1]) * 2
+        runs = {
+            "target": lambda cb, p=pair, s=sampling, c=conditions: generate(p.target, c, [0, 1], s, on_step=cb),
+            "csd": lambda cb, p=pair, s=sampling, c=conditions: speculative_generate(
+                p.target, p.draft, c, [0, 1], s, CSDConfig(gamma=4), on_step=cb
+            ),
+        }
+        for mode, run in runs.items():
+            run(None)  # untimed: one-time costs (allocations, caches)
+            marks: list[int] = []
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                if device.type == "cuda":
+                    torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    run(lambda done, total, phase, m=marks, c=caught: m.append(len(c)))
+                finally:
+                    if device.type == "cuda":
+                        torch.cuda.set_sync_debug_mode("default")
+            syncs = [w for w in caught if "synchroniz" in str(w.message)]
+            total = len(syncs)
+            first, last = (marks[0], marks[-1]) if marks else (0, total)
+            inside = last - first
+            result[f"{family} {mode}"] = {
+                "ar_steps": steps,
+                "callbacks": len(marks),
+                "before_loop": first,
+                "in_loop": inside,
+                "in_loop_per_step": round(inside / max(len(marks) - 1, 1), 2),
+                "after_loop": total - last,
+                "where": sorted({str(w.filename).split("/csd/")[-1] + f":{w.lineno}" for w in syncs})[:12],
+            }
+    return result
+
+
+def head_graphs(device: torch.device, tiny: bool) -> dict:
+    """A MAR-L-size diffusion head (random weights) run as the fused sampler and as CUDA graphs, batch 1 and
+    256 (4 tokens per AR step, guided): milliseconds per chain (median of 10 after 3 warm-ups) and the largest
+    difference of their tokens."""
+    from csd.chain import HeadCondition, standard_noise
+    from csd.models.head import DiffusionHead
+
+    width, depth, z_dim, steps = (64, 2, 32, 10) if tiny else (1280, 8, 1024, 100)
+    head = DiffusionHead(16, z_dim, width, depth, sampling_steps=steps).to(device).eval()
+    gen = torch.Generator(device).manual_seed(0)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(0.02 * torch.randn(p.shape, generator=gen, device=device))
+    result = {}
+    for batch in (1, 256):
+        n = 4 * batch
+        z, zu = (torch.randn(n, z_dim, generator=gen, device=device) for _ in range(2))
+        cond = HeadCondition(z, zu, torch.full((n,), 3.0, device=device))
+        noise = standard_noise(n, 16, steps, gen, device, torch.float32)
+        times, outs = {}, {}
+        for name, graphs in (("fused", False), ("cuda graphs", True)):
+            head.use_cuda_graphs(graphs)
+            chain = head.chain(steps)
+            samples = []
+            with torch.inference_mode():
+                for rep in range(13):
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    t0 = time.perf_counter()
+                    out = chain.sample(HeadCondition(cond.z, cond.z_uncond, cond.cfg), noise)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    if rep >= 3:
+                        samples.append(time.perf_counter() - t0)
+            times[name], outs[name] = float(np.median(samples)) * 1e3, out.x
+        head.use_cuda_graphs(False)
+        result[f"batch {batch}"] = {
+            "rows": 2 * n,
+            "fused_ms": round(times["fused"], 3),
+            "graphs_ms": round(times["cuda graphs"], 3),
+            "speedup": round(times["fused"] / times["cuda graphs"], 2),
+            "max_token_diff": float((outs["fused"] - outs["cuda graphs"]).abs().max()),
+        }
+    return result
+
+
 def machine(device: torch.device) -> dict:
     info = {"device": str(device), "torch": torch.__version__, "python": sys.version.split()[0]}
     if device.type == "cuda":
@@ -209,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="tiny models: the same steps on any machine")
     p.add_argument("--device", default="auto", help="auto (CUDA where there is one), cpu or cuda")
     p.add_argument("--skip-tests", action="store_true", help="skip step 1 (pytest -m cuda)")
+    p.add_argument("--skip-serve", action="store_true", help="skip steps 2-4 and the screenshot (the served app)")
     args = p.parse_args(argv)
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from csd.cli import resolve_device
@@ -219,8 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if not args.skip_tests:
         _step(record, "cuda tests", lambda: cuda_tests(args.out))
+    _step(record, "host syncs", lambda: sync_counts(device, args.tiny))
+    _step(record, "head cuda graphs", lambda: head_graphs(device, args.tiny))
     with ExitStack() as stack:
-        served = _step(record, "serve", lambda: serve_official(stack, args.tiny, device), lambda out: out[2])
+        serve = lambda: serve_official(stack, args.tiny, device)
+        served = None if args.skip_serve else _step(record, "serve", serve, lambda out: out[2])
         if served is not None:
             application, url, _ = served
             api = _step(record, "generate api", lambda: generate_api(application, url)) or {}

@@ -94,6 +94,15 @@ class Schedule:
         """The original timestep of every diffusion index (``timestep_map`` as ints)."""
         return self.timestep_map.tolist()
 
+    def log_std_coefficients(self, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """(T, 2): DDPM's (p, q) of :attr:`ddpm_coefficients` by transition (k = T-1-t), in ``dtype`` on
+        ``device``; made once per (dtype, device), so a chain run (or its CUDA-graph capture) copies nothing."""
+        key = ("log_std", dtype, device)
+        if key not in self._scalars:  # a benign race: both writers store equal tensors
+            rows = [c[4:] for c in reversed(self.ddpm_coefficients)]
+            self._scalars[key] = torch.tensor(rows, dtype=torch.float64).to(device=device, dtype=dtype)
+        return self._scalars[key]
+
     def scalars(self, name: str, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
         """Coefficient ``name`` cast to ``dtype`` on ``device``, one 0-dim tensor per step: cast once, since a
         chain reads them at every transition (the same numbers as casting ``coef[t]`` each time)."""

@@ -154,6 +154,13 @@ class DiffusionHead(nn.Module):
         self.train_schedule = gd.Schedule.cosine(train_steps)
         self._schedules: dict[int, gd.Schedule] = {}
         self._step_embeddings = StepEmbeddings(self.net.time_embed)  # shared by every chain of this head
+        self.cuda_graphs: CUDAGraphs | None = None  # opt-in: see use_cuda_graphs
+
+    def use_cuda_graphs(self, enabled: bool = True) -> None:
+        """Opt in (or out) to running this head's DDPM chains on CUDA as captured CUDA graphs, one per shape
+        (:class:`CUDAGraphs`): the first chain of a shape pays a capture, every later one replays it. The same
+        numbers as the fused sampler; nothing changes on a CPU."""
+        self.cuda_graphs = CUDAGraphs() if enabled else None
 
     def chain(self, steps: int | None = None, sampler: str = "ddpm", eta: float = 0.0) -> DiffusionChain:
         """The head at ``steps`` sampling steps (None: its default) with ``sampler`` "ddpm" (the trained
@@ -164,7 +171,9 @@ class DiffusionHead(nn.Module):
         if steps not in self._schedules:  # a benign race: both writers store equal schedules
             self._schedules[steps] = gd.Schedule.cosine(self.train_steps, steps)
         eta = None if sampler == "ddpm" else eta
-        return DiffusionChain(self.net, self._schedules[steps], self.clip_x0, eta, self._step_embeddings)
+        chain = DiffusionChain(self.net, self._schedules[steps], self.clip_x0, eta, self._step_embeddings)
+        chain.cuda_graphs = self.cuda_graphs
+        return chain
 
     # --- training ------------------------------------------------------------------------------
 
@@ -211,6 +220,7 @@ class DiffusionChain:
         self.net, self.schedule, self.clip_x0, self.ddim_eta = net, schedule, clip_x0, ddim_eta
         self.token_dim = net.token_dim
         self.step_embeddings = step_embeddings or StepEmbeddings(net.time_embed)
+        self.cuda_graphs: CUDAGraphs | None = None
 
     def num_steps(self) -> int:
         return self.schedule.num_steps
@@ -244,6 +254,8 @@ class DiffusionChain:
         records (it writes into buffers), which the transition-by-transition loop runs."""
         if self.ddim_eta is not None or torch.is_grad_enabled():
             return None
+        if self.cuda_graphs is not None and noise.xi.is_cuda:
+            return self.cuda_graphs.run(self, cond, noise, temperature)
         return FusedSampler(self, cond).run(noise, temperature)
 
     def transition(self, y: Tensor, step: int | Tensor, cond: HeadCondition) -> tuple[Tensor, Tensor]:
@@ -340,28 +352,38 @@ class FusedSampler:
             guide = 1.0 if cfg is None else cfg.to(xi.dtype).unsqueeze(-1)  # (n, 1)
         clip, coefficients = self.chain.clip_x0, self.chain.schedule.ddpm_coefficients
         state, mean, std, eps_noise = states.unbind(), means.unbind(), stds.unbind(), noise.eps.unbind()
+        log_std = self.log_std_layers(temperature)
         for chunk in self.chunks():
             mods = [m.unbind() for m in self.modulations(chunk)]
             for i, k in enumerate(chunk):
                 y = state[k]
-                eps, v = self.network(y, [m[i] for m in mods])
+                eps, x = self.network(y, [m[i] for m in mods])
                 if guide is not None:
                     eps = torch.lerp(eps[n:], eps[:n], guide)
-                a, b, c1, c2, p, q = coefficients[steps - 1 - k]
+                a, b, c1, c2, _, _ = coefficients[steps - 1 - k]
                 x0 = torch.add(y * a, eps, alpha=-b)
                 if clip is not None:
                     x0.clamp_(-clip, clip)
                 torch.add(x0 * c1, y, alpha=c2, out=mean[k])
-                torch.mul(v, p, out=std[k]).add_(q).exp_()
-                if temperature != 1.0:
-                    std[k].mul_(temperature)
+                torch.addmm(log_std[1][k], x[:n], log_std[0][k], out=std[k]).exp_()
                 if k < steps - 1:
                     torch.addcmul(mean[k], std[k], eps_noise[k], out=state[k + 1])
         return Trajectory(x=means[-1], states=states, mean=means, std=stds)
 
+    def log_std_layers(self, temperature: float) -> tuple[list[Tensor], list[Tensor]]:
+        """Per transition k, the variance output layer with DDPM's learned range and the temperature folded in:
+        weights (W, d) and bias (d,) giving log(temperature x std) = v p + q + log(temperature) from the final
+        layer's input (v = x W_v^T + b_v, the variance value)."""
+        bias, weight = self.var_out
+        p, q = self.chain.schedule.log_std_coefficients(bias.dtype, bias.device).unbind(-1)  # (T,) each
+        shift = q + math.log(temperature)
+        return list((weight * p[:, None, None]).unbind()), list(
+            torch.addcmul(shift[:, None], p[:, None], bias).unbind()
+        )
+
     def network(self, y: Tensor, mods: list[Tensor]) -> tuple[Tensor, Tensor]:
-        """The head network at states y (n, d) under one step's modulations: eps (G n, d), the conditional
-        half's variance value (n, d)."""
+        """The head network at states y (n, d) under one step's modulations: eps (G n, d) and the final layer's
+        input (G n, W), whose conditional half the variance layer reads."""
         g, n, width = self.groups, self.rows, self.width
         h = torch.addmm(self.input[0], y, self.input[1])  # (n, W): both groups read the same state
         for j, (ln, (b1, w1), (b2, w2)) in enumerate(self.blocks):
@@ -377,5 +399,47 @@ class FusedSampler:
         shift, one_scale = mods[-2:]
         x = nn.functional.layer_norm(h, (width,), None, None, self.eps_ln)
         x = torch.addcmul(shift, x, one_scale)
-        eps = torch.addmm(self.eps_out[0], x, self.eps_out[1])
-        return eps, torch.addmm(self.var_out[0], x[:n], self.var_out[1])
+        return torch.addmm(self.eps_out[0], x, self.eps_out[1]), x
+
+
+class CUDAGraphs:
+    """A diffusion head's fused chains as CUDA graphs, captured once per shape and replayed after: a replay
+    launches the whole chain (hundreds of small kernels) in one call, so the CPU no longer paces the GPU.
+
+    Keyed by the chain's steps, rows, guidance, dtype, device and temperature; the inputs (conditions, cfg,
+    noise) are copied into the captured graph's own tensors before each replay and the trajectory is copied
+    out after, so callers keep what they get. The head's weights must not change while its graphs are kept
+    (:meth:`DiffusionHead.use_cuda_graphs` again makes new ones)."""
+
+    def __init__(self):
+        self.graphs: dict[tuple, tuple] = {}
+
+    def run(self, chain: DiffusionChain, cond: HeadCondition, noise: ChainNoise, temperature: float) -> Trajectory:
+        guided, scaled = cond.z_uncond is not None, cond.cfg is not None
+        key = (chain.num_steps(), id(chain.schedule), cond.rows, guided, scaled, noise.xi.dtype, noise.xi.device)
+        key += (temperature,)
+        if key not in self.graphs:
+            self.graphs[key] = self.capture(chain, cond, noise, temperature)
+        inputs, out, graph = self.graphs[key]
+        for static, value in zip(inputs, (cond.z, cond.z_uncond, cond.cfg, noise.xi, noise.eps), strict=True):
+            if static is not None:
+                static.copy_(value)
+        graph.replay()
+        return Trajectory(out.x.clone(), out.states.clone(), out.mean.clone(), out.std.clone())
+
+    @staticmethod
+    def capture(chain: DiffusionChain, cond: HeadCondition, noise: ChainNoise, temperature: float) -> tuple:
+        inputs = [None if t is None else t.clone() for t in (cond.z, cond.z_uncond, cond.cfg, noise.xi, noise.eps)]
+        z, z_uncond, cfg, xi, eps = inputs
+        static = lambda: (HeadCondition(z, z_uncond, cfg), ChainNoise(xi, eps))  # a fresh condition: no kept embedding
+        stream = torch.cuda.Stream(device=xi.device)
+        stream.wait_stream(torch.cuda.current_stream(xi.device))
+        with torch.cuda.stream(stream):  # warm-up: the step embeddings and coefficients are made and kept here
+            for _ in range(2):
+                FusedSampler(chain, static()[0]).run(static()[1], temperature)
+        torch.cuda.current_stream(xi.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            c, n = static()
+            out = FusedSampler(chain, c).run(n, temperature)
+        return inputs, out, graph
