@@ -3,7 +3,7 @@
     python -m scripts.gpu_check --out DIR            # on one GPU: official sizes, random weights
     python -m scripts.gpu_check --out DIR --tiny     # the same steps on any machine, tiny models (a CPU: ~2 min)
 
-1. ``pytest -m cuda`` (tests/test_cuda.py: skipped where there is no CUDA);
+1. ``pytest -m cuda tests/test_cuda.py`` (skipped where there is no CUDA);
 2. MAR-B and MAR-L with random weights written in the official layout (scripts/random_official.py) and served
    as a Space serves them (the app's GPU calls; the pair timed as the server starts);
 3. ``/generate`` at batch 1 and 8 through gradio_client;
@@ -44,7 +44,9 @@ BATCHES = (1, 8)
 
 def _step(record: dict, name: str, fn, show=lambda out: out) -> object:
     """Run one step, recording its seconds and outcome in ``record``: ``show(out)`` of what it returned, or the
-    error's last lines."""
+    error's last lines. A step outside ``record["only"]`` (where set) is left out."""
+    if record.get("only") and name not in record["only"]:
+        return None
     t0 = time.perf_counter()
     entry = record["steps"].setdefault(name, {})
     try:
@@ -59,7 +61,7 @@ def _step(record: dict, name: str, fn, show=lambda out: out) -> object:
 
 
 def cuda_tests(out: Path) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests/test_cuda.py"]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     (out / "cuda_tests.log").write_text(run.stdout[-20000:] + run.stderr[-5000:])
     summary = (run.stdout.strip().splitlines() or [""])[-1]
@@ -188,50 +190,59 @@ def sync_counts(device: torch.device, tiny: bool) -> dict:
     """Host synchronisations of target-only and CSD runs per family (untrained pairs, batch 2): those before
     the first AR step's callback (set-up and the first step), between the first and the last callback (the
     loop), and after it (the trace's one copy). On a CPU nothing synchronises: every count is 0."""
+    from csd.experiments.pairs import random_pair
+
+    result = {}
+    for family in ("mar", "xar", "harmon"):
+        try:
+            result |= _family_syncs(device, family, random_pair(device, family=family))
+        except Exception as err:  # recorded per family: one family's failure keeps the others' counts
+            result[family] = {"error": f"{type(err).__name__}: {err}"}
+    return result
+
+
+def _family_syncs(device: torch.device, family: str, pair) -> dict:
     import warnings
 
     from csd.config import CSDConfig, SamplingConfig
-    from csd.experiments.pairs import random_pair
     from csd.sampling import generate
     from csd.speculative import speculative_generate
 
     result = {}
-    for family in ("mar", "xar", "harmon"):
-        pair = random_pair(device, family=family)
-        steps = pair.traits.fixed_num_steps or 8
-        sampling = SamplingConfig(num_steps=steps, cfg_scale=3.0, cfg_schedule=pair.traits.cfg_schedule or "linear")
-        conditions = list(pair.prompts[:1] or [1]) * 2
-        runs = {
-            "target": lambda cb, p=pair, s=sampling, c=conditions: generate(p.target, c, [0, 1], s, on_step=cb),
-            "csd": lambda cb, p=pair, s=sampling, c=conditions: speculative_generate(
-                p.target, p.draft, c, [0, 1], s, CSDConfig(gamma=4), on_step=cb
-            ),
-        }
-        for mode, run in runs.items():
-            run(None)  # untimed: one-time costs (allocations, caches)
-            marks: list[int] = []
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
+    steps = pair.traits.fixed_num_steps or 8
+    sampling = SamplingConfig(num_steps=steps, cfg_scale=3.0, cfg_schedule=pair.traits.cfg_schedule or "linear")
+    conditions = list(pair.prompts[:1] or [1]) * 2
+    runs = {
+        "target": lambda cb, p=pair, s=sampling, c=conditions: generate(p.target, c, [0, 1], s, on_step=cb),
+        "csd": lambda cb, p=pair, s=sampling, c=conditions: speculative_generate(
+            p.target, p.draft, c, [0, 1], s, CSDConfig(gamma=4), on_step=cb
+        ),
+    }
+    for mode, run in runs.items():
+        run(None)  # untimed: one-time costs (allocations, caches)
+        marks: list[int] = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                run(lambda done, total, phase, m=marks, c=caught: m.append(len(c)))
+            finally:
                 if device.type == "cuda":
-                    torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    run(lambda done, total, phase, m=marks, c=caught: m.append(len(c)))
-                finally:
-                    if device.type == "cuda":
-                        torch.cuda.set_sync_debug_mode("default")
-            syncs = [w for w in caught if "synchroniz" in str(w.message)]
-            total = len(syncs)
-            first, last = (marks[0], marks[-1]) if marks else (0, total)
-            inside = last - first
-            result[f"{family} {mode}"] = {
-                "ar_steps": steps,
-                "callbacks": len(marks),
-                "before_loop": first,
-                "in_loop": inside,
-                "in_loop_per_step": round(inside / max(len(marks) - 1, 1), 2),
-                "after_loop": total - last,
-                "where": sorted({str(w.filename).split("/csd/")[-1] + f":{w.lineno}" for w in syncs})[:12],
-            }
+                    torch.cuda.set_sync_debug_mode("default")
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        total = len(syncs)
+        first, last = (marks[0], marks[-1]) if marks else (0, total)
+        inside = last - first
+        result[f"{family} {mode}"] = {
+            "ar_steps": steps,
+            "callbacks": len(marks),
+            "before_loop": first,
+            "in_loop": inside,
+            "in_loop_per_step": round(inside / max(len(marks) - 1, 1), 2),
+            "after_loop": total - last,
+            "where": sorted({str(w.filename).split("/csd/")[-1] + f":{w.lineno}" for w in syncs})[:12],
+        }
     return result
 
 
@@ -311,13 +322,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto", help="auto (CUDA where there is one), cpu or cuda")
     p.add_argument("--skip-tests", action="store_true", help="skip step 1 (pytest -m cuda)")
     p.add_argument("--skip-serve", action="store_true", help="skip steps 2-4 and the screenshot (the served app)")
+    p.add_argument("--only", nargs="+", default=None, help="run only these steps (their names in the summary)")
     args = p.parse_args(argv)
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from csd.cli import resolve_device
 
     device = resolve_device(args.device)
     args.out.mkdir(parents=True, exist_ok=True)
-    record = {"tiny": args.tiny, "machine": machine(device), "steps": {}}
+    record = {"tiny": args.tiny, "machine": machine(device), "steps": {}, "only": args.only}
     t0 = time.perf_counter()
     if not args.skip_tests:
         _step(record, "cuda tests", lambda: cuda_tests(args.out))

@@ -214,3 +214,117 @@ def test_xar_positions_as_a_slice_read_what_indexing_reads():
         assert block is cond.attention_mask(4, "cpu", torch.float64)  # made once per block shape
         at = model._network(x, labels, t, cond.positions(4), block, kept)
         assert_same64(at, model._network(x, labels, t, torch.arange(12, 20), block, kept), "the block's velocities")
+
+
+def _chain_inputs(head: DiffusionHead, n: int, guided: bool, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    z = _randn(n, 6, generator=g)
+    cond = (
+        HeadCondition(z, _randn(n, 6, generator=g), _randn(n, generator=g).abs() + 1.0) if guided else HeadCondition(z)
+    )
+    steps = head.sampling_steps
+    return cond, standard_noise(n, 4, steps, g, "cpu", torch.float32)
+
+
+def _as64(noise):
+    from csd.chain import ChainNoise
+
+    return ChainNoise(noise.xi.double(), noise.eps.double())
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("guided", [False, True])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_the_fused_sampler_is_the_transition_loop(guided, temperature, clip, monkeypatch):
+    """The fused DDPM sampler (modulations made per chain, the LayerNorm affine and DDPM's learned range folded
+    into products, guidance as a lerp) against the transition-by-transition loop, in float64: every state, mean
+    and std of the trajectory, and its token. Once with the modulations made all at once, once a step at a time
+    (a head too wide for one chunk)."""
+    from csd.chain import run_transitions
+    from csd.models import head as head_module
+
+    head = _head()
+    head.clip_x0 = clip
+    cond, noise = _chain_inputs(head, 5, guided)
+    chain = head.chain()
+    with torch.inference_mode():
+        loop = run_transitions(chain, cond, _as64(noise), temperature)
+        for elements in (head_module.MODULATION_ELEMENTS, 1):
+            monkeypatch.setattr(head_module, "MODULATION_ELEMENTS", elements)
+            fused = chain.sample(HeadCondition(cond.z, cond.z_uncond, cond.cfg), _as64(noise), temperature)
+            for name in ("x", "states", "mean", "std"):
+                torch.testing.assert_close(getattr(fused, name), getattr(loop, name), rtol=1e-12, atol=1e-12)
+            assert len(head_module.FusedSampler(chain, cond).chunks()) == (1 if elements > 1 else chain.num_steps())
+
+
+def test_the_fused_sampler_leaves_ddim_and_autograd_to_the_loop():
+    """DDIM's transitions and a chain run where autograd records (the fused sampler writes into buffers) take
+    the loop: ``sample`` declines and ``run_chain`` runs the transitions."""
+    head = _head()
+    cond, noise = _chain_inputs(head, 3, True)
+    with torch.inference_mode():
+        assert head.chain(sampler="ddim", eta=0.5).sample(cond, _as64(noise)) is None
+        assert head.chain().sample(cond, _as64(noise)) is not None
+    head = _head(seed=2)  # schedules cast under inference mode are inference tensors: a fresh head for autograd
+    with torch.enable_grad():
+        assert head.chain().sample(cond, _as64(noise)) is None
+        assert run_chain(head.chain(), cond, _as64(noise)).x.shape == (3, 4)
+
+
+@pytest.mark.kernels
+def test_a_fused_float32_chain_is_the_float64_loop_within_float32_rounding():
+    """In float32 the fused sampler reassociates (folded affine, folded variance range): its token stays within
+    the measured float32 bound of the float64 loop's."""
+    from csd.chain import run_transitions
+    from tests.helpers import F32_ATOL
+
+    head64 = _head()
+    head32 = _head().float()
+    cond, noise = _chain_inputs(head64, 6, True)
+    cond32 = HeadCondition(cond.z.float(), cond.z_uncond.float(), cond.cfg.float())
+    with torch.inference_mode():
+        ref = run_transitions(head64.chain(), cond, _as64(noise))
+        fused = head32.chain().sample(cond32, noise)
+    assert float((fused.x.double() - ref.x).abs().max()) < F32_ATOL
+
+
+def test_a_deferred_trace_writes_nothing_until_flushed_then_what_an_immediate_one_writes():
+    """The trace of a CUDA run keeps its per-token writes (tensors where they are) until the run ends: the same
+    arrays once flushed. Forced here on the CPU, through a whole target-only and CSD run."""
+    import csd.sampling
+    import csd.speculative
+    from csd.trace import Maker, Trace
+
+    pos = torch.tensor([[0, 2], [1, 3]])
+    now, later = Trace.empty(2, 4, [2, 2]), Trace.empty(2, 4, [2, 2], defer=True)
+    for t in (now, later):
+        t.record_made(pos, 0, Maker.TARGET)
+        t.record_distance(pos, torch.tensor([0.5, 1.5, 2.5, 3.5]), aligned=True)
+    assert (later.maker == -1).all() and len(later.pending) == 3
+    later.flush()
+    assert later.pending is None
+    for name in ("maker", "ar_step", "distance_aligned"):
+        assert (getattr(now, name) == getattr(later, name)).all() or (
+            name == "distance_aligned"
+            and torch.equal(
+                torch.tensor(now.distance_aligned).nan_to_num(-1), torch.tensor(later.distance_aligned).nan_to_num(-1)
+            )
+        )
+    pair = random_pair().at_precision("float64")
+    sampling = sampling64(num_steps=6, cfg_scale=2.0)
+    runs = lambda: (
+        generate(pair.target, [1, 2], [0, 1], sampling),
+        speculative_generate(pair.target, pair.draft, [1, 2], [0, 1], sampling),
+    )
+    plain = runs()
+    empty = Trace.empty
+    deferred = lambda *a, **k: empty(*a, **(k | {"defer": True}))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(csd.sampling.Trace, "empty", deferred)
+        forced = runs()
+    for a, b in zip(plain, forced, strict=True):
+        assert_same64(b.tokens, a.tokens)
+        for name in ("maker", "ar_step", "block", "resample_tries"):
+            assert (getattr(a.trace, name) == getattr(b.trace, name)).all(), name
+        assert b.trace.pending is None

@@ -21,8 +21,21 @@ def test_the_device_check_runs_every_step_at_tiny_sizes(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     record = json.loads((tmp_path / "gpu_check.json").read_text())
     steps = record["steps"]
-    assert list(steps) == ["serve", "generate api", "token statistics", "screenshot", "paper scale cell"]
+    assert list(steps) == [
+        "host syncs",
+        "head cuda graphs",
+        "serve",
+        "generate api",
+        "token statistics",
+        "screenshot",
+        "paper scale cell",
+    ]
     assert all(s["ok"] for s in steps.values())
+    syncs = steps["host syncs"]["result"]
+    assert set(syncs) == {f"{f} {m}" for f in ("mar", "xar", "harmon") for m in ("target", "csd")}
+    assert all(row["callbacks"] >= 2 and row["in_loop"] == 0 for row in syncs.values())  # a CPU never waits
+    graphs = steps["head cuda graphs"]["result"]  # on a CPU both rows run the fused sampler
+    assert set(graphs) == {"batch 1", "batch 256"} and all(r["max_token_diff"] == 0.0 for r in graphs.values())
     assert steps["serve"]["result"]["pairs"] == ["MAR-L / MAR-B (ImageNet)"]
     assert set(steps["generate api"]["result"]) >= {"batch 1", "batch 8"}
     assert all(row["finite"] and row["alike"] for row in steps["token statistics"]["result"].values())

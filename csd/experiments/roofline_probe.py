@@ -112,7 +112,7 @@ OP_CLASSES = (
     (
         "copy and layout",
         (
-            "copy_",
+            "copy",
             "cat",
             "stack",
             "clone",
@@ -125,7 +125,7 @@ OP_CLASSES = (
             "empty",
             "zeros",
             "full",
-            "fill_",
+            "fill",
             "ones",
             "repeat",
             "expand",
@@ -148,7 +148,7 @@ OP_CLASSES = (
             "unbind",
             "detach",
             "alias",
-            "resize_",
+            "resize",
         ),
     ),
     ("random", ("randn", "rand", "normal", "uniform", "multinomial", "bernoulli")),
@@ -201,10 +201,11 @@ OP_CLASSES = (
 
 
 def op_class(name: str) -> str:
-    """The class of an op named as the profiler names it (``aten::addmm``)."""
-    base = name.removeprefix("aten::").rstrip("_") if not name.endswith("copy_") else "copy_"
+    """The class of an op named as the profiler names it (``aten::addmm``): its name, leading and trailing
+    underscores dropped, equal to a class's stem or, for stems of four letters or more, starting with one."""
+    base = name.removeprefix("aten::").strip("_")
     for label, stems in OP_CLASSES:
-        if base in stems or any(base.startswith(s) and s not in ("t", "to", "any", "all") for s in stems):
+        if base in stems or any(len(s) > 3 and base.startswith(s) for s in stems):
             return label
     return "other"
 
