@@ -1,4 +1,4 @@
-"""The prepared device check (issue 52): what a GPU machine must show, in one command, within 8 minutes.
+"""The prepared device check: what a GPU machine must show, in one command, within 8 minutes.
 
     python -m scripts.gpu_check --out DIR            # on one GPU: official sizes, random weights
     python -m scripts.gpu_check --out DIR --tiny     # the same steps on any machine, tiny models (a CPU: ~2 min)
