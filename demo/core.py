@@ -92,7 +92,10 @@ class App:
         self.history: deque[dict] = deque(maxlen=64)
         self._rates: dict[str, Rates] = {}  # per pair, measured the first time it is served
         self._sides: dict[str, int] = {}  # per pair, its images' side in pixels
-        self._rates_lock = threading.Lock()
+        # One lock per pair, held while that pair is timed: known rates are read without any lock, and a
+        # request never waits for another pair's timing (nor for its own: it is refused at once, still_timing).
+        self._rates_locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()  # held only to make a pair's lock
         self.streams: Counter = Counter()  # open result streams per session (demo.guard.Guard counts them)
         self.gone = 0  # requests not run because their client had gone
         # The page's control components (the Generate tab sets them): every request's values are checked
@@ -128,14 +131,33 @@ class App:
         """Whether the pair's rates are measured already (an estimate needs no calibration run)."""
         return pair_name in self._rates
 
-    def rates(self, pair: ModelPair) -> Rates:
+    def timing(self, pair_name: str) -> bool:
+        """Whether the pair is being timed right now (its rates are not in yet)."""
+        lock = self._rates_locks.get(pair_name)
+        return lock is not None and lock.locked() and pair_name not in self._rates
+
+    def _rates_lock(self, pair_name: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._rates_locks.setdefault(pair_name, threading.Lock())
+
+    def rates(self, pair: ModelPair, wait: bool = True) -> Rates:
         """The pair's rates (:mod:`demo.estimate`), timed at its default setting in a GPU call the first time
-        they are asked for (the server asks for every pair's as it starts) and kept here."""
-        with self._rates_lock:
+        they are asked for (the server asks for every pair's as it starts) and kept here. Known rates are read
+        at once, whatever pair is being timed; a pair is timed once however many ask. ``wait=False`` (a
+        visitor's request): refused at once (:func:`still_timing`) while the pair is being timed."""
+        known = self._rates.get(pair.name)
+        if known is not None:
+            return known
+        lock = self._rates_lock(pair.name)
+        if not lock.acquire(blocking=wait):
+            raise still_timing(pair.name)
+        try:
             if pair.name not in self._rates:
                 events = self.gpu.call("calibrate", {"pair_name": pair.name}, CALIBRATION_SECONDS)
                 self._rates[pair.name] = run_to_end(events)
             return self._rates[pair.name]
+        finally:
+            lock.release()
 
     def decode(self, pair_name: str, tokens: torch.Tensor) -> np.ndarray:
         """Tokens (B, N, d) of a served pair -> images (B, H, W, 3) uint8: arithmetic here for pixel tokens, in
@@ -160,10 +182,13 @@ class App:
 
     def estimate_runs(self, r: Request, planned: list[tuple], images: int | None = None, measure: bool = True) -> float:
         """As :meth:`estimate`, for runs at settings of their own: (sampling, csd) or (sampling, csd, kind),
-        csd None for target-only (an analysis's sweeps, a frontier's points), each over ``images`` images."""
+        csd None for target-only (an analysis's sweeps, a frontier's points), each over ``images`` images.
+        Never waits for a timing: a pair being timed right now is refused at once (:func:`still_timing`)."""
+        if self.timing(r.pair.name):
+            raise still_timing(r.pair.name)
         if not measure and r.pair.name not in self._rates:
             return 0.0
-        rates, images = self.rates(r.pair), images or len(r.seeds)
+        rates, images = self.rates(r.pair, wait=False), images or len(r.seeds)
         seconds = 0.0
         for sampling, csd, *kind in planned:
             kind = kind[0] if kind else "target" if csd is None else "csd"
@@ -285,6 +310,15 @@ def steps_job(runs, finish) -> Callable:
         return finish()
 
     return work
+
+
+def still_timing(pair_name: str) -> Exception:
+    """The app's error for a request on a pair being timed right now (as the server starts, or by another
+    request): answered at once rather than after the timing."""
+    return refuse(
+        f"The {pair_name} pair is still being timed as the server starts; try again in a few seconds.",
+        control="pair_name",
+    )
 
 
 def ended(event: Ended) -> Exception:

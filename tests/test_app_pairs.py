@@ -1,5 +1,7 @@
 """Model pairs for the app: discovery on disk, loading once, read-only sharing, decoding."""
 
+import threading
+
 import pytest
 import torch
 
@@ -60,6 +62,36 @@ def test_store_loads_each_pair_once_and_shares_frozen_models():
         assert not model.training and not any(p.requires_grad for p in model.parameters())
     with pytest.raises(ValueError, match="model pair must be one of"):
         store.get("q")
+
+
+def test_while_one_pair_loads_the_store_hands_out_the_others_and_loads_it_once():
+    """A slow load (a large official pair) holds only its own pair: another pair is handed out and
+    :meth:`PairStore.loaded` answers at once, and a second request for the pair loading waits for the one load."""
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def slow_load(device):
+        calls.append(device)
+        started.set()
+        assert release.wait(60)
+        return RANDOM_SOURCE.load(device)
+
+    slow = PairSource("slow", CLASS_NAMES, "random:0", slow_load, RANDOM_SOURCE.traits)
+    store = PairStore([RANDOM_SOURCE, slow], torch.device("cpu"))
+    ready = store.get(RANDOM_SOURCE.name)
+    got = []
+    loading = [threading.Thread(target=lambda: got.append(store.get("slow")), daemon=True) for _ in range(2)]
+    loading[0].start()
+    assert started.wait(30)
+    loading[1].start()
+    answers = []
+    asking = threading.Thread(target=lambda: answers.append((store.loaded("slow"), store.get(RANDOM_SOURCE.name))))
+    asking.start()
+    asking.join(1.0)
+    release.set()
+    for thread in loading:
+        thread.join(60)
+    assert answers == [(None, ready)]  # within the second, while "slow" was still loading
+    assert len(calls) == 1 and len(got) == 2 and got[0] is got[1] is store.loaded("slow")
 
 
 def test_pixel_tokenizer_needs_rgb_patches():

@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
+import threading
+from dataclasses import replace
 from pathlib import Path
 
 import gradio as gr
@@ -24,11 +27,12 @@ from gradio_client import Client
 
 from csd.experiments.defaults import PRESETS
 from csd.experiments.pairs import RANDOM_SOURCE, PairStore
-from demo import gpu, server
+from demo import core, gpu, server
 from demo.core import App, pair_defaults
+from demo.estimate import Rates
 from demo.gpu import GpuCalls
 from demo.limits import Limits
-from demo.tabs.analysis import plan_analysis, plan_frontier
+from demo.tabs.analysis import check_analysis, plan_analysis, plan_frontier
 from demo.tabs.generate import RUN_KINDS, check_generate, compare
 from tests.stubs import spaces as stub
 
@@ -46,6 +50,7 @@ def on_zero_gpu(monkeypatch):
     """ZeroGPU's flag set and the recording stand-in in place of the spaces package, its records cleared."""
     monkeypatch.setenv(gpu.ZERO_GPU_FLAG, "true")
     monkeypatch.setattr(gpu, "import_spaces", lambda: stub)
+    monkeypatch.setattr(stub, "HOLD", [])
     stub.CALLS.clear()
     return stub
 
@@ -163,6 +168,85 @@ def test_stop_closes_the_gpu_call_and_its_job(on_zero_gpu):
     assert on_zero_gpu.OPEN[0] == 0 and application.history[-1]["status"] == "stopped"
 
 
+def twin(name: str = "slow twin"):
+    """The untrained pair's source under another name: a second pair that loads at once."""
+    return replace(RANDOM_SOURCE, name=name, load=lambda device: replace(RANDOM_SOURCE.load(device), name=name))
+
+
+class Held:
+    """A hold for the stand-in (its ``HOLD``): the GPU call timing ``pair`` waits until :attr:`release` is set."""
+
+    def __init__(self, pair: str):
+        self.pair, self.started, self.release = pair, threading.Event(), threading.Event()
+
+    def __call__(self, task, values, estimate):
+        if task == "calibrate" and values["pair_name"] == self.pair:
+            self.started.set()
+            self.release.wait(120)
+
+
+def within(seconds: float, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``'s result, or its error raised here: either must come within ``seconds``."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args, **kwargs)
+        except Exception as err:
+            out["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{fn.__name__} gave no answer within {seconds} s"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+QUICK = Rates(one={"target": 0.01, "draft": 0.005, "csd": 0.01}, many={"target": 0.02, "draft": 0.01, "csd": 0.02})
+
+
+STILL_TIMING = r"The slow twin pair is still being timed as the server starts; try again in a few seconds"
+
+
+def test_while_a_pair_is_timed_the_others_are_served_and_its_own_requests_are_answered_at_once(
+    on_zero_gpu, monkeypatch
+):
+    """The start-up timing of one pair (a slow GPU call) holds nothing else: another pair's rates, its
+    validators' checks and its handlers' estimates come at once; a request on the pair being timed is refused
+    at once, by name, and does not time it a second time."""
+    monkeypatch.setattr(core, "calibrate", lambda *args: QUICK)  # the timing's result (its GPU call is held)
+    slow = twin()
+    application = App(PairStore([RANDOM_SOURCE, slow], torch.device("cpu")), LIMITS)
+    timed = application.store.get(RANDOM_SOURCE.name)
+    application.rates(timed)
+    held = Held(slow.name)
+    on_zero_gpu.HOLD.append(held)
+    timing = threading.Thread(target=application.rates, args=(application.store.get(slow.name),), daemon=True)
+    timing.start()  # the start-up timing (demo.server.warm_up) of the second pair
+    try:
+        assert held.started.wait(30) and application.timing(slow.name)
+        values = controls(application)
+        analysis = {k: v for k, v in values.items() if k != "batch_size"}
+        assert within(1.0, application.rates, timed) is application.rates(timed)
+        for load in (False, True):  # a validator's check, then the handler's
+            assert within(1.0, check_generate, application, None, load, **values) is not None
+            assert within(1.0, check_analysis, application, 1, None, load, **analysis) is not None
+            with pytest.raises(gr.Error, match=STILL_TIMING) as refused:
+                within(1.0, check_generate, application, None, load, **(values | {"pair_name": slow.name}))
+            assert refused.value.control == "pair_name"  # where a validator shows it
+            with pytest.raises(gr.Error, match=STILL_TIMING):
+                within(1.0, check_analysis, application, 1, None, load, **(analysis | {"pair_name": slow.name}))
+        assert application.timing(slow.name)
+    finally:
+        held.release.set()
+        timing.join(60)
+    assert application.timed(slow.name) and not application.timing(slow.name)
+    assert [c["task"] for c in on_zero_gpu.CALLS] == ["calibrate", "calibrate"]  # each pair timed once
+    assert check_generate(application, None, True, **(values | {"pair_name": slow.name})) is not None
+
+
 ZERO_GPU_START = """
 import json, sys, threading, time
 import socket
@@ -215,3 +299,78 @@ def test_on_zero_gpu_the_app_starts_serves_and_times_its_pairs_without_initialis
     serving = next(i for i, line in enumerate(out) if "ZeroGPU" in line and "serving, then timing" in line)
     timed = next(i for i, line in enumerate(out) if line.startswith("Timed "))
     assert serving < timed  # the page is up before the first GPU call
+
+
+ZERO_GPU_TIMING = """
+import json, os, socket, sys, threading, time
+from dataclasses import replace
+with socket.socket() as s:  # a free port
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+sys.argv = ["app.py", "--port", str(port), "--host", "127.0.0.1"]
+import app  # the entry point: spaces first, then the server
+import spaces
+from csd.experiments.pairs import RANDOM_SOURCE, PairStore
+from demo import core, server
+from demo.core import DEVICE, App
+from tests.test_zero_gpu import QUICK, Held, twin
+
+slow = twin()
+made, urls = [], []
+def make_app(checkpoints, limits, hub=None):
+    made.append(App(PairStore([RANDOM_SOURCE, slow], DEVICE), limits))
+    return made[-1]
+server.make_app = make_app
+serve = server.serve
+server.serve = lambda *args, **kwargs: urls.append(serve(*args, **kwargs)) or urls[-1]
+core.calibrate = lambda *args: QUICK  # what a timing measures is not at issue here: how long it holds the GPU is
+held = Held(slow.name)  # the stand-in's GPU is slow: the second pair's timing takes until released
+spaces.HOLD.append(held)
+threading.Thread(target=app.main, daemon=True).start()
+assert held.started.wait(600), "the second pair's timing did not start"
+from gradio_client import Client
+from gradio_client.utils import Status
+
+client, record = Client(urls[0], verbose=False), {}
+values = {**made[0].default_controls(), "batch_size": 1, "ar_steps": 8}
+analysis = {k: v for k, v in values.items() if k != "batch_size"}
+
+def joined(job, t0):  # seconds until the server answered the join (the job is queued or running), at most 5
+    while job.status().code in (Status.STARTING, Status.JOINING_QUEUE) and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+t0 = time.monotonic()
+generate = client.submit(**values, api_name="/generate")
+record["generate joined"] = joined(generate, t0)
+t0 = time.monotonic()
+analyze = client.submit(n_images=1, **analysis, api_name="/analyze")
+record["analyze joined"] = joined(analyze, t0)
+if record["generate joined"] < 5:
+    generate.result(timeout=300)
+    record["generated"] = made[0].history[-1]["status"]
+t0 = time.monotonic()
+try:
+    client.submit(**(values | {"pair_name": slow.name}), api_name="/generate").result(timeout=5)
+except Exception as err:
+    record["refused"] = f"{type(err).__name__}: {err}"
+record["refused in"] = time.monotonic() - t0
+record["still timing"] = made[0].timing(slow.name)
+print(json.dumps(record), flush=True)
+os._exit(0)  # the held timing and the analysis queued above are not waited for
+"""
+
+
+def test_on_zero_gpu_a_join_is_answered_at_once_while_a_pair_is_timed(tmp_path):
+    """``python app.py`` on ZeroGPU (the stand-in, whose GPU call timing the second pair is slow): while that
+    timing runs, a Generate and an analysis on the timed pair join the queue within 1 s and the Generate
+    completes; a Generate on the pair being timed is refused within 1 s, by name."""
+    env = os.environ | {gpu.ZERO_GPU_FLAG: "true", "PYTHONPATH": f"{ROOT / 'tests' / 'stubs'}{os.pathsep}{ROOT}"}
+    run = subprocess.run(
+        [sys.executable, "-c", ZERO_GPU_TIMING], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    record = json.loads(run.stdout.splitlines()[-1])
+    assert record["generate joined"] < 1 and record["analyze joined"] < 1, record
+    assert record["generated"] == "done" and record["still timing"], record
+    assert record["refused in"] < 1 and re.search(STILL_TIMING, record["refused"]), record

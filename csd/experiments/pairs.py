@@ -314,7 +314,8 @@ class PairStore:
         self._sources = {s.name: s for s in sources}
         self.device = device
         self._loaded: dict[str, ModelPair] = {}
-        self._lock = threading.Lock()
+        # One lock per pair, held while it loads: a loaded pair is handed out while another one loads.
+        self._locks = {name: threading.Lock() for name in self._sources}
 
     @property
     def names(self) -> list[str]:
@@ -326,13 +327,15 @@ class PairStore:
         return self._sources[name]
 
     def loaded(self, name: str) -> ModelPair | None:
-        """The pair if it has been loaded already (nothing is loaded here)."""
-        with self._lock:
-            return self._loaded.get(name)
+        """The pair if it has been loaded already (nothing is loaded here, and nothing waits)."""
+        return self._loaded.get(name)
 
     def get(self, name: str) -> ModelPair:
+        """The pair, loaded once however many ask (those asking for it while it loads wait for it)."""
         source = self.source(name)
-        with self._lock:
+        if name in self._loaded:
+            return self._loaded[name]
+        with self._locks[name]:
             if name not in self._loaded:
                 self._loaded[name] = source.load(self.device)
             return self._loaded[name]

@@ -5,7 +5,7 @@ its function, its arguments' first value (the app's task name) and the duration 
 with the call's own arguments, as ZeroGPU does), and checks it is a positive number of seconds within
 :data:`MAX_SECONDS`. Arguments and every yielded or returned value cross a pickle round trip, as they cross
 the process boundary to ZeroGPU's worker. :data:`OPEN` counts the calls under way, so a test can tell whether
-a model ran inside one (a forward hook reads it).
+a model ran inside one (a forward hook reads it); :data:`HOLD` makes calls slow (a GPU that takes its time).
 
 On the path as ``spaces`` (``tests/stubs`` first on ``PYTHONPATH``) with ``SPACES_ZERO_GPU`` set, importing it
 also patches torch as the real package does on a ZeroGPU Space's main process, where no GPU is attached:
@@ -24,6 +24,7 @@ MAX_SECONDS = 300  # the longest call ZeroGPU grants anyone (a logged-in visitor
 CALLS: list[dict] = []  # {"function", "task", "duration"} per call, in order
 DECORATED: list = []  # every function decorated
 OPEN = [0]  # GPU calls under way
+HOLD: list = []  # hold(*args, **kwargs) for each, as a call starts (open), before it runs: may wait
 ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true")
 
 
@@ -38,6 +39,11 @@ def _record(fn, duration, args, kwargs) -> None:
     CALLS.append({"function": fn.__name__, "task": args[0] if args else None, "duration": seconds})
 
 
+def _hold(args, kwargs) -> None:
+    for hold in HOLD:
+        hold(*args, **kwargs)
+
+
 def GPU(task=None, *, duration=None, size=None, **kwargs):
     def decorate(fn):
         DECORATED.append(fn)
@@ -50,6 +56,7 @@ def GPU(task=None, *, duration=None, size=None, **kwargs):
                 OPEN[0] += 1
                 inner = fn(*args, **kwargs)
                 try:
+                    _hold(args, kwargs)
                     for value in inner:
                         yield _crossed(value)
                 finally:  # a closed call (Stop) closes the task, as ZeroGPU's worker does
@@ -64,6 +71,7 @@ def GPU(task=None, *, duration=None, size=None, **kwargs):
             args, kwargs = _crossed((args, kwargs))
             OPEN[0] += 1
             try:
+                _hold(args, kwargs)
                 return _crossed(fn(*args, **kwargs))
             finally:
                 OPEN[0] -= 1
