@@ -170,7 +170,7 @@ PROMPT_SCORES = {"colour_accuracy": "colour accuracy", "background_accuracy": "b
 
 
 def _prompt_scores(result: dict) -> list[str]:
-    """The prompt scores a result holds (a text pair's: the shape's colour and, in results since issue 42,
+    """The prompt scores a result holds (a text pair's: the shape's colour and, in results that scored it,
     the background the prompt asked for), in table order."""
     return [k for k in PROMPT_SCORES if f"{k}_target" in result]
 

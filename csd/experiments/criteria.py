@@ -1,4 +1,4 @@
-"""Which acceptance test, and what it does to the images (issue 53): a pair under the project's derived test,
+"""Which acceptance test, and what it does to the images: a pair under the project's derived test,
 the published sign, and what the published code computes (criterion "published": its products of densities
 in float32 and in float64, its scale slots holding the final step's std, as MarkXCloud/CSpD d91f721 does, or
 its variance), on n paired images: image i of every setting has the label and seed of target-only's image i.

@@ -1,4 +1,4 @@
-"""Enough images to decide (issue 43): the settings that decide a frontier's verdict, measured again on the
+"""Enough images to decide: the settings that decide a frontier's verdict, measured again on the
 same labels and seeds and compared image by image.
 
 At a frontier's 100 images a Frechet distance's standard error (4 to 8) is larger than the gaps between the

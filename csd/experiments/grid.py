@@ -168,7 +168,7 @@ def ode_point(s: SamplingConfig, sampler: str, grid_: str, k: int) -> Point:
 
 
 def sampler_points(s: SamplingConfig, c: CSDConfig, head_steps: int, head_samplers: Sequence[str], quick: bool):
-    """The target's few-step samplers (issue 43) and CSD on them where its test is defined: DDIM at eta 0
+    """The target's few-step samplers and CSD on them where its test is defined: DDIM at eta 0
     and DDIM_ETA (masked families), xAR's probability-flow ODE (Euler, Heun) on both time grids and its
     Euler-Maruyama sampler on the uniform grid; CSD with DDIM at eta > 0, on the uniform grid, and with a
     draft on a deterministic sampler under the final-step test."""

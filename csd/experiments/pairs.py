@@ -43,8 +43,8 @@ VAE_FILE = "vae/kl16.ckpt"  # MAR's KL-16 tokenizer, relative to a checkpoint di
 # A few prompts one click away in the app, each a colour on a background the embedded text models saw
 # together in training. The data draws dark shapes on light backgrounds and light ones on dark (20 000
 # training captions: a red, blue or purple shape never on black, an orange one on a gray gradient never,
-# a green one on a textured yellow background 4 times), so the examples before issue 42 asked for three
-# pairings the models had never seen. Each below occurs 59-432 times in those 20 000, on the commonest
+# a green one on a textured yellow background 4 times), so a colour and a background picked freely can
+# be a pairing the models never saw. Each below occurs 59-432 times in those 20 000, on the commonest
 # kinds of background (plain or textured white or black, a black gradient, a two-colour gradient).
 # Chosen by that rule before the models were scored on them.
 EXAMPLE_PROMPTS = (
