@@ -31,6 +31,8 @@ def make(app, out: Path = SHOWCASE_DIR) -> list[str]:
         *_, c = compare(app, lambda *a, **k: None, fit=False, **controls)  # the last event: the Comparison
         images = c.images
         record = {"title": title, "stats": stats_markdown(c.summary), "summary": c.summary}
+        runs = {"target-only": c.target, "CSD": c.csd, "draft-only": c.draft}  # the names of the time chart
+        record["phases"] = {name: dict(run.trace.times) for name, run in runs.items()}
         record |= {"controls": controls, "weights": app.store.source(pair_name).weights}
         for key, image in images.items():
             Image.fromarray(image).save(out / f"{name}_{key}.png")

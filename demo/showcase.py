@@ -9,7 +9,7 @@ with other weights than those served is not shown.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,8 +41,8 @@ EXAMPLES = (
 
 @dataclass
 class Shown:
-    """One precomputed comparison: its images (uint8 arrays), the Generate tab's status text, the summary
-    and the controls that made it."""
+    """One precomputed comparison: its images (uint8 arrays), the Generate tab's status text, the summary,
+    the controls that made it and each run's seconds per phase (empty in a record made without them)."""
 
     name: str
     title: str
@@ -51,6 +51,7 @@ class Shown:
     summary: dict
     controls: dict
     weights: str
+    phases: dict = field(default_factory=dict)
 
     def composite(self) -> np.ndarray:
         """target | CSD | map, side by side with a white gap: the image a visitor downloads."""
@@ -71,6 +72,6 @@ def load(directory: Path = SHOWCASE_DIR, weights: dict[str, str] | None = None) 
         if weights is not None and weights.get(pair_name) != record["weights"]:
             continue
         images = {k: np.asarray(Image.open(directory / f"{name}_{k}.png").convert("RGB")) for k in IMAGES}
-        fields = (record["stats"], record["summary"], record["controls"], record["weights"])
+        fields = (record["stats"], record["summary"], record["controls"], record["weights"], record.get("phases", {}))
         shown.append(Shown(name, record["title"], images, *fields))
     return shown

@@ -82,10 +82,17 @@ def stats_markdown(s: dict) -> str:
 
 def speed_figure(target: Run, spec: Run, draft: Run, summary: dict):
     runs = {"target-only": target, "CSD": spec, "draft-only": draft}
+    wall = {name: run.seconds for name, run in runs.items()}
+    return time_figure({name: run.trace.times for name, run in runs.items()}, summary | {"seconds": wall})
+
+
+def time_figure(phases: dict[str, dict[str, float]], summary: dict):
+    """Where each run's time went (seconds per phase, the rest of its wall time as one more segment), titled
+    with the speed-up: from a run just made or from a precomputed comparison's record of the same numbers."""
     title = f"Speedup {summary['speedup']:.2f}x: where the time goes"
-    note = ", ".join(f"{name} {run.seconds:.2f} s" for name, run in runs.items())
-    phases = {name: run.trace.times for name, run in runs.items()}
-    return to_plotly(time_breakdown(phases, title, f"wall: {note}", {name: run.seconds for name, run in runs.items()}))
+    wall = {name: summary["seconds"][name] for name in phases}
+    note = ", ".join(f"{name} {s:.2f} s" for name, s in wall.items())
+    return to_plotly(time_breakdown(phases, title, f"wall: {note}", wall))
 
 
 def _fmt(v, spec: str = ".3f") -> str:

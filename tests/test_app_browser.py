@@ -412,7 +412,9 @@ def test_switching_pairs_shows_each_pairs_own_results_never_the_last_pairs(serve
             status.get_by_text(f"Precomputed on {name}: {shown.title}", exact=False).wait_for(state="visible")
             for box, key in PANES.items():
                 wait_for_image(page, box, shown.images[key])
-            assert page.locator("#speed-plot .js-plotly-plot").count() == 0  # no time chart of another run
+            # the example's own time chart, as after a click (not another run's)
+            page.locator("#speed-plot .js-plotly-plot").wait_for(state="visible")
+            page.locator("#speed-plot").get_by_text(f"Speedup {shown.summary['speedup']:.2f}x").wait_for()
             if not application.store.source(name).traits.fixed_num_steps:  # no word of xAR's locks either
                 page.wait_for_function(
                     "() => !document.body.innerText.includes('fixed: one AR step per')", timeout=10_000

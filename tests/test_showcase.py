@@ -38,3 +38,18 @@ def test_the_committed_comparisons_match_the_shipped_weights():
     shown = showcase.load(weights=served)
     assert shown and shown[0].name == showcase.EXAMPLES[0][0]  # the first sight is there
     assert len(shown) == len([e for e in showcase.EXAMPLES if e[2] in served])  # regenerated with the weights
+
+
+def test_every_committed_comparison_shows_where_its_time_went():
+    """The first sight has no empty pane: each committed comparison keeps every run's seconds per phase, which
+    the Generate tab draws as the time chart a click draws (each run's phases within its wall time)."""
+    from demo.views import time_figure
+
+    shown = showcase.load()
+    assert shown
+    for s in shown:
+        assert set(s.phases) == {"target-only", "CSD", "draft-only"}, s.name
+        for run, phases in s.phases.items():
+            assert phases and 0.0 < sum(phases.values()) <= s.summary["seconds"][run] * 1.001, (s.name, run)
+        figure = time_figure(s.phases, s.summary)
+        assert len(figure.data) >= 2 and "Speedup" in figure.layout.title.text

@@ -25,7 +25,7 @@ from demo.gpu import task
 from demo.requests import Request, twin_events
 from demo.tab import Page, shown_refusal
 from demo.tabs.inspect import Inspected
-from demo.views import image_grid, run_summary, side_by_side, speed_figure, stats_markdown
+from demo.views import image_grid, run_summary, side_by_side, speed_figure, stats_markdown, time_figure
 from visualize.images import display_grid, legend_html, token_map
 
 RUNS = ["target-only", "CSD", "draft-only"]
@@ -281,7 +281,7 @@ class GenerateTab:
             self.map: im["map"],
             self.draft: im["draft"],
             self.stats: shown_stats(shown, " Press **Generate** to run it on this server."),
-            self.speed: None,  # a precomputed comparison has no time chart: none of an earlier run stays
+            self.speed: time_figure(shown.phases, shown.summary) if shown.phases else None,  # as after a click
             self.summary: shown.summary,
             self.results: shown.controls["pair_name"],
         } | self._extras(im["target"], im["csd"], im["map"], shown.controls)
