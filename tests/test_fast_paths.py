@@ -82,7 +82,9 @@ def test_a_chain_with_kept_embeddings_makes_the_plain_numbers(guided):
         for k in range(chain.num_steps()):
             mean, std = plain_transition(chain, y, k, cond)
             assert_same64(traj.mean[k], mean, f"means, {rows} rows, step {k}")
-            assert_same64(traj.std[k], std, f"stds, {rows} rows, step {k}")
+            # the fused sampler computes log std as one product (reassociated): its stds, which this random head
+            # drives to 1e7 and beyond, agree to float64 rounding relative to their size
+            torch.testing.assert_close(traj.std[k], std, rtol=1e-12, atol=1e-9, msg=f"stds, {rows} rows, step {k}")
             y = mean + std * noise.eps[k] if k < chain.num_steps() - 1 else mean
         assert_same64(traj.x, y, f"tokens, {rows} rows")
 
@@ -289,6 +291,7 @@ def test_a_fused_float32_chain_is_the_float64_loop_within_float32_rounding():
     assert float((fused.x.double() - ref.x).abs().max()) < F32_ATOL
 
 
+@pytest.mark.kernels
 def test_a_deferred_trace_writes_nothing_until_flushed_then_what_an_immediate_one_writes():
     """The trace of a CUDA run keeps its per-token writes (tensors where they are) until the run ends: the same
     arrays once flushed. Forced here on the CPU, through a whole target-only and CSD run."""
