@@ -17,11 +17,11 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from csd.chain import ChainNoise, Trajectory
 from csd.config import TRAJECTORY_TERMS, CSDConfig
+from csd.core.chain import ChainNoise, Trajectory
+from csd.core.gaussian import normal_logpdf
+from csd.core.resample import Resampled, resample_gaussian, resample_paths, resample_proposals
 from csd.family import TokenChain
-from csd.gaussian import normal_logpdf
-from csd.resample import Resampled, resample_gaussian, resample_paths, resample_proposals
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def path_log_ratio(states: Tensor, num_mean: Tensor, num_std: Tensor, den_mean: 
 def exact_verdict(draft: Trajectory, target_mean: Tensor, target_std: Tensor) -> Verdict:
     """Criterion (b): speculative sampling on paths; the target's transitions evaluated on the draft path.
 
-    target_mean, target_std: (T, n, d) from :func:`csd.chain.evaluate_path` on ``draft.states``.
+    target_mean, target_std: (T, n, d) from :func:`csd.core.chain.evaluate_path` on ``draft.states``.
     xi has the same density under both models and the last step is deterministic, so only the
     stochastic transitions enter. Accepted tokens commit the target's last mean on that path."""
     traj = path_log_ratio(draft.states, target_mean, target_std, draft.mean, draft.std)

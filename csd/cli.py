@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import torch
 
-from csd.checks import check_int
 from csd.config import Knob, knobs
+from csd.core.checks import check_int
 
 WORDS = {"int": "an integer", "number": "a number", "ints": "integers separated by ':'", "bool": "true or false"}
 

@@ -4,7 +4,7 @@ decoder), validated where they are made, so a bad value is an error naming the k
 Every setting is declared once, beside its field (:func:`knob`): what it does, its kind and valid values,
 the words its errors name it by, its command-line flag and, for the knobs the app offers, its control. The
 checks below, every tool's flags (:mod:`csd.cli`) and the app's controls (``demo.controls``) are derived
-from that declaration; a bad value raises a :class:`~csd.checks.SettingError` that names its field."""
+from that declaration; a bad value raises a :class:`~csd.core.checks.SettingError` that names its field."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
-from csd.checks import SettingError, check_choice, check_int, check_ints, check_number
-from csd.precision import run_dtype
-from csd.schedule import CFG_SCHEDULES, HEAD_SCHEDULES, head_step_schedule
+from csd.core.checks import SettingError, check_choice, check_int, check_ints, check_number
+from csd.core.precision import run_dtype
+from csd.core.schedule import CFG_SCHEDULES, HEAD_SCHEDULES, head_step_schedule
 
 # Precisions, each with its backbones' autocast dtype (None: no autocast). float32 is the default; bfloat16 and
 # float16 autocast the backbones, heads and every density staying in float32; float64 runs every part in
-# float64, the models' weights too: the exact reference (csd.precision).
+# float64, the models' weights too: the exact reference (csd.core.precision).
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": None}
 CRITERIA = ("aligned", "exact", "published")
 PRODUCT_PRECISIONS = ("float32", "float64")  # of the published test's density products
@@ -121,7 +121,7 @@ class SamplingConfig:
     """Knobs shared by every sampler. ``head_steps=None`` uses the target's default; ``head_steps_min``
     anneals the head steps over the AR steps, from ``head_steps`` at the first to it at the last (DiSA's
     cheaper late steps), along ``head_schedule``: "linear", or DiSA's own "disa" / "disa-cosine"
-    (:func:`csd.schedule.head_step_schedule`)."""
+    (:func:`csd.core.schedule.head_step_schedule`)."""
 
     num_steps: int = knob(
         64,
@@ -316,7 +316,7 @@ class SamplingConfig:
 
     def head_steps_per_step(self, first: int) -> list[int]:
         """The head steps of every AR step, from ``first`` (the model's head steps for ``head_steps``): the
-        head-step schedule (:func:`csd.schedule.head_step_schedule`) over every AR step or, with
+        head-step schedule (:func:`csd.core.schedule.head_step_schedule`) over every AR step or, with
         ``gtr_head_steps``, over GtR's generation stages, then the reconstruction stage's (FTS's detail
         steps where it runs: its chains then run them for a share of the tokens, ``gtr_head_steps`` for the
         others)."""
@@ -332,7 +332,7 @@ class SamplingConfig:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype of the run's canvas, noise, chains and densities (:func:`csd.precision.run_dtype`)."""
+        """The dtype of the run's canvas, noise, chains and densities (:func:`csd.core.precision.run_dtype`)."""
         return run_dtype(self.precision)
 
     def full_guidance_pass(self, index: int) -> bool:

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from csd.chain import ChainNoise, Trajectory
 from csd.config import SamplingConfig
+from csd.core.chain import ChainNoise, Trajectory
+from csd.core.rng import ImageStreams
 from csd.family import ModelFamily, TokenChain
-from csd.rng import ImageStreams
 from csd.trace import Trace
 
 StepCallback = Callable[[int, int, str], None]
@@ -40,7 +40,7 @@ class PhaseTimer:
     (enqueued, not waited for): :meth:`finish` waits once, when the run ends, and adds up the device time
     between each pair, so the loop never stops to read a clock and GPU work lands in the phase that queued it.
 
-    ``work[phase]`` counts what the phase did, for the cost model (:mod:`csd.cost`): its calls, and for a
+    ``work[phase]`` counts what the phase did, for the cost model (:mod:`csd.records.cost`): its calls, and for a
     chain phase the transitions run (``steps`` per call) and the token-transitions (``tokens * steps``,
     tokens counted over the batch)."""
 

@@ -15,7 +15,7 @@ and :meth:`~ModelFamily.check_draft`):
   backbone pass over the context before the block; xAR: one pass per flow step with a block-causal
   mask, each drafted cell given the cells drafted before it; the decoder does not care which).
 
-Chains come back as a :class:`TokenChain`: noise in, a :class:`~csd.chain.Trajectory` (tokens,
+Chains come back as a :class:`TokenChain`: noise in, a :class:`~csd.core.chain.Trajectory` (tokens,
 states, per-step means and stds) out, and the same chains evaluated along any other path. That is
 all the acceptance test and the resampler need, for any family. docs/families.md says how a new
 family implements it and registers in one table (:mod:`csd.models.registry`).
@@ -30,10 +30,10 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from csd.chain import ChainNoise, Trajectory
-from csd.checks import SettingError, check_choice, check_int
 from csd.config import SamplingConfig
-from csd.schedule import CFG_SCHEDULES
+from csd.core.chain import ChainNoise, Trajectory
+from csd.core.checks import SettingError, check_choice, check_int
+from csd.core.schedule import CFG_SCHEDULES
 
 CONDITIONS = ("classes", "prompts")
 MAX_PROMPT_CHARS = 1000
@@ -121,7 +121,7 @@ class FamilyTraits:
 
     def check_sampling(self, config: SamplingConfig, seq_len: int) -> None:
         """The family's rules for a sampler setting, as errors that name the knob and its valid values
-        (:class:`~csd.checks.SettingError`, carrying the knob's field)."""
+        (:class:`~csd.core.checks.SettingError`, carrying the knob's field)."""
         fixed = self.fixed_num_steps
         if fixed is not None and config.num_steps != fixed:
             raise SettingError(

@@ -13,6 +13,8 @@ import torch
 from torch import Tensor
 
 from csd.config import SamplingConfig
+from csd.core.precision import check_model_precision
+from csd.core.rng import ImageStreams, check_seeds
 from csd.decoding import (
     Generation,
     PhaseTimer,
@@ -26,8 +28,6 @@ from csd.decoding import (
     trace_dtype,
 )
 from csd.family import ModelFamily
-from csd.precision import check_model_precision
-from csd.rng import ImageStreams, check_seeds
 from csd.trace import Maker, Trace
 
 

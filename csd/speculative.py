@@ -16,8 +16,10 @@ import torch
 from torch import Tensor
 
 from csd.acceptance import Criterion, Decision, Proposal, accept, criterion_of
-from csd.chain import ChainNoise, Trajectory, cat_rows
 from csd.config import CSDConfig, SamplingConfig, check_speculative
+from csd.core.chain import ChainNoise, Trajectory, cat_rows
+from csd.core.precision import check_model_precision
+from csd.core.rng import ImageStreams, check_seeds
 from csd.decoding import (
     Generation,
     PhaseTimer,
@@ -31,8 +33,6 @@ from csd.decoding import (
     trace_dtype,
 )
 from csd.family import ModelFamily, Plan, TokenChain
-from csd.precision import check_model_precision
-from csd.rng import ImageStreams, check_seeds
 from csd.trace import Maker, Trace
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from csd.experiments.pairs import EMBEDDED_DIR, PairSource, pair_specs
 from csd.models.registry import FAMILIES
+from csd.serving.pairs import EMBEDDED_DIR, PairSource, pair_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 # The committed benchmark of each shipped target (by its file in assets/models).

@@ -12,8 +12,8 @@ import gradio as gr
 
 from csd.config import CSDConfig, Knob, SamplingConfig, knobs
 from csd.experiments import defaults
-from csd.experiments.pairs import EXAMPLE_PROMPTS, PairStore
 from csd.family import MAX_PROMPT_CHARS
+from csd.serving.pairs import EXAMPLE_PROMPTS, PairStore
 from demo.errors import refuse, short
 from demo.limits import Limits
 

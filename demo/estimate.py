@@ -5,7 +5,7 @@ pair first used otherwise is timed then): target-only, draft-only and CSD at the
 that pair, at one image and at :data:`CALIBRATION_BATCH` images. A request's estimate is its AR steps times
 the per-step cost of each run it makes, at its batch: linear in the batch between the two measured batches,
 and beyond them. A CSD run's step is the timed one with its target and draft passes per AR step replaced by
-the request's (its draft length and pre-fill: :func:`csd.cost.csd_passes`). Timing the default setting
+the request's (its draft length and pre-fill: :func:`csd.records.cost.csd_passes`). Timing the default setting
 itself keeps the default's estimate honest (a few AR steps of more tokens each cost more per step than the
 default's many steps of few tokens). A request whose estimate exceeds the per-request limit is refused by
 name before it runs; the page shows the estimate before the click.
@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass, field, replace
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.cost import csd_passes
 from csd.decoding import sync_cuda
-from csd.experiments.pairs import ModelPair
+from csd.records.cost import csd_passes
 from csd.sampling import generate
+from csd.serving.pairs import ModelPair
 from csd.speculative import speculative_generate
 from csd.trace import Maker
 

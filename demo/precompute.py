@@ -14,7 +14,7 @@ from PIL import Image
 
 from csd.cli import add_machine_flags, start_up
 from demo import server
-from demo.core import pair_defaults
+from demo.application import pair_defaults
 from demo.showcase import EXAMPLES, SHOWCASE_DIR
 from demo.tabs.generate import compare
 from demo.views import stats_markdown

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import gradio as gr
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.experiments.pairs import ModelPair, PairStore
 from csd.family import check_prompt
+from csd.serving.pairs import ModelPair, PairStore
 from demo.controls import Control, refuse_invalid, take
 from demo.errors import refuse, short
 
@@ -24,7 +24,7 @@ from demo.errors import refuse, short
 @contextmanager
 def library_errors(prefix: str = "Invalid setting", controls: dict[str, Control] | None = None) -> Iterator[None]:
     """The library names the knob and its range in every ValueError; show it as the app's error, on the
-    control of the config field a :class:`~csd.checks.SettingError` carries (its ``field``)."""
+    control of the config field a :class:`~csd.core.checks.SettingError` carries (its ``field``)."""
     try:
         yield
     except ValueError as err:

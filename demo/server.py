@@ -24,15 +24,15 @@ import torch
 from starlette.middleware import Middleware
 
 from csd.cli import add_machine_flags, check_threads, start_up
-from csd.experiments.pairs import RANDOM_SOURCE, PairStore, discover, fetch_official
-from csd.panels import Panels
+from csd.records.panel_data import Panels
+from csd.serving.pairs import RANDOM_SOURCE, PairStore, discover, fetch_official
 from demo import limits as limits_module
-from demo.core import DEVICE, App
+from demo.application import DEVICE, App
 from demo.gpu import zero_gpu
 from demo.guard import Guard
 from demo.limits import Limits
 from demo.tab import Page, Tab
-from demo.tabs.analysis import AnalysisTab
+from demo.tabs.analyze import AnalysisTab
 from demo.tabs.generate import GenerateTab, compare
 from demo.tabs.inspect import InspectTab
 from demo.tabs.method import MethodTab

@@ -11,12 +11,12 @@ import numpy as np
 import torch
 
 from csd.experiments.analysis import Run, cost_model
-from csd.experiments.pairs import ModelPair
-from csd.panels import Panels, json_float
+from csd.records.panel_data import Panels, json_float
+from csd.records.verdict import METRICS, result_metrics, verdict_line
+from csd.serving.pairs import ModelPair
 from csd.trace import Maker
-from csd.verdict import METRICS, result_metrics, verdict_line
 from demo.requests import Request
-from visualize.frontier import frontier_chart
+from visualize.frontier_chart import frontier_chart
 from visualize.images import display_grid, upscale
 from visualize.panels import analysis_charts, time_breakdown
 from visualize.render import to_plotly

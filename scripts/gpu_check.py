@@ -3,7 +3,7 @@
     python -m scripts.gpu_check --out DIR            # on one GPU: official sizes, random weights
     python -m scripts.gpu_check --out DIR --tiny     # the same steps on any machine, tiny models (a CPU: ~2 min)
 
-1. ``pytest -m cuda tests/test_cuda.py`` (skipped where there is no CUDA);
+1. ``pytest -m cuda tests/decoders/test_cuda.py`` (skipped where there is no CUDA);
 2. MAR-B and MAR-L with random weights written in the official layout (scripts/random_official.py) and served
    as a Space serves them (the app's GPU calls; the pair timed as the server starts);
 3. ``/generate`` at batch 1 and 8 through gradio_client;
@@ -61,7 +61,7 @@ def _step(record: dict, name: str, fn, show=lambda out: out) -> object:
 
 
 def cuda_tests(out: Path) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests/test_cuda.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests/decoders/test_cuda.py"]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     (out / "cuda_tests.log").write_text(run.stdout[-20000:] + run.stderr[-5000:])
     summary = (run.stdout.strip().splitlines() or [""])[-1]
@@ -72,9 +72,9 @@ def cuda_tests(out: Path) -> dict:
 
 def serve_official(stack: ExitStack, tiny: bool, device: torch.device):
     """MAR-B and MAR-L in the official layout (random weights), served by the app on ``device``."""
-    from csd.experiments.pairs import PairStore, discover
+    from csd.serving.pairs import PairStore, discover
     from demo import server
-    from demo.core import App
+    from demo.application import App
     from demo.limits import Limits
     from scripts.random_official import TINY, tiny_configs, write_official
 
@@ -173,7 +173,7 @@ def screenshot(url: str, images: list[str], path: Path) -> dict:
         )
         Image.fromarray(row).save(path)
         return {"kind": "images /generate returned (target, CSD, token map)", "why": str(err)}
-    from tests.test_app_browser import CHROMIUM_ARGS
+    from tests.demo.test_app_browser import CHROMIUM_ARGS
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
@@ -190,7 +190,7 @@ def sync_counts(device: torch.device, tiny: bool) -> dict:
     """Host synchronisations of target-only and CSD runs per family (untrained pairs, batch 2): those before
     the first AR step's callback (set-up and the first step), between the first and the last callback (the
     loop), and after it (the trace's one copy). On a CPU nothing synchronises: every count is 0."""
-    from csd.experiments.pairs import random_pair
+    from csd.serving.pairs import random_pair
 
     result = {}
     for family in ("mar", "xar", "harmon"):
@@ -250,7 +250,7 @@ def head_graphs(device: torch.device, tiny: bool) -> dict:
     """A MAR-L-size diffusion head (random weights) run as the fused sampler and as CUDA graphs, batch 1 and
     256 (4 tokens per AR step, guided): milliseconds per chain (median of 10 after 3 warm-ups) and the largest
     difference of their tokens."""
-    from csd.chain import HeadCondition, standard_noise
+    from csd.core.chain import HeadCondition, standard_noise
     from csd.models.head import DiffusionHead
 
     width, depth, z_dim, steps = (64, 2, 32, 10) if tiny else (1280, 8, 1024, 100)

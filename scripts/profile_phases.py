@@ -37,7 +37,7 @@ import torch
 import csd.decoding
 from csd.config import CSDConfig
 from csd.experiments import defaults
-from csd.experiments.pairs import PairStore, discover
+from csd.serving.pairs import PairStore, discover
 from csd.sampling import generate
 from csd.speculative import speculative_generate
 from dataclasses import replace

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
+from csd.core.rng import drawing_from
 from csd.models import vae
 from csd.models.mar import MAR
 from csd.models.mar.network import MAR_CONFIGS, MARConfig
 from csd.models.mar.official import OFFICIAL_FILES
-from csd.rng import drawing_from
 
 NAMES = ("mar_base", "mar_large", "mar_huge")
 # Narrow and shallow, the official token layout kept (MARConfig's defaults: 256 px, KL-16's stride and channels).

@@ -7,7 +7,7 @@
 #   bash scripts/regenerate_assets.sh [PREVIOUS_TARGET.safetensors]
 #
 # With PREVIOUS_TARGET, the probe compares it with the shipped target. Last, the browser test rewrites the
-# app screenshots in assets/ (tests/test_app_browser.py with CSD_SCREENSHOT_DIR=assets). On the 2-core
+# app screenshots in assets/ (tests/demo/test_app_browser.py with CSD_SCREENSHOT_DIR=assets). On the 2-core
 # CPU this takes about four hours (the three frontiers, about an hour each, most of it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ chain() {  # <name>_stage1.log.jsonl+...+<name>.log.jsonl
   while [[ -f "$H/${name}_stage${k}.log.jsonl" ]]; do logs+="$H/${name}_stage${k}.log.jsonl+"; k=$((k + 1)); done
   echo "${logs}$M/${name}.log.jsonl"
 }
-python -m visualize.training "$(chain shapes_target)" "$(chain shapes_draft)" --out "$M/training_curves.png"
+python -m visualize.training_curves "$(chain shapes_target)" "$(chain shapes_draft)" --out "$M/training_curves.png"
 
 echo "== benchmark"
 python -m csd.experiments.bench --quick --n 200 --threads 1 --gammas 1 2 4 8 --quality-gammas 1 2 4 --out bench/results
@@ -40,7 +40,7 @@ python -m csd.experiments.bench --frontier --threads 1 --n 100 --n-ref 1000 --re
 python -m visualize.report bench/results/frontier_b1.json bench/results/frontier_b8.json
 
 echo "== the xAR pair: training curves and benchmark"
-python -m visualize.training "$(chain shapes_xar_target)" "$M/shapes_xar_draft.log.jsonl" \
+python -m visualize.training_curves "$(chain shapes_xar_target)" "$M/shapes_xar_draft.log.jsonl" \
   --loss "flow matching on noisy-context cells" --out "$M/training_curves_xar.png"
 python -m csd.experiments.bench --quick --threads 1 --target "$M/shapes_xar_target.safetensors" \
   --draft "$M/shapes_xar_draft.safetensors" --num-steps 16 --cfg-schedule linear --out bench/results/xar
@@ -69,4 +69,4 @@ echo "== request times of every default and preset, beside the page's estimates"
 python -m scripts.request_times
 
 echo "== app screenshots (headless Chromium)"
-CSD_SCREENSHOT_DIR=assets python -m pytest -q tests/test_app_browser.py  # screenshot_generate, _inspect, _prompt, _xar, _phone and screenshot.png
+CSD_SCREENSHOT_DIR=assets python -m pytest -q tests/demo/test_app_browser.py  # screenshot_generate, _inspect, _prompt, _xar, _phone and screenshot.png

@@ -26,10 +26,10 @@ import torch
 from csd.experiments.defaults import PRESETS
 from csd.experiments.timing import machine
 from demo import server
-from demo.core import pair_defaults
+from demo.application import pair_defaults
 from demo.estimate import HEADROOM
 from demo.limits import Limits
-from demo.tabs.analysis import analysis_panels, check_analysis, check_frontier, default_images, frontier_result
+from demo.tabs.analyze import analysis_panels, check_analysis, check_frontier, default_images, frontier_result
 from demo.tabs.generate import check_generate, compare
 
 NO_PROGRESS = lambda *a, **k: None

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from csd.experiments.pairs import random_pair
 from csd.models.mar import MAR, mar_config
+from csd.serving.pairs import random_pair
 from tests import kernels
 
 

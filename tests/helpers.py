@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from csd.chain import HeadCondition
+from csd.core.chain import HeadCondition
 from csd.family import FamilyTraits
 from csd.models.mar.adapter import MaskedARFamily
 
@@ -98,25 +98,25 @@ def pair_name(family: str, kind: str) -> str:
 
 
 def save_tiny_text_pair(folder) -> tuple[str, str]:
-    """The untrained text pair of csd.experiments.pairs (Harmon layout) saved in the project format."""
-    from csd.experiments.pairs import random_pair
+    """The untrained text pair of csd.serving.pairs (Harmon layout) saved in the project format."""
     from csd.models.registry import save_model
+    from csd.serving.pairs import random_pair
 
     pair = random_pair(family="harmon")
     return str(save_model(pair.target, f"{folder}/text_target")), str(save_model(pair.draft, f"{folder}/text_draft"))
 
 
 def save_tiny_xar_pair(folder) -> tuple[str, str]:
-    """The untrained xAR pair of csd.experiments.pairs (16 cells on the embedded layout) saved in the
+    """The untrained xAR pair of csd.serving.pairs (16 cells on the embedded layout) saved in the
     project format."""
-    from csd.experiments.pairs import random_pair
     from csd.models.registry import save_model
+    from csd.serving.pairs import random_pair
 
     pair = random_pair(family="xar")
     return str(save_model(pair.target, f"{folder}/xar_target")), str(save_model(pair.draft, f"{folder}/xar_draft"))
 
 
-# --- float64: the exact reference (csd.precision) --------------------------------------------------------
+# --- float64: the exact reference (csd.core.precision) --------------------------------------------------------
 
 # A float64 run computes what a float32 one does without its rounding; what another CPU's kernels, another
 # batch shape, two threads or oneDNN off change is float64's last bits (1e-16), which a chain of head steps
@@ -144,13 +144,13 @@ def assert_same64(actual, expected, what: str = "") -> None:
 
 
 def random_pair64(family: str | None = None):
-    """The untrained pair of a family (csd.experiments.pairs.random_pair) in float64, made once per family."""
+    """The untrained pair of a family (csd.serving.pairs.random_pair) in float64, made once per family."""
     return _random_pair64(family)
 
 
 @functools.cache
 def _random_pair64(family):
-    from csd.experiments.pairs import random_pair
+    from csd.serving.pairs import random_pair
 
     return random_pair(family=family).at_precision("float64")
 

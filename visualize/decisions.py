@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from csd.verdict import SLACK
+from csd.records.verdict import SLACK
 from visualize.tables import digits, family_label
 
 

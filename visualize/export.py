@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from csd.panels import Panels
+from csd.records.panel_data import Panels
 from visualize.panels import analysis_charts
 from visualize.render import save_png
 

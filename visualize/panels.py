@@ -1,8 +1,8 @@
-"""Charts of the analysis panels (:class:`csd.panels.Panels`) and of one run's time split."""
+"""Charts of the analysis panels (:class:`csd.records.panel_data.Panels`) and of one run's time split."""
 
 from __future__ import annotations
 
-from csd.panels import Histogram, Panels, Spread, Sweep
+from csd.records.panel_data import Histogram, Panels, Spread, Sweep
 from visualize.chart import PALETTE, Chart, Series
 
 # Fixed colours per phase, so the same phase looks the same in every time chart.

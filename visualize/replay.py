@@ -1,5 +1,5 @@
-"""Figures of artifact inspection: replay frames (:mod:`csd.replay`) as images, and one token's two chains
-(as the inspector reports them) as a chart. The decoder of tokens to pixels is passed in."""
+"""Figures of artifact inspection: replay frames (:mod:`csd.records.replay_frames`) as images, and one token's
+two chains (as the inspector reports them) as a chart. The decoder of tokens to pixels is passed in."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from csd.replay import DRAFTED, Frame
+from csd.records.replay_frames import DRAFTED, Frame
 from visualize.chart import Chart, Series
 from visualize.images import MAKER_STYLE, display_grid, token_map
 

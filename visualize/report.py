@@ -8,7 +8,7 @@ summary on stdout, for the README.
     python -m visualize.report bench/results/bench.json bench/results/frontier_b1.json [...]
 
 The measurements themselves (``python -m csd.experiments.bench``) only write JSON; the verdict rule is
-:mod:`csd.verdict`'s.
+:mod:`csd.records.verdict`'s.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from visualize.decisions import decide_markdown, decide_summary
-from visualize.frontier import cost_chart, frontier_chart
+from visualize.frontier_chart import cost_chart, frontier_chart
 from visualize.render import save_png
 from visualize.tables import (
     bench_markdown,

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from functools import partial
 
 from csd.models.spec import Family, ResultsDocs
-from csd.verdict import METRICS, result_metrics, verdict, verdict_line
+from csd.records.verdict import METRICS, result_metrics, verdict, verdict_line
 
 
 def family_row(name: str | None) -> Family | None:

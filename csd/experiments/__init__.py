@@ -1,2 +1,2 @@
-"""Experiments on model pairs: which pairs exist and the default setting, evaluation, the benchmark,
-the analysis panels, FID, and stoppable runs with progress."""
+"""Experiments on model pairs: the default setting, evaluation, the benchmark and its frontiers, the analysis
+panels, FID, the roofline, and paper-scale timing."""

@@ -1,7 +1,7 @@
 """Running a model pair over settings and turning the traces into panel data.
 
 The app's analysis tab and ``assets/analysis_default.json`` come from here. The panel data are the
-records of :mod:`csd.panels` (they round-trip through JSON); the figure builders in :mod:`visualize`
+records of :mod:`csd.records.panel_data` (they round-trip through JSON); the figure builders in :mod:`visualize`
 draw them without running a model.
 
     python -m csd.experiments.analysis --out assets/analysis_default.json --threads 1
@@ -18,15 +18,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from csd.checks import check_int
 from csd.cli import add_machine_flags, start_up
 from csd.config import CSDConfig, SamplingConfig
-from csd.cost import StepCosts, simple_bound, speedup_bound
+from csd.core.checks import check_int
 from csd.decoding import Generation, StepCallback, sync_cuda
 from csd.experiments import defaults
-from csd.experiments.jobs import RunStart
-from csd.experiments.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover
-from csd.panels import (
+from csd.records.cost import StepCosts, simple_bound, speedup_bound
+from csd.records.panel_data import (
     DistancePanel,
     Histogram,
     LogRatioPanel,
@@ -39,6 +37,8 @@ from csd.panels import (
     json_float,
 )
 from csd.sampling import generate
+from csd.serving.jobs import RunStart
+from csd.serving.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover
 from csd.speculative import speculative_generate
 from csd.trace import Maker, Trace
 
@@ -187,7 +187,7 @@ class Analysis:
         return [(sampling, csd) for _, sampling, csd in [*self._plan.values(), *self._timed]]
 
     def steps(self, on_step: Callable[[str], StepCallback | None] = lambda label: None) -> Iterator[RunStart]:
-        """Run the planned generations; yields a :class:`~csd.experiments.jobs.RunStart` before each.
+        """Run the planned generations; yields a :class:`~csd.serving.jobs.RunStart` before each.
         ``on_step(label)`` may give a per-AR-step callback for the run ``label``."""
         runs = [(*plan, self._runs) for plan in self._plan.values()] + [(*t, self._retimed) for t in self._timed]
         for i, (label, sampling, csd, store) in enumerate(runs):

@@ -7,7 +7,7 @@ One run measures everything and reports ratios (absolute times depend on the mac
 * per batch size, target-only, draft-only, CSD for every gamma and target-only with fewer AR steps
   (as many as CSD's target passes) run interleaved after a warm-up, so drift and background load
   hit all of them alike; speedup = median target-only time / median CSD time;
-* the bound of DESIGN.md section 6 (:mod:`csd.cost`) from C_p, C_q, H_p, H_q measured in those runs;
+* the bound of DESIGN.md section 6 (:mod:`csd.records.cost`) from C_p, C_q, H_p, H_q measured in those runs;
 * acceptance and draft-target distance with and without alignment, resampler tries and cap hits;
 * class accuracy and Frechet distance (:mod:`csd.shapes.metrics`) of target-only, CSD, draft-only and
   fewer-steps target images, and between CSD and target-only images;
@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from csd.checks import check_int, is_int
 from csd.cli import parse_setting, start_up
 from csd.config import CSDConfig, SamplingConfig
-from csd.cost import csd_passes, prefill_steps, simple_bound, speedup_bound
+from csd.core.checks import check_int, is_int
+from csd.core.schedule import step_sizes
 from csd.experiments import defaults
 from csd.experiments.evaluate import (
     add_setting_args,
@@ -56,8 +56,8 @@ from csd.experiments.frontier_command import (
     write_frontier,
 )
 from csd.experiments.timing import alternate, cost_breakdown, measured_costs, ratio_spread
+from csd.records.cost import csd_passes, prefill_steps, simple_bound, speedup_bound
 from csd.sampling import generate
-from csd.schedule import step_sizes
 from csd.shapes.metrics import REFERENCE_SEED, frechet_distance, load_classifier, reference_features
 from csd.speculative import speculative_generate
 from csd.trace import Maker

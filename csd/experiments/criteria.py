@@ -34,7 +34,7 @@ from csd.experiments.evaluate import (
     summarize_stats,
 )
 from csd.experiments.paired import Scored, compare
-from csd.panels import json_float
+from csd.records.panel_data import json_float
 from csd.shapes.metrics import REFERENCE_SEED, frechet_distance, load_classifier, reference_features
 
 KIND = "criteria"  # the result's "kind", as every result file names its own

@@ -9,7 +9,7 @@ differences: the Frechet distance's by a paired bootstrap (one draw of image ind
 reference fixed), the accuracy's by the spread of the per-image differences. Sets made from the same seeds
 are correlated, so a paired difference's error is smaller than the two sets' errors combined.
 
-The verdict is :mod:`csd.verdict`'s rule on these margins: per CSD setting, its smallest margin over the
+The verdict is :mod:`csd.records.verdict`'s rule on these margins: per CSD setting, its smallest margin over the
 alternatives at no more than its time + slack (it must beat every one of them); *clearly ahead* where the
 best CSD setting's margin exceeds ``CLEAR`` paired standard errors, *behind* below ``-CLEAR``, else *on
 par*, at each slack of :data:`~csd.experiments.paired.SLACKS` (ratios of target-only's time). The statistics

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.experiments.pairs import EMBEDDED_DIR
+from csd.serving.pairs import EMBEDDED_DIR
 
 TARGET_PATH = EMBEDDED_DIR / "shapes_target.safetensors"
 DRAFT_PATH = EMBEDDED_DIR / "shapes_draft.safetensors"

@@ -28,17 +28,17 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from csd.checks import check_int
 from csd.cli import add_config_flags, add_machine_flags, config_from_args, start_up
 from csd.config import CSDConfig, SamplingConfig
-from csd.cost import csd_passes
+from csd.core.checks import check_int
+from csd.core.precision import at_precision
 from csd.decoding import Generation, model_device
 from csd.experiments import defaults
-from csd.experiments.pairs import image_tokenizer
 from csd.family import FamilyTraits
 from csd.models.registry import load_model
-from csd.precision import at_precision
+from csd.records.cost import csd_passes
 from csd.sampling import generate
+from csd.serving.pairs import image_tokenizer
 from csd.shapes.data import CLASS_NAMES, contact_sheet, make_dataset
 from csd.shapes.metrics import (
     DEFAULT_CLASSIFIER,
@@ -373,7 +373,7 @@ def recorded_models(target, draft) -> dict:
 
 def load_models(target_path: str | Path, draft_path: str | Path, device: torch.device, precision: str = "float32"):
     """Target and draft from the project's checkpoint format, frozen, on ``device``, their weights as
-    ``precision`` needs them (float64 for the exact reference: :func:`csd.precision.at_precision`)."""
+    ``precision`` needs them (float64 for the exact reference: :func:`csd.core.precision.at_precision`)."""
     models = (load_model(p, device).requires_grad_(False) for p in (target_path, draft_path))
     return tuple(at_precision(m, precision) for m in models)
 

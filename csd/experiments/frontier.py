@@ -19,16 +19,16 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.cost import BACKBONE_PHASES, CHAIN_PHASES, WORK_KEYS, PassCosts, fit_chain, fit_pass, phase_totals
 from csd.decoding import Generation
 from csd.experiments.evaluate import eval_labels_seeds, generate_images, quality
 from csd.experiments.grid import Point, points_of
 from csd.experiments.timing import alternate
+from csd.records.cost import BACKBONE_PHASES, CHAIN_PHASES, WORK_KEYS, PassCosts, fit_chain, fit_pass, phase_totals
+from csd.records.verdict import mark_fronts, result_metrics, verdict
 from csd.sampling import generate
 from csd.shapes.metrics import frechet_distance
 from csd.speculative import speculative_generate
 from csd.trace import Maker
-from csd.verdict import mark_fronts, result_metrics, verdict
 
 BOOTSTRAP = 20  # resamples for the Frechet distance's standard error
 TIMED_IMAGES = 8  # images per timed unit at batches up to 8 ...
@@ -202,7 +202,7 @@ def run_frontier(
     setting's images do not depend on the batch it is timed at) -> batch -> result.
 
     Each result's rows carry the measured time (a ratio to the baseline at that batch) and the cost
-    model's prediction (``predicted``: :class:`csd.cost.PassCosts` from the target-only and draft-only
+    model's prediction (``predicted``: :class:`csd.records.cost.PassCosts` from the target-only and draft-only
     runs at that batch applied to the row's own work, over the baseline's measured time)."""
     timings = {b: time_grid(target, draft, points, b, repeats) for b in batches}
     scored = score_points(target, draft, points, classifier, ref_feats, n)

@@ -16,8 +16,8 @@ from csd.experiments.evaluate import recorded_models
 from csd.experiments.grid import pair_grid, select
 from csd.experiments.parts import kept_rows, merge_parts, part
 from csd.models.checkpoint import file_digest
+from csd.records.verdict import verdict_line
 from csd.shapes.metrics import REFERENCE_SEED, load_classifier, reference_features
-from csd.verdict import verdict_line
 
 
 def frontier_part_arg(text: str) -> tuple[int, int]:

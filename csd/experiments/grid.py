@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from csd.cli import changes
 from csd.config import FLOW_GRIDS, CSDConfig, SamplingConfig
-from csd.schedule import DISA_FLOOR
+from csd.core.schedule import DISA_FLOOR
 
 SAMPLER_METHODS = {"ddim": "target, DDIM", "euler": "target, Euler ODE", "heun": "target, Heun ODE"}
 FLOW_COUNTS = range(3, 13)  # the flow steps of xAR's ODE samplers and uniform grid on the frontier
@@ -112,7 +112,7 @@ def disa_steps(head_steps: int, fixed_steps: bool) -> dict:
 
 def disa_floor(head_steps: int) -> dict:
     """DiSA at its absolute floor: from half the target's head steps down to DiSA's 5 at the last AR step
-    (csd.schedule.DISA_FLOOR), along DiSA's linear schedule."""
+    (csd.core.schedule.DISA_FLOOR), along DiSA's linear schedule."""
     return {"head_steps": max(DISA_FLOOR, head_steps // 2), "head_steps_min": DISA_FLOOR, "head_schedule": "disa"}
 
 

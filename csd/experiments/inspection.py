@@ -1,5 +1,5 @@
 """Artifact inspection: any token opened, the likely artifacts ranked (the replay block by block is
-:mod:`csd.replay`). Everything comes from the run's trace and tokens (and the target-only run with the
+:mod:`csd.records.replay_frames`). Everything comes from the run's trace and tokens (and the target-only run with the
 same seeds); nothing here runs a model.
 
 * :func:`inspect_token`: who made one token and why it was kept or redrawn;
@@ -13,7 +13,7 @@ import math
 import numpy as np
 from torch import Tensor
 
-from csd.panels import json_float
+from csd.records.panel_data import json_float
 from csd.trace import Maker, Trace
 
 

@@ -15,8 +15,8 @@ import numpy as np
 
 from csd.experiments.frontier import BOOTSTRAP, fd_standard_error
 from csd.experiments.grid import Point
+from csd.records.verdict import CLEAR, METRICS, verdict_word
 from csd.shapes.metrics import frechet_distance, frechet_from_stats, gaussian_stats
-from csd.verdict import CLEAR, METRICS, verdict_word
 
 SLACKS = (0.0, 0.05, 0.10)  # how much slower than CSD (ratios of target-only's time) an alternative may be
 KIND = "decide"  # a result's "kind": what visualize.report makes of it
@@ -83,7 +83,7 @@ def judge(rows: list[dict], pairs: list[dict], batch: str, slack: float, metric:
     """The verdict at one batch and slack on one metric. Each CSD row is held against every alternative
     (``pairs``: CSD row, alternative, :func:`compare`) at no more than its time + ``slack`` at ``batch``;
     its margin is the smallest (it must beat each one), the rival the alternative that gives it. The CSD
-    row with the largest margin decides, by :func:`csd.verdict.verdict_word`."""
+    row with the largest margin decides, by :func:`csd.records.verdict.verdict_word`."""
     times = {r["name"]: r["time"][batch] for r in rows}
     rated = []
     for r in rows:

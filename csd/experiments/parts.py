@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from csd.config import SamplingConfig
 from csd.experiments.grid import Point, keyed, points_of
-from csd.verdict import mark_fronts, verdict
+from csd.records.verdict import mark_fronts, verdict
 
 
 def part(points: list[Point], k: int, n: int) -> list[Point]:

@@ -25,8 +25,8 @@ from csd.cli import add_config_flags, add_machine_flags, config_from_args, start
 from csd.config import CSDConfig, SamplingConfig
 from csd.experiments import defaults
 from csd.experiments.evaluate import EvalConfig, evaluate, generate_images, load_models
-from csd.experiments.pairs import EXAMPLE_PROMPTS
 from csd.models.checkpoint import file_digest
+from csd.serving.pairs import EXAMPLE_PROMPTS
 from csd.shapes.metrics import load_classifier
 from csd.shapes.text import prompt_scores
 

@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
         trees["after"] = args.after.resolve()
     workers = {name: Worker(tree, args.threads) for name, tree in trees.items()}
     try:
-        from csd.experiments.pairs import pair_specs
+        from csd.serving.pairs import pair_specs
 
         names = {s.family: s.name for s in pair_specs("embedded")}
         cases = [

@@ -278,7 +278,7 @@ def digest(gen) -> str:
 
 
 def serve(threads: int) -> None:
-    from csd.experiments.pairs import PairStore, discover
+    from csd.serving.pairs import PairStore, discover
 
     torch.set_num_threads(threads)
     store = PairStore(discover(None), torch.device("cpu"))

@@ -11,18 +11,18 @@ from dataclasses import asdict
 
 import numpy as np
 
-from csd.checks import check_int
 from csd.config import CSDConfig, SamplingConfig
+from csd.core.checks import check_int
 from csd.decoding import Generation, StepCallback
 from csd.experiments.analysis import image_conditions, run_csd, run_single
 from csd.experiments.grid import Point
-from csd.experiments.jobs import RunStart
-from csd.experiments.pairs import ModelPair
 from csd.models.tokenizer import PixelTokenizer
+from csd.records.verdict import mark_fronts
+from csd.serving.jobs import RunStart
+from csd.serving.pairs import ModelPair
 from csd.shapes.data import CLASS_NAMES
 from csd.shapes.metrics import DEFAULT_CLASSIFIER, load_classifier, predict
 from csd.shapes.text import prompt_class
-from csd.verdict import mark_fronts
 
 
 def image_scores(pair: ModelPair, labels: Sequence, reference: Generation) -> tuple[str, Callable]:
@@ -77,7 +77,7 @@ class SmallFrontier:
         return [(p.sampling, p.csd) for p in self._order()]
 
     def steps(self, on_step: Callable[[str], StepCallback | None] = lambda label: None) -> Iterator[RunStart]:
-        """Run every setting; yields a :class:`~csd.experiments.jobs.RunStart` before each."""
+        """Run every setting; yields a :class:`~csd.serving.jobs.RunStart` before each."""
         order = self._order()
         self._runs = []
         for i, p in enumerate(order):

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from csd.cost import StepCosts
 from csd.decoding import sync_cuda
+from csd.records.cost import StepCosts
 
 # Environment variables that choose the float kernels (docs/specification_notes.md, "Numbers on other CPUs").
 KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")

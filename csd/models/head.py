@@ -10,8 +10,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from csd.chain import ChainNoise, HeadCondition, Trajectory
-from csd.checks import check_choice, check_int
+from csd.core.chain import ChainNoise, HeadCondition, Trajectory
+from csd.core.checks import check_choice, check_int
 from csd.models import diffusion as gd
 
 
@@ -130,7 +130,7 @@ class StepEmbeddings:
 class DiffusionHead(nn.Module):
     """MAR's DiffLoss: the network plus its diffusion process.
 
-    :meth:`chain` gives a :class:`~csd.chain.GaussianChain` view for a number of sampling steps;
+    :meth:`chain` gives a :class:`~csd.core.chain.GaussianChain` view for a number of sampling steps;
     views share the network and hold no mutable state, so concurrent users cannot disturb each
     other by choosing different step counts.
     """
@@ -249,7 +249,7 @@ class DiffusionChain:
         return self.net.cond_embed(cond.z if cond.z_uncond is None else torch.cat([cond.z, cond.z_uncond]))
 
     def sample(self, cond: HeadCondition, noise: ChainNoise, temperature: float = 1.0) -> Trajectory | None:
-        """The whole chain of ``cond``'s rows in one call: the numbers of :func:`csd.chain.run_chain` (up to
+        """The whole chain of ``cond``'s rows in one call: the numbers of :func:`csd.core.chain.run_chain` (up to
         float rounding) at a fraction of its op calls (:class:`FusedSampler`); None for DDIM and where autograd
         records (it writes into buffers), which the transition-by-transition loop runs."""
         if self.ddim_eta is not None or torch.is_grad_enabled():
@@ -287,7 +287,7 @@ class FusedSampler:
     the trajectory's (T, n, d) buffers. Only the conditional half's variance is computed (the only one read).
 
     The same arithmetic as the loop up to reassociation: float64 runs agree to ~1e-15, float32 runs within
-    float32 rounding (``tests/test_fast_paths.py``)."""
+    float32 rounding (``tests/models/test_fast_paths.py``)."""
 
     def __init__(self, chain: DiffusionChain, cond: HeadCondition):
         net = chain.net

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from csd.checks import check_choice
+from csd.core.checks import check_choice
 from csd.family import FamilyTraits
 
 PAIR_KINDS = ("embedded", "official", "random")

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from csd.checks import check_int, is_int
+from csd.core.checks import check_int, is_int
 from csd.models.checkpoint import CheckpointError, load_state_strict, safe_torch_load
 
 __all__ = [

@@ -1,2 +1,2 @@
-"""The embedded world: procedural shapes, their classifier and metrics, and training, growing and probing
-the embedded models. Nothing in the method depends on it."""
+"""The embedded world: procedural shapes and captions, their classifier, probes and metrics. Nothing in the
+method depends on it; the embedded models are trained on it (:mod:`csd.training`)."""

@@ -33,7 +33,7 @@ DEFAULT_COLOUR_CLASSIFIER = DEFAULT_CLASSIFIER.with_name("colour_classifier.safe
 TASKS = ("class", "colour")
 ARCH = "shapes_classifier"
 # Data seeds: training, validation during training, and the held-out reference set of every
-# Frechet distance. The generative models are trained on other seeds (see csd.shapes.train).
+# Frechet distance. The generative models are trained on other seeds (see csd.training.trainer).
 TRAIN_SEED, VALID_SEED, REFERENCE_SEED = 101, 102, 103
 
 

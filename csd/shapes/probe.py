@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from csd.chain import HeadCondition, run_chain, standard_noise
-from csd.checks import check_int, check_number
 from csd.cli import add_machine_flags, start_up
+from csd.core.chain import HeadCondition, run_chain, standard_noise
+from csd.core.checks import check_int, check_number
+from csd.core.rng import stream_seed
 from csd.models.mar import MAR
 from csd.models.tokenizer import PixelTokenizer, pixel_tokenizer
-from csd.rng import stream_seed
 from csd.shapes.data import ShapesConfig, make_dataset
 from csd.shapes.metrics import DEFAULT_CLASSIFIER, REFERENCE_SEED, class_accuracy, load_classifier
 

@@ -14,12 +14,12 @@ import numpy as np
 
 from csd.experiments.analysis import Run, run_csd, run_single
 from csd.experiments.defaults import PRESETS
-from csd.experiments.jobs import Job, Step
-from csd.experiments.pairs import EXAMPLE_PROMPTS
+from csd.serving.jobs import Job, Step
+from csd.serving.pairs import EXAMPLE_PROMPTS
 from csd.trace import Maker
 from demo import showcase
+from demo.application import App, fixed_controls
 from demo.cards import model_line
-from demo.core import App, fixed_controls
 from demo.estimate import words
 from demo.gpu import task
 from demo.requests import Request, twin_events
@@ -69,7 +69,7 @@ def check_generate(
     app: App, components: dict | None = None, load: bool = True, fit: bool = True, **controls
 ) -> Request | None:
     """The request of a Generate run, refused by name when it would not fit the per-request limit
-    (``load=False``: a validator's check, :meth:`demo.core.App.request`; ``fit=False``: the operator's own
+    (``load=False``: a validator's check, :meth:`demo.application.App.request`; ``fit=False``: the operator's own
     warm-up, which runs whatever the estimate)."""
     r = app.request(components, load, **controls)
     if r is not None and fit:
@@ -80,7 +80,7 @@ def check_generate(
 
 def compare(app: App, progress, fit: bool = True, **controls) -> Iterator[object]:
     """Target-only, then CSD, then draft-only with the same seeds, in one GPU call. The request is checked at
-    once (a refusal raises here, before anything runs); the runs then yield a :class:`~csd.experiments.jobs.Step`
+    once (a refusal raises here, before anything runs); the runs then yield a :class:`~csd.serving.jobs.Step`
     per AR step (as the throttle lets them through), :class:`TargetReady` and :class:`CsdReady` as each is
     ready, and last the :class:`Comparison`."""
     r = check_generate(app, None, True, fit, **controls)
@@ -216,7 +216,7 @@ class GenerateTab:
         return out | self.pair_results(pair_name) | self._condition(source, shown.controls if shown else {})
 
     def _knobs(self, source, ar_steps, cfg_schedule, saved: dict | None) -> dict:
-        """AR steps and the CFG ramp: those a pair fixes (:func:`demo.core.fixed_controls`) set and locked (the
+        """AR steps and the CFG ramp: those a pair fixes (:func:`demo.application.fixed_controls`) set and locked (the
         visitor's kept in ``saved``), the visitor's own put back on a pair that fixes none."""
         traits, current = source.traits, {"ar_steps": ar_steps, "cfg_schedule": cfg_schedule}
         fixed = fixed_controls(traits)

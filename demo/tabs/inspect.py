@@ -11,10 +11,10 @@ import gradio as gr
 
 from csd.experiments.analysis import Run, run_csd, run_single
 from csd.experiments.inspection import artifact_hints, inspect_token, token_index
-from csd.experiments.jobs import Job
-from csd.replay import Frame, replay_frames
+from csd.records.replay_frames import Frame, replay_frames
+from csd.serving.jobs import Job
+from demo.application import App, drain
 from demo.controls import named, refuse_invalid, take
-from demo.core import App, drain
 from demo.errors import refuse, short
 from demo.gpu import task
 from demo.requests import Request, validator

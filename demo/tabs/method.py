@@ -8,11 +8,11 @@ from pathlib import Path
 
 import gradio as gr
 
-from csd.panels import json_float
-from csd.toy import speculative_sample, total_variation
+from csd.core.one_token import speculative_sample, total_variation
+from csd.records.panel_data import json_float
+from demo.application import App
 from demo.cards import card_markdown
 from demo.controls import MAX_SEED, named, refuse_invalid, take
-from demo.core import App
 from demo.requests import library_errors
 from demo.tab import Page
 from visualize.render import to_plotly

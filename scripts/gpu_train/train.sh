@@ -19,9 +19,9 @@ $HALF to32 .gpu/shapes_text_target.safetensors /tmp/start/shapes_text_target.saf
 $HALF to32 .gpu/shapes_xar_target.safetensors /tmp/start/shapes_xar_target.safetensors
 COMMON="--batch-size $BATCH --warmup-steps ${WARMUP:-100} --ema-decay 0.999 --precision bfloat16 --data-size $DATA \
   --device $DEV --save-every 500 --log-every 50"
-TEXT="csd.shapes.train_text --config shapes_text_target --init-generator /tmp/start/shapes_text_target.safetensors \
+TEXT="csd.training.text_models --config shapes_text_target --init-generator /tmp/start/shapes_text_target.safetensors \
   --lr 3e-4 --cond-lr-mult 4 --prompt-only 0.25 --shape-weight 4 --hflip $COMMON"
-XAR="csd.shapes.train_xar --config shapes_xar_target --init-weights /tmp/start/shapes_xar_target.safetensors \
+XAR="csd.training.xar_models --config shapes_xar_target --init-weights /tmp/start/shapes_xar_target.safetensors \
   --lr 2.5e-4 $COMMON"
 train() {  # name, then the module and its arguments
   local name=$1; shift

@@ -1,5 +1,5 @@
 """Tokens of short target-only and CSD runs, saved before the package was reorganised, so that a test
-can show the same seeds still give the same tokens (tests/test_same_tokens.py). Beside each run's tokens
+can show the same seeds still give the same tokens (tests/decoders/test_same_tokens.py). Beside each run's tokens
 (key ``pair/run``) the file keeps what the test compares exactly: the orders (``pair/run/ar_step``, the AR
 step that made each position) and, for CSD runs, who made each token (``maker``), its draft block
 (``block``), the resampler's tries (``tries``), the two terms of log r (``log_ratio_trajectory``,
@@ -16,7 +16,7 @@ Regenerate only on a deliberate change of output:
     python -m tests.data.make_golden_tokens --keep-tokens  # every array but the tokens (a new trace field)
 
 and, after any of them, measure the saved runs' rounding against their float64 reruns (the bounds of
-tests/test_same_tokens.py stand on it):
+tests/decoders/test_same_tokens.py stand on it):
 
     python -m tests.data.make_golden_tokens --measure      # writes tests/data/golden_rounding.json
 """
@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 
 from csd.config import CSDConfig, SamplingConfig
 from csd.decoding import Generation
-from csd.experiments.pairs import embedded_pair, random_pair
+from csd.serving.pairs import embedded_pair, random_pair
 from csd.sampling import generate
 from csd.speculative import speculative_generate
 from tests.helpers import pair_name
@@ -68,7 +68,7 @@ def pairs():
 def runs(precision: str = "float32") -> dict[str, Generation]:
     """Every run; CSD runs keep their details (the acceptance draws). The file's runs are float32 ones, made
     on one torch thread; the test's are float64 ones (the same runs without their rounding, the same on
-    every CPU: csd.precision), which it compares with the file's."""
+    every CPU: csd.core.precision), which it compares with the file's."""
     if precision == "float32":
         torch.set_num_threads(1)
     out = {}

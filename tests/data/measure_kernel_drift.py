@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.experiments.pairs import random_pair
+from csd.serving.pairs import random_pair
 from csd.sampling import generate
 from csd.speculative import speculative_generate
 from tests import kernels

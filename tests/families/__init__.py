@@ -1,5 +1,5 @@
 """Model families defined only in the tests. Each module of this package defines ``FAMILY``, a row of the
-family table (:class:`csd.models.spec.Family`); the conformance test (tests/test_families.py) checks every
+family table (:class:`csd.models.spec.Family`); the conformance test (tests/decoders/test_families.py) checks every
 one of them beside the registered families, registering it for its run (:func:`registered`). A family
 added here is one new module and needs no edit anywhere else."""
 

@@ -21,13 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from csd.chain import HeadChain, HeadCondition
 from csd.config import PRECISIONS
+from csd.core.chain import HeadChain, HeadCondition
+from csd.core.schedule import step_cfg_scales
 from csd.family import FamilyTraits, Plan
 from csd.models.head import DiffusionHead
 from csd.models.mar import check_labels, gather_rows
 from csd.models.spec import TINY_WIDTHS, CostShape, Family, PairSpec, PaperScale, SerialConfig, stack
-from csd.schedule import step_cfg_scales
 
 
 @dataclass(frozen=True)

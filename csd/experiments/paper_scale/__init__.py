@@ -17,17 +17,17 @@ Every family-specific fact comes from the family's row (:class:`csd.models.spec.
 the sources of the published settings are in each family's ``paper.py``). The modules, in the order a run
 uses them:
 
-* :mod:`.grid`: the pairs, their published samplers, the grid of batches and draft lengths, its cells;
-* :mod:`.models`: building (seeded random weights, or shrunk by ``--tiny``) or loading a pair, and its
+* :mod:`.plan`: the pairs, their published samplers, the grid of batches and draft lengths, its cells;
+* :mod:`.build`: building (seeded random weights, or shrunk by ``--tiny``) or loading a pair, and its
   conditions;
-* :mod:`.timing`: one cell timed (interleaved repeats, device synchronisation, peak memory) into rows;
-* :mod:`.estimate`: the dry run's run-time model (FLOPs, weight reads, kernel launches per device profile);
+* :mod:`.measure`: one cell timed (interleaved repeats, device synchronisation, peak memory) into rows;
+* :mod:`.projection`: the dry run's run-time model (FLOPs, weight reads, kernel launches per device profile);
 * :mod:`.run`: every cell of a run, skipping what cannot run, saving after each;
-* :mod:`.report`: the plan and the results as Markdown;
+* :mod:`.markdown`: the plan and the results as Markdown;
 * :mod:`.command`: the command line.
 
 Timing reuses :mod:`csd.experiments.timing` (interleaved repeats after a warm-up, medians, per-round ratio
-spread, per-pass costs from the traces, phase shares) and :mod:`csd.cost` (the bound from the same run's
+spread, per-pass costs from the traces, phase shares) and :mod:`csd.records.cost` (the bound from the same run's
 costs; a family whose verification runs one chain per block charges it once, ``head_per_block``). Backbones
 run in bfloat16 on CUDA; the library keeps heads and densities in float32, and ``--heads bfloat16`` autocasts
 the heads too, as the published code samples. See docs/paper_scale.md.

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import torch
 
-from csd.checks import check_number
 from csd.cli import add_machine_flags, start_up
-from csd.cost import csd_passes
+from csd.core.checks import check_number
 from csd.experiments import paper_scale
 from csd.experiments.evaluate import init_distributed
 from csd.experiments.fid import load_reference_stats
-from csd.experiments.paper_scale.estimate import PROFILES, Rates, estimate
-from csd.experiments.paper_scale.grid import HEAD_MODES, Cell, GridConfig, pair_keys, paper_families, plan_cells
+from csd.experiments.paper_scale.markdown import markdown, plan_text
+from csd.experiments.paper_scale.plan import HEAD_MODES, Cell, GridConfig, pair_keys, paper_families, plan_cells
+from csd.experiments.paper_scale.projection import PROFILES, Rates, estimate
 from csd.experiments.paper_scale.quality import QualityConfig, run_quality
-from csd.experiments.paper_scale.report import markdown, plan_text
 from csd.experiments.paper_scale.run import DEFAULT_OUT, RunContext, run, write_result
+from csd.records.cost import csd_passes
 
 
 def profile_for(name: str, device: torch.device) -> str:

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from csd.config import CSDConfig, SamplingConfig
 from csd.experiments.fid import inception_features, load_reference_stats
-from csd.experiments.paper_scale.grid import Cell
+from csd.experiments.paper_scale.plan import Cell
 from csd.sampling import generate
 from csd.shapes.metrics import frechet_from_stats, gaussian_stats
 from csd.speculative import speculative_generate
@@ -193,9 +193,9 @@ def quality_rows(cell: Cell, cfg: QualityConfig, prefill: float) -> dict[str, di
 def tokenizer_for(model, checkpoints: Path | None, device: torch.device):
     """The image tokenizer of an official model: KL-16 from ``checkpoints`` (vae/kl16.ckpt), in the family's
     token layout. FID of random weights means nothing: without the file this is an error naming it."""
-    from csd.experiments.pairs import VAE_FILE
     from csd.models import vae
     from csd.models.tokenizer import LatentTokenizer
+    from csd.serving.pairs import VAE_FILE
 
     path = None if checkpoints is None else checkpoints / VAE_FILE
     if path is None or not path.is_file():
@@ -207,7 +207,7 @@ def tokenizer_for(model, checkpoints: Path | None, device: torch.device):
 def run_quality(cells: list[Cell], ctx, cfg: QualityConfig, features: Features, rank: int, world: int) -> dict:
     """Every paper pair's shards (this rank's chunks), then, on rank 0 once every rank is done, each sampler's
     row: {pair name: {sampler: row}}. ``ctx``: the run's :class:`~csd.experiments.paper_scale.run.RunContext`."""
-    from csd.experiments.paper_scale.models import load_pair
+    from csd.experiments.paper_scale.build import load_pair
 
     first = {c.pair: c for c in reversed(cells)}  # a pair's samplers are the same at every batch
     for pair, cell in first.items():

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from csd.experiments.paper_scale.grid import Cell, GridConfig
-from csd.experiments.paper_scale.models import conditions_for, load_pair
-from csd.experiments.paper_scale.report import QUALITY_NOTE, RANDOM_NOTE, markdown
-from csd.experiments.paper_scale.timing import time_cell
+from csd.experiments.paper_scale.build import conditions_for, load_pair
+from csd.experiments.paper_scale.markdown import QUALITY_NOTE, RANDOM_NOTE, markdown
+from csd.experiments.paper_scale.measure import time_cell
+from csd.experiments.paper_scale.plan import Cell, GridConfig
 from csd.models.registry import FAMILIES
 from csd.models.spec import PairSpec
 

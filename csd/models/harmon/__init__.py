@@ -1,11 +1,11 @@
 """Harmon (Wu et al., 2025): a MAR generator conditioned on a causal LLM. The network (:mod:`.network`,
-with MAR's adapter), its prompts and tokenizers (:mod:`.prompts`) and the official checkpoint loader
+with MAR's adapter), its prompts and tokenizers (:mod:`.prompt_batch`) and the official checkpoint loader
 (:mod:`.official`); :data:`FAMILY` is its row in :data:`csd.models.registry.FAMILIES`."""
 
 from csd.models.harmon.network import HARMON_CONFIGS, Harmon, HarmonConfig, harmon_config, qwen2
 from csd.models.harmon.official import OFFICIAL_FILES, from_checkpoints, load_official_harmon
 from csd.models.harmon.paper import PAPER
-from csd.models.harmon.prompts import HubTokenizer, Prompts, WordTokenizer, tokenizer_from_dict
+from csd.models.harmon.prompt_batch import HubTokenizer, Prompts, WordTokenizer, tokenizer_from_dict
 from csd.models.spec import Family, PairSpec, ResultsDocs
 
 

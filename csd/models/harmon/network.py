@@ -10,12 +10,12 @@ and the DiffLoss head follow, unchanged. The module tree (``llm.model.*``, ``llm
 ``harmon_1.5b.pth`` load strictly (:func:`csd.models.harmon.official.load_official_harmon`).
 
 The LLM is ``transformers``' Qwen2. As the official sampler does, the prompt runs once into a KV
-cache (kept on the :class:`~csd.models.harmon.prompts.Prompts` of a generation) and every AR step
-runs the image rows on top of it, cropping the cache back after (tests/test_harmon.py: the same
+cache (kept on the :class:`~csd.models.harmon.prompt_batch.Prompts` of a generation) and every AR step
+runs the image rows on top of it, cropping the cache back after (tests/models/test_harmon.py: the same
 numbers as running the prompt again in each pass, which training does).
 
 Conditions are prompts: :meth:`Harmon.check_conditions` tokenises them (and the null prompt for
-CFG) into a :class:`~csd.models.harmon.prompts.Prompts` batch. Both models of a pair must share the tokenizer.
+CFG) into a :class:`~csd.models.harmon.prompt_batch.Prompts` batch. Both models of a pair must share the tokenizer.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from csd.family import FamilyTraits, check_prompt
-from csd.models.harmon.prompts import QWEN_NULL_PROMPT, QWEN_PREFIX, QWEN_TEMPLATE, Prompts, pad_ids
+from csd.models.harmon.prompt_batch import QWEN_NULL_PROMPT, QWEN_PREFIX, QWEN_TEMPLATE, Prompts, pad_ids
 from csd.models.head import DiffusionHead
 from csd.models.mar.adapter import MaskedARFamily
 from csd.models.mar.network import MAR, MAR_CONFIGS, MARConfig, training_mask

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from csd.models.checkpoint import CheckpointError, load_state_strict, safe_torch_load
 from csd.models.harmon.network import Harmon, HarmonConfig, harmon_config
-from csd.models.harmon.prompts import HubTokenizer
+from csd.models.harmon.prompt_batch import HubTokenizer
 
 LLM_DIRS = {"harmon_0.5b": "Qwen2.5-0.5B-Instruct", "harmon_1.5b": "Qwen2.5-1.5B-Instruct"}
 CHECKPOINTS = {"harmon_0.5b": "harmon_0.5b.pth", "harmon_1.5b": "harmon_1.5b.pth"}

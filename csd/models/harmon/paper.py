@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from csd.models.harmon.network import harmon_config
-from csd.models.harmon.prompts import WordTokenizer
+from csd.models.harmon.prompt_batch import WordTokenizer
 from csd.models.mar.network import mar_config
 from csd.models.mar.paper import cost_shape as mar_cost_shape
 from csd.models.mar.paper import tiny_overrides as mar_tiny_overrides

@@ -3,7 +3,7 @@ predicts a random-order set of tokens per AR step from one backbone pass, throug
 diffusion head.
 
 A model mixes in :class:`MaskedARFamily` and provides ``seq_len``, ``token_dim``, ``traits``,
-``head`` (``head.chain(steps)`` -> a :class:`~csd.chain.GaussianChain`) and
+``head`` (``head.chain(steps)`` -> a :class:`~csd.core.chain.GaussianChain`) and
 ``conditions(tokens, mask, labels, guided)``. Class labels are its conditions; a text-conditioned
 model overrides :meth:`MaskedARFamily.check_conditions` (prompts) and ``conditions``.
 """
@@ -17,13 +17,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from csd.chain import HeadChain, HeadCondition
 from csd.config import PRECISIONS
+from csd.core.chain import HeadChain, HeadCondition
+from csd.core.rng import ImageStreams
+from csd.core.schedule import step_cfg_scales, step_sizes
 from csd.family import Plan
 from csd.models.mar.gtr import DetailChains, detail_rows, frequency_score, grid_side, gtr_plan, stage_of
 from csd.models.mar.token_cache import DecoderPass, decoder_pass
-from csd.rng import ImageStreams
-from csd.schedule import step_cfg_scales, step_sizes
 
 
 def check_labels(labels: Sequence[int] | Tensor, num_classes: int, batch: int, device: torch.device) -> Tensor:

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from csd.chain import ChainNoise, HeadChain, Trajectory
+from csd.core.chain import ChainNoise, HeadChain, Trajectory
+from csd.core.rng import ImageStreams
+from csd.core.schedule import step_cfg_scales, step_sizes
 from csd.family import Plan
-from csd.rng import ImageStreams
-from csd.schedule import step_cfg_scales, step_sizes
 
 
 def grid_side(num_tokens: int) -> int:

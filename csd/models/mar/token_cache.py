@@ -14,7 +14,7 @@ compared are the hidden states entering the first cached block (LazyMAR compares
 vectors), the fraction kept is one number rather than a per-step schedule, and the encoder is not cached.
 
 With ``keep`` 1 every row is kept in order and a cached pass gives the numbers of a plain one
-(tests/test_condition_cache.py).
+(tests/models/test_condition_cache.py).
 """
 
 from __future__ import annotations

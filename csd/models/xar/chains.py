@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from csd.chain import ChainNoise, Trajectory, run_chain
-from csd.checks import check_choice
 from csd.config import FLOW_GRIDS
+from csd.core.chain import ChainNoise, Trajectory, run_chain
+from csd.core.checks import check_choice
 
 FLOW_SAMPLERS = ("euler-maruyama", "euler", "heun")
 
@@ -69,7 +69,7 @@ def _block_mask(first: int, cells: int, cell_len: int, device: torch.device, inf
 
 
 class CellFlow:
-    """xAR's flow sampler as a :class:`csd.chain.GaussianChain` over flattened cells (cell_len * d per row;
+    """xAR's flow sampler as a :class:`csd.core.chain.GaussianChain` over flattened cells (cell_len * d per row;
     rows image-major), on the times of :func:`flow_times`. v is the velocity, guided on the doubled batch
     as v_u + cfg (v_c - v_u). At time t with step dt < 0, the official Euler-Maruyama sampler
 

@@ -1,7 +1,7 @@
 """xAR at the published sizes (:mod:`csd.experiments.paper_scale`).
 
 Published settings (OliverRensu/xAR README): xAR-B 40 flow steps at cfg 2.7, xAR-L 50 at 2.3, xAR-H 50 at
-2.2 (``--num_steps``, ``--cfg``); 172.6M / 608.4M / 1186.0M parameters (tests/test_xar.py). One AR step per
+2.2 (``--num_steps``, ``--cfg``); 172.6M / 608.4M / 1186.0M parameters (tests/models/test_xar.py). One AR step per
 cell (4 cells; the official ``--num_iter`` is unused), CFG ramped over the cells (schedule "linear"). The
 draft runs on the target's flow steps (the aligned test needs one time grid, as
 :func:`csd.models.xar.official.from_checkpoints` loads a draft), so at most 3 cells are drafted after the

@@ -1,0 +1,106 @@
+"""What only a GPU can show, run by the device check (``python -m scripts.gpu_check``, which runs
+``pytest -m cuda``): the samplers on CUDA keep their logic (float64 batch invariance), a float32 CUDA run
+stays within float32's rounding of the CPU's float64 reference, bfloat16 backbones keep heads in float32,
+timed phases synchronise the device, and the app serves a pair on CUDA through its GPU calls. Skipped where
+there is no CUDA (every CI machine)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from csd.config import CSDConfig, SamplingConfig
+from csd.sampling import generate
+from csd.serving.pairs import RANDOM_SOURCE, PairStore, random_pair
+from csd.speculative import speculative_generate
+from tests.helpers import F32_ATOL, assert_same64, sampling64
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.kernels,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the device check runs it on a GPU)"),
+]
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(scope="module")
+def pair_gpu():
+    return random_pair(CUDA)
+
+
+def test_float64_on_cuda_is_batch_invariant_for_target_only_and_csd(pair_gpu):
+    pair = pair_gpu.at_precision("float64")
+    s, csd = sampling64(num_steps=8, cfg_scale=2.0, head_steps=5), CSDConfig(gamma=3)
+    assert_same64(generate(pair.target, [2], [4], s).tokens, generate(pair.target, [1, 2], [3, 4], s).tokens[1:])
+    both = speculative_generate(pair.target, pair.draft, [1, 2], [3, 4], s, csd)
+    alone = speculative_generate(pair.target, pair.draft, [2], [4], s, csd)
+    assert_same64(alone.tokens, both.tokens[1:])
+    assert (alone.trace.maker == both.trace.maker[1:]).all()
+
+
+def test_a_float32_cuda_run_is_the_cpu_float64_run_up_to_float32_rounding(pair_gpu):
+    s = SamplingConfig(num_steps=8, cfg_scale=2.0, head_steps=5)
+    on_gpu = generate(pair_gpu.target, [1, 2], [3, 4], s).tokens  # the same random numbers: drawn on CUDA
+    reference = random_pair().at_precision("float64")
+    s64 = SamplingConfig(**(vars(s) | {"precision": "float64"}))
+    cpu = generate(reference.target, [1, 2], [3, 4], s64).tokens
+    gap = float((on_gpu.double() - cpu).abs().max())
+    # CUDA's generators give other numbers than the CPU's: compare statistics, not values
+    assert torch.isfinite(on_gpu).all() and abs(float(on_gpu.mean()) - float(cpu.mean())) < 0.25, gap
+    again = generate(pair_gpu.target, [1, 2], [3, 4], s).tokens
+    assert float((again - on_gpu).abs().max()) < F32_ATOL  # the same seeds: the same image, up to rounding
+
+
+def test_bfloat16_backbones_on_cuda_keep_heads_in_float32(pair_gpu):
+    s32 = SamplingConfig(num_steps=8, cfg_scale=2.0, head_steps=5)
+    s16 = SamplingConfig(**(vars(s32) | {"precision": "bfloat16"}))
+    a, b = generate(pair_gpu.target, [1], [0], s32).tokens, generate(pair_gpu.target, [1], [0], s16).tokens
+    assert b.dtype == torch.float32 and torch.isfinite(b).all() and float((a - b).abs().mean()) < 0.1
+
+
+def test_timed_phases_are_the_devices_read_once_the_run_ends(pair_gpu):
+    """Each phase's time is the device's (CUDA events, read when the run ends): every phase that ran has a
+    positive time, and their sum is within the wall time."""
+    s = SamplingConfig(num_steps=16, cfg_scale=2.0)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = speculative_generate(pair_gpu.target, pair_gpu.draft, [1] * 8, list(range(8)), s, CSDConfig(gamma=4))
+    wall = time.perf_counter() - t0
+    assert out.trace.times and all(t > 0 for t in out.trace.times.values())
+    assert sum(out.trace.times.values()) <= wall * 1.01
+
+
+def test_cuda_graph_chains_make_the_fused_chains_tokens(pair_gpu):
+    """The opt-in CUDA-graph head replays the fused sampler's kernels: the same tokens, target-only and CSD."""
+    s, csd = SamplingConfig(num_steps=8, cfg_scale=2.0), CSDConfig(gamma=3)
+    runs = lambda: (
+        generate(pair_gpu.target, [1, 2], [3, 4], s).tokens,
+        speculative_generate(pair_gpu.target, pair_gpu.draft, [1, 2], [3, 4], s, csd).tokens,
+    )
+    plain = runs()
+    heads = [pair_gpu.target.head, pair_gpu.draft.head]
+    try:
+        for head in heads:
+            head.use_cuda_graphs()
+        graphed, again = runs(), runs()  # captured, then replayed
+    finally:
+        for head in heads:
+            head.use_cuda_graphs(False)
+    for a, b, c in zip(plain, graphed, again, strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+        assert torch.equal(b, c)
+
+
+def test_the_app_serves_a_pair_on_cuda_through_its_gpu_calls():
+    pytest.importorskip("gradio", reason="the app needs gradio (carried as wheels to a machine without it)")
+    from demo.application import App
+    from demo.limits import Limits
+    from demo.tabs.generate import compare
+
+    application = App(PairStore([RANDOM_SOURCE], CUDA), Limits())
+    values = {**application.default_controls(), "batch_size": 2, "ar_steps": 16}
+    *_, result = compare(application, lambda *a, **k: None, **values)
+    assert result.images["csd"].ndim == 3 and result.summary["speedup"] > 0
+    assert application.timed(RANDOM_SOURCE.name)

@@ -1,0 +1,164 @@
+"""Settings are declared once, beside their fields (csd.config.Knob): every field of the sampler configs has
+a declaration, every declaration makes a flag of the tools (csd.cli) and, where it declares one, a control
+of the app; a bad value is an error that names its field, and the app shows it on that field's control."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import gradio as gr
+import pytest
+import torch
+
+from csd.cli import add_machine_flags, flag_groups, start_up
+from csd.config import CSDConfig, SamplingConfig, knobs
+from csd.core.checks import SettingError
+from csd.experiments import defaults
+from csd.experiments.evaluate import add_setting_args, settings_from_args
+from csd.family import FamilyTraits
+from demo.controls import PAGE_FIELDS, control_name, knob_control, offered_knobs, preset_controls
+from demo.requests import library_errors
+
+CONFIGS = (SamplingConfig, CSDConfig)
+
+
+def evaluate_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    add_setting_args(parser)
+    return parser
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.__name__)
+def test_every_field_declares_a_knob_with_its_help(config):
+    for f in dataclasses.fields(config):
+        assert "knob" in f.metadata, f"{config.__name__}.{f.name} has no knob (csd.config.knob)"
+        assert f.metadata["knob"].help, f"{config.__name__}.{f.name} has no help"
+
+
+def test_field_names_are_unique_across_the_configs_so_one_flag_names_one_field():
+    names = [set(knobs(c)) for c in CONFIGS]
+    assert not names[0] & names[1]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.__name__)
+def test_every_field_has_a_flag_on_the_command_line(config):
+    flags = {s for a in evaluate_parser()._actions for s in a.option_strings}
+    covered = {name for flag, names in flag_groups(config).items() if f"--{flag}" in flags for name in names}
+    assert covered == {f.name for f in dataclasses.fields(config)}
+
+
+def test_the_flags_reach_the_settings_they_name():
+    argv = "--num-steps 16 --precision bfloat16 --head-sampler ddim --ddim-eta 0.5 --gtr-stages 8 8 --gtr-head-steps 4"
+    argv += " --gtr-detail 0.25 6 --cond-cache 2 5 --token-cache 0.5 3 4 --resample-widening 2 --max-tries 7"
+    argv += " --acceptance-unit token --counterfactual --no-align --gamma-schedule 2 4 --draft-head-sampler ddim"
+    argv += " --draft-ddim-eta 0.3 --head-steps none"
+    sampling, csd = settings_from_args(evaluate_parser().parse_args(argv.split()))
+    assert (sampling.num_steps, sampling.precision, sampling.head_sampler, sampling.ddim_eta) == (
+        16,
+        "bfloat16",
+        "ddim",
+        0.5,
+    )
+    assert (sampling.gtr_stages, sampling.gtr_head_steps) == ((8, 8), 4)
+    assert (sampling.gtr_detail_fraction, sampling.gtr_detail_steps) == (0.25, 6)
+    assert (sampling.cond_cache_start, sampling.cond_cache_every) == (2, 5)
+    assert (sampling.token_cache_keep, sampling.token_cache_start, sampling.token_cache_every) == (0.5, 3, 4)
+    assert (csd.resample_widening, csd.max_tries, csd.acceptance_unit, csd.counterfactual) == (2.0, 7, "token", True)
+    assert (csd.align, csd.gamma_schedule, csd.draft_head_sampler, csd.draft_ddim_eta) == (False, (2, 4), "ddim", 0.3)
+    assert sampling.head_steps is None and sampling.cfg_scale == defaults.SAMPLING.cfg_scale  # not given: kept
+
+
+def test_a_preset_is_the_base_the_flags_change():
+    parser = evaluate_parser()
+    _, csd = settings_from_args(parser.parse_args(["--preset", "show rejections"]))
+    assert (csd.tau_v, csd.align) == (1.0, False)
+    _, csd = settings_from_args(parser.parse_args(["--preset", "show rejections", "--tau-v", "3"]))
+    assert (csd.tau_v, csd.align) == (3.0, False)
+
+
+def test_a_flag_of_the_wrong_kind_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        evaluate_parser().parse_args(["--max-tries", "2.5"])
+    assert "--max-tries must be an integer, got '2.5'" in capsys.readouterr().err
+
+
+def bad_value(k):
+    """A value outside a knob's declared range or choices."""
+    return {"int": (k.lo or 0) - 1, "number": (k.hi or 0) + 1, "choice": "nonsense", "ints": (0,), "bool": "yes"}[
+        k.kind
+    ]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.__name__)
+def test_a_bad_value_of_every_knob_is_an_error_that_carries_its_field(config):
+    for name, k in knobs(config).items():
+        with pytest.raises(SettingError) as caught:
+            config(**{name: bad_value(k)})
+        assert caught.value.field == name and (k.name or name) in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, None])
+def test_a_bool_knob_takes_only_true_or_false(value):
+    with pytest.raises(SettingError, match="align must be True or False") as caught:
+        CSDConfig(align=value)
+    assert caught.value.field == "align"
+    assert CSDConfig(align=False).align is False and CSDConfig(counterfactual=True).counterfactual is True
+
+
+def controls_of(*fields: str) -> dict:
+    return {control_name(f): knob_control(f, 64) for f in fields}
+
+
+@pytest.mark.parametrize(
+    ("make", "control"),
+    [
+        (lambda: CSDConfig(max_tries=0), "max_tries"),
+        (lambda: CSDConfig(prefill=1.0), "prefill"),
+        (lambda: SamplingConfig(num_steps=0), "ar_steps"),
+        (
+            lambda: FamilyTraits("xAR", num_classes=10, fixed_num_steps=16).check_sampling(SamplingConfig(32), 16),
+            "ar_steps",
+        ),
+        (lambda: CSDConfig(acceptance_unit="token", criterion="exact"), None),  # no control sets acceptance_unit
+    ],
+)
+def test_the_app_shows_a_library_error_on_the_control_of_its_field(make, control):
+    with pytest.raises(gr.Error) as caught:
+        with library_errors(controls=controls_of("num_steps", "prefill", "max_tries", "criterion")):
+            make()
+    assert caught.value.control == control
+
+
+def test_the_app_offers_exactly_the_knobs_that_declare_a_control_in_page_order():
+    assert sorted(PAGE_FIELDS) == sorted(offered_knobs())
+    assert [control_name(f) for f in PAGE_FIELDS][:2] == ["ar_steps", "gamma"]  # the API's keywords
+
+
+def test_the_presets_are_one_table_of_named_settings_and_the_defaults_repeat_no_dataclass_default():
+    assert defaults.CSD == CSDConfig()
+    changed = {f.name for f in dataclasses.fields(SamplingConfig) if getattr(defaults.SAMPLING, f.name) != f.default}
+    assert changed == {"num_steps", "cfg_scale"}  # where the embedded pair differs, nothing else
+    assert defaults.PRESETS["default"] == (defaults.SAMPLING, defaults.CSD)
+    for name, (sampling, csd) in defaults.PRESETS.items():
+        assert isinstance(sampling, SamplingConfig) and isinstance(csd, CSDConfig)
+        assert defaults.preset(name) == (sampling, csd)
+    with pytest.raises(ValueError, match="preset must be one of"):
+        defaults.preset("slow")
+
+
+def test_the_apps_presets_set_the_controls_of_the_knobs_each_changes():
+    assert [name for name in defaults.PRESETS if preset_controls(name)] == ["fast", "faithful", "show rejections"]
+    assert preset_controls("faithful") == {"gamma": 2, "prefill": 0.1}
+    assert preset_controls("show rejections") == {"align": False, "tau_v": 1.0}
+
+
+def test_start_up_sets_the_threads_and_resolves_the_device(restore_threads, capsys):
+    parser = argparse.ArgumentParser()
+    add_machine_flags(parser)
+    device = start_up(parser.parse_args(["--threads", "1", "--device", "cpu"]), parser)
+    assert device == torch.device("cpu") and torch.get_num_threads() == 1
+    assert start_up(parser.parse_args([]), parser).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(SystemExit):
+        start_up(parser.parse_args(["--threads", "0"]), parser)
+    assert "--threads must be an int in [1, 1024], got 0" in capsys.readouterr().err

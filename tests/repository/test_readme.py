@@ -1,0 +1,143 @@
+"""The README is a front page that tells the truth: its library example runs as written, and its
+headline table is the benchmark's (bench/results/bench.json)."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from visualize.tables import bench_markdown, headline_markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+
+
+def test_the_library_example_runs_as_written(tmp_path, monkeypatch, capsys, one_thread):
+    code = re.search(r"## Using the library\n\n```python\n(.*?)```", README, re.S)[1]
+    (tmp_path / "assets").symlink_to(ROOT / "assets")  # the example's relative paths, without writing in the tree
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert re.search(r"target passes: 32 -> \d+ \(\+ \d+ draft passes\)", out), out
+    assert "drafted tokens accepted:" in out and "seconds per phase:" in out
+    for name in ("target", "csd"):
+        with Image.open(tmp_path / f"{name}.png") as img:
+            assert img.size == (32, 64)  # two 32x32 images, stacked
+
+
+def test_the_headline_table_is_the_benchmarks():
+    block = re.search(r"<!-- headline:start -->\n(.*?)<!-- headline:end -->", README, re.S)[1]
+    assert block == headline_markdown(json.loads((ROOT / "bench" / "results" / "bench.json").read_text()))
+
+
+def test_the_results_page_holds_the_benchmarks_markdown():
+    results = (ROOT / "docs" / "results.md").read_text()
+    block = re.search(r"<!-- bench:start -->\n(.*?)<!-- bench:end -->", results, re.S)[1]
+    bench_md = (ROOT / "bench" / "results" / "bench.md").read_text()
+    assert block.strip() == bench_md.split("\n", 2)[2].strip()  # without its title
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in (ROOT / "docs").glob("*.md")) + ["README.md"])
+def test_relative_links_point_at_files_that_exist(page):
+    path = ROOT / page if page == "README.md" else ROOT / "docs" / page
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
+        assert (path.parent / target).exists(), f"{page} links to {target}, which does not exist"
+
+
+def test_the_front_page_is_short():
+    assert len(README.splitlines()) <= 190  # three families' results, one block each; the rest is in docs/
+
+
+def test_update_docs_rewrites_both_blocks_from_a_result(tmp_path):
+    from visualize.report import update_docs
+    from visualize.tables import bench_markdown
+
+    result = json.loads((ROOT / "bench" / "results" / "bench.json").read_text())
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "results.md").write_text("a\n<!-- bench:start -->\nold\n<!-- bench:end -->\nb\n")
+    (tmp_path / "README.md").write_text("<!-- headline:start -->\nold\n<!-- headline:end -->\n")
+    update_docs(result, root=tmp_path)
+    assert (tmp_path / "docs" / "results.md").read_text().startswith("a\n<!-- bench:start -->\nS = 32 AR steps")
+    assert bench_markdown(result).split("\n", 2)[2].strip() in (tmp_path / "docs" / "results.md").read_text()
+    assert headline_markdown(result) in (tmp_path / "README.md").read_text()
+    (tmp_path / "README.md").write_text("no markers\n")
+    with pytest.raises(ValueError, match="expected one <!-- headline:start -->"):
+        update_docs(result, root=tmp_path)
+
+
+def test_the_where_csd_pays_paragraph_quotes_the_committed_frontiers():
+    """Every "(time, FD x)" the README's reading of the verdicts quotes is a row of a committed frontier,
+    and its verdict table is theirs."""
+    import re
+
+    from visualize.report import committed_frontiers
+    from visualize.tables import verdict_table
+
+    results = committed_frontiers(ROOT)
+    para = README[README.index("**Where CSD pays**") :]
+    para = para[: para.index("![Quality against time")]
+    assert verdict_table(results) in para
+    reading = para[para.index("<!-- verdicts:end -->") :]
+    quoted = re.findall(r"\((\d\.\d\d), FD (\d+\.\d)\)", reading)
+    assert len(quoted) >= 2, reading
+    rows = {(f"{r['time']:.2f}", f"{r['fd']:.1f}") for res in results for r in res["rows"]}
+    for path in ROOT.glob("bench/results/**/decide.json"):  # the paired decisions: a row's time at batch 1
+        rows |= {(f"{r['time']['1']:.2f}", f"{r['fd']:.1f}") for r in json.loads(path.read_text())["rows"]}
+    for pair in quoted:
+        assert pair in rows, pair
+
+
+def test_the_text_pair_block_is_the_text_benchmark_run():
+    """The README's text-pair table is headline_markdown of bench/results/text/bench.json."""
+    result = json.loads((ROOT / "bench" / "results" / "text" / "bench.json").read_text())
+    block = README[README.index("<!-- text-headline:start -->") : README.index("<!-- text-headline:end -->")]
+    assert headline_markdown(result) in block
+    assert "colour accuracy" in block and "acceptance with alignment" in block
+
+
+def test_the_xar_block_is_the_xar_benchmark_run():
+    """The README's xAR table is headline_markdown of bench/results/xar/bench.json, and docs/results.md
+    holds that run's full Markdown."""
+    result = json.loads((ROOT / "bench" / "results" / "xar" / "bench.json").read_text())
+    assert result["settings"]["family"] == "xAR"  # FamilyTraits.family
+    block = README[README.index("<!-- xar-headline:start -->") : README.index("<!-- xar-headline:end -->")]
+    assert headline_markdown(result) in block
+    assert "flow steps" in block and "per token" in block
+    results = (ROOT / "docs" / "results.md").read_text()
+    md = re.search(r"<!-- xar-bench:start -->\n(.*?)<!-- xar-bench:end -->", results, re.S)[1]
+    assert md.strip() == (ROOT / "bench" / "results" / "xar" / "bench.md").read_text().split("\n", 2)[2].strip()
+
+
+def test_a_text_result_with_background_scores_gets_their_column():
+    """Results since issue 42 score the prompt's background too: every text table shows it beside colour,
+    one cell per sampler, and a result without it (a class pair) gets neither column."""
+    result = json.loads((ROOT / "bench" / "results" / "text" / "bench.json").read_text())
+    with_bg = result | {
+        f"background_accuracy_{k}": 0.25 + i / 10
+        for i, k in enumerate(("target", "csd", "fewer", "draft", "csd_unaligned"))
+    }
+    for table in (headline_markdown(with_bg), bench_markdown(with_bg)):
+        lines = [ln for ln in table.splitlines() if ln.startswith("|")]
+        assert "| colour accuracy | background accuracy |" in lines[0] or "background accuracy" in table
+        widths = {ln.count("|") for ln in lines[:6]}
+        assert len(widths) == 1, table  # every row has the header's cells
+    assert "| 0.250 |" in headline_markdown(with_bg) and "| 0.550 |" in headline_markdown(with_bg)
+    plain = {k: v for k, v in result.items() if not k.startswith(("colour_accuracy_", "background_accuracy_"))}
+    assert "colour accuracy" not in headline_markdown(plain) and "background" not in headline_markdown(plain)
+
+
+def test_the_docs_name_each_family_and_its_blocks_by_its_row():
+    from csd.models.registry import FAMILIES
+    from visualize.tables import docs_prefix, family_label
+
+    for family in FAMILIES.values():
+        name = family.shared_traits().family
+        assert family_label(name) == family.docs.label and docs_prefix({"family": name}) == family.docs.prefix
+    assert [f.docs.label for f in sorted(FAMILIES.values(), key=lambda f: f.docs.rank)] == [
+        "MAR (class pair)",
+        "Harmon (text pair)",
+        "xAR (cells pair)",
+    ]
+    assert family_label("nonesuch") == "?" and family_label(None, "unnamed") == "unnamed"
