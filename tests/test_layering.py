@@ -18,7 +18,7 @@ LAYERS = (
         "family interface and records",
         ("csd.family", "csd.trace", "csd.cost", "csd.resample", "csd.toy", "csd.panels", "csd.replay", "csd.verdict"),
     ),
-    ("decoder pieces", ("csd.acceptance", "csd.decoding")),
+    ("decoder pieces", ("csd.acceptance", "csd.decoding", "csd.run_setup")),
     ("decoders", ("csd.sampling", "csd.speculative", "csd")),
     ("model families", ("csd.models",)),
     ("data and training", ("csd.shapes",)),
