@@ -82,7 +82,10 @@ def set_up_run(
     * under CSD, a ``draft_head_steps`` other than the target's head steps only where the chains need not
       be of equal length (:func:`check_draft_head_steps`).
 
-    Nothing here draws a random number: the streams are made, the plan draws from its own."""
+    What stays with a model is what its own computations need of their inputs: the family's plan checks that
+    GtR's checkerboard fits its grid (:mod:`csd.models.mar.gtr`), its ``predict`` and ``verify`` that they
+    are given positions they can make. Nothing here draws a random number: the streams are made, the plan
+    draws from its own."""
     if (csd is None) != (draft is None):
         raise ValueError("a speculative run needs both csd and draft, a target-only run neither")
     if draft is not None:
