@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from csd.config import TRAJECTORY_TERMS, CSDConfig
+from csd.config import CSDConfig
 from csd.core.chain import ChainNoise, Trajectory
 from csd.core.gaussian import normal_logpdf
 from csd.core.resample import Resampled, resample_gaussian, resample_paths, resample_proposals
@@ -65,13 +65,11 @@ def aligned_verdict(draft: Trajectory, target: Trajectory, tau_v: float, traject
 
     trajectory_term: "derived" (the sign that follows from the densities), "published" (the sign
     of the reference code) or "none" (final-step term only)."""
-    if trajectory_term not in TRAJECTORY_TERMS:
-        raise ValueError(f"trajectory_term must be one of {TRAJECTORY_TERMS}, got {trajectory_term!r}")
     if trajectory_term == "none":  # also for chains of different lengths (a cheaper draft head)
         traj = torch.zeros(draft.x.shape[0], dtype=draft.x.dtype, device=draft.x.device)
     else:
         gap = trajectory_log_std_gap(draft, target)
-        traj = gap if trajectory_term == "derived" else -gap
+        traj = {"derived": gap, "published": -gap}[trajectory_term]
     return Verdict(trajectory=traj, final=final_step_term(draft.x, draft, target, tau_v))
 
 
@@ -362,7 +360,5 @@ def criterion_of(csd: CSDConfig, tokens_per_row: int = 1) -> Criterion:
         return PublishedCriterion(csd.tau_v, csd.max_tries, dtype, csd.published_scale, fallback)
     aligned = AlignedCriterion(csd.tau_v, csd.trajectory_term, csd.resample_widening, csd.max_tries, fallback=fallback)
     if csd.acceptance_unit == "token":
-        if tokens_per_row == 1:
-            raise ValueError("acceptance_unit 'token' needs a family whose rows hold several tokens (xAR's cells)")
         return PerToken(aligned, tokens_per_row)
     return aligned

@@ -1,10 +1,12 @@
 """The samplers' settings: :class:`SamplingConfig` (every sampler) and :class:`CSDConfig` (the speculative
-decoder), validated where they are made, so a bad value is an error naming the knob and its range.
+decoder), each knob validated where it is made, so a bad value is an error naming the knob and its range.
 
 Every setting is declared once, beside its field (:func:`knob`): what it does, its kind and valid values,
 the words its errors name it by, its command-line flag and, for the knobs the app offers, its control. The
 checks below, every tool's flags (:mod:`csd.cli`) and the app's controls (``demo.controls``) are derived
-from that declaration; a bad value raises a :class:`~csd.core.checks.SettingError` that names its field."""
+from that declaration; a bad value raises a :class:`~csd.core.checks.SettingError` that names its field. A config
+checks each knob alone: the rules between knobs, between the two configs and between a setting and a model
+are checked when a run is set up (:mod:`csd.run_setup`)."""
 
 from __future__ import annotations
 
@@ -274,35 +276,6 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         check_knobs(self)
-        if self.ddim_eta != 0.0 and self.head_sampler != "ddim":
-            raise SettingError(
-                f"ddim_eta applies to head_sampler 'ddim' only, got head_sampler {self.head_sampler!r}", "ddim_eta"
-            )
-        self._check_gtr()
-
-    def _check_gtr(self) -> None:
-        stages = self.gtr_stages
-        if stages and sum(stages) != self.num_steps:
-            raise SettingError(
-                f"gtr_stages (AR steps of each GtR stage) must add up to num_steps {self.num_steps}, "
-                f"got {stages} = {sum(stages)}",
-                "gtr_stages",
-            )
-        for name in ("gtr_head_steps", "gtr_detail_steps"):
-            if getattr(self, name) is not None and len(stages) < 2:
-                raise SettingError(f"{name} needs gtr_stages of 2 stages or more (a reconstruction stage)", name)
-        detail = self.gtr_detail_fraction > 0.0
-        if detail != (self.gtr_detail_steps is not None):
-            raise SettingError(
-                "gtr_detail_fraction > 0 and gtr_detail_steps go together (GtR's FTS), got one of them",
-                "gtr_detail_fraction",
-            )
-        if detail and (self.gtr_head_steps is None or self.gtr_detail_steps <= self.gtr_head_steps):
-            raise SettingError(
-                f"gtr_detail_steps must exceed gtr_head_steps (the reconstruction stage's head steps), got "
-                f"{self.gtr_detail_steps} and {self.gtr_head_steps}",
-                "gtr_detail_steps",
-            )
 
     @property
     def deterministic_head(self) -> bool:
@@ -354,8 +327,9 @@ class CSDConfig:
 
     Beyond them: an empty gamma_schedule (the default) is the paper's constant draft length. A
     draft_head_steps other than the target's head steps cannot share noise or compare per-step stds, so it
-    needs align=False, criterion "aligned" and trajectory_term "none" (:meth:`needs_equal_chains`); under a
-    head-step schedule (SamplingConfig.head_steps_min) every block runs the head steps of its first AR step.
+    needs align=False, criterion "aligned" and trajectory_term "none" (:meth:`needs_equal_chains`; the rules
+    between knobs are :mod:`csd.run_setup`'s); under a head-step schedule (SamplingConfig.head_steps_min)
+    every block runs the head steps of its first AR step.
     Under acceptance_unit "token" a cell counts as accepted when all of its tokens are, and
     Trace.unit_accepted holds the fraction.
     """
@@ -489,16 +463,6 @@ class CSDConfig:
 
     def __post_init__(self) -> None:
         check_knobs(self)
-        if self.acceptance_unit == "token" and self.criterion != "aligned":
-            raise SettingError(
-                "acceptance_unit 'token' needs criterion 'aligned' (the exact test compares whole rows)",
-                "acceptance_unit",
-            )
-        if self.draft_ddim_eta != 0.0 and self.draft_head_sampler != "ddim":
-            raise SettingError(
-                f"draft_ddim_eta applies to draft_head_sampler 'ddim' only, got {self.draft_head_sampler!r}",
-                "draft_ddim_eta",
-            )
 
     @property
     def cap_fallback(self) -> str:
@@ -521,31 +485,3 @@ class CSDConfig:
         """Whether draft and target chains must have equal lengths (so ``draft_head_steps`` must equal the
         target's): shared noise, the exact criterion and the trajectory term all pair their transitions."""
         return self.align or self.criterion != "aligned" or self.trajectory_term != "none"
-
-
-def check_speculative(sampling: SamplingConfig, csd: CSDConfig) -> None:
-    """Where CSD is defined on the new samplers. Its acceptance test compares the draft's and the target's
-    Gaussian transitions and its resampler draws from the target's: the target's chain must be stochastic
-    (DDPM, DDIM with eta > 0, Euler-Maruyama on either time grid); a deterministic one (the probability-flow
-    ODE, Euler or Heun; DDIM with eta 0) has no density along its path. A deterministic draft still has a
-    final Gaussian, so it drafts under the final-step test alone (trajectory_term "none", criterion
-    "aligned"). GtR's stages compose (draft and target share the plan); its FTS does not (a block's chains
-    share one length, and the detail tokens are picked from the target's conditions)."""
-    if sampling.deterministic_head:
-        raise ValueError(
-            f"CSD needs the target's head transitions to be Gaussian: head_sampler {sampling.head_sampler!r}"
-            f"{' with ddim_eta 0' if sampling.head_sampler == 'ddim' else ''} is deterministic (no density along "
-            "its path, nothing to accept or resample from); use DDPM, DDIM with ddim_eta > 0 or Euler-Maruyama "
-            "(either flow_grid), or sample target-only"
-        )
-    final_only = csd.trajectory_term == "none" and csd.criterion == "aligned"
-    if csd.draft_sampling(sampling).deterministic_head and not final_only:
-        raise ValueError(
-            f"draft_head_sampler {csd.draft_head_sampler!r} is deterministic: its path has no density, so it "
-            "needs criterion 'aligned' with trajectory_term 'none' (the final-step test alone)"
-        )
-    if sampling.gtr_detail_fraction > 0.0:
-        raise ValueError(
-            "gtr_detail_fraction (GtR's FTS) must be 0 under CSD: a block's chains share one length, and the "
-            "detail tokens are picked from the target's conditions, which the draft does not have"
-        )

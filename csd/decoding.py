@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -114,33 +115,32 @@ def draw_chain_noise(
     return ChainNoise(xi=raw[:, 0].reshape(b * k, d), eps=raw[:, 1:].permute(1, 0, 2, 3).reshape(steps - 1, b * k, d))
 
 
+@dataclass(frozen=True)
+class StepInput:
+    """What one AR step of one model reads beside the canvas: the batch's conditions (in the family's form),
+    the positions it makes (B, k), its guidance scale, its chains' noise, the sampler settings and head
+    steps it runs them with, and the phase its time is counted under ("target", "draft", "prefill")."""
+
+    conditions: Any
+    pos: Tensor
+    cfg: float
+    noise: ChainNoise
+    config: SamplingConfig
+    steps: int
+    phase: str
+
+
 def predict_step(
-    model: ModelFamily,
-    tokens: Tensor,
-    mask: Tensor,
-    conditions,
-    pos: Tensor,
-    cfg: float,
-    noise: ChainNoise,
-    config: SamplingConfig,
-    steps: int,
-    timer: PhaseTimer,
-    phase: str,
+    model: ModelFamily, tokens: Tensor, mask: Tensor, step: StepInput, timer: PhaseTimer
 ) -> tuple[Trajectory, TokenChain]:
     """One AR step of one model: its pass over the context (``{phase}_backbone``), then the chains of
-    the tokens at ``pos`` (``{phase}_head``). Returns the trajectory and the chains it came from."""
-    with timer(f"{phase}_backbone"):
-        chain = model.predict(
-            tokens,
-            mask,
-            conditions,
-            pos,
-            torch.full((pos.numel(),), cfg, device=pos.device, dtype=config.dtype),
-            config,
-            steps,
-        )
-    with timer(f"{phase}_head", tokens=pos.numel(), steps=config.head_calls(steps)):  # a Heun step: two calls
-        traj = chain.run(noise)
+    the tokens at ``step.pos`` (``{phase}_head``). Returns the trajectory and the chains it came from."""
+    pos, config = step.pos, step.config
+    with timer(f"{step.phase}_backbone"):
+        cfg = torch.full((pos.numel(),), step.cfg, device=pos.device, dtype=config.dtype)
+        chain = model.predict(tokens, mask, step.conditions, pos, cfg, config, step.steps)
+    with timer(f"{step.phase}_head", tokens=pos.numel(), steps=config.head_calls(step.steps)):  # Heun: two calls
+        traj = chain.run(step.noise)
     return traj, chain
 
 

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from csd.config import SamplingConfig
 from csd.core.chain import ChainNoise, Trajectory
-from csd.core.checks import SettingError, check_choice, check_int
+from csd.core.checks import check_choice, check_int
 from csd.core.schedule import CFG_SCHEDULES
 
 CONDITIONS = ("classes", "prompts")
@@ -76,6 +76,8 @@ class FamilyTraits:
     DDIM; xAR: Euler-Maruyama and the probability-flow ODE); empty: its own only.
     flow_grids: takes SamplingConfig.flow_grid "uniform" (a flow chain's time grid: xAR).
     takes_gtr: takes GtR's two-stage order (SamplingConfig.gtr_stages): a masked family on a square grid.
+
+    A run checks its settings against these (:func:`csd.run_setup.check_family`).
     """
 
     family: str
@@ -118,67 +120,6 @@ class FamilyTraits:
             head_steps=self.min_head_steps,
             cfg_schedule=self.cfg_schedule or SamplingConfig.cfg_schedule,
         )
-
-    def check_sampling(self, config: SamplingConfig, seq_len: int) -> None:
-        """The family's rules for a sampler setting, as errors that name the knob and its valid values
-        (:class:`~csd.core.checks.SettingError`, carrying the knob's field)."""
-        fixed = self.fixed_num_steps
-        if fixed is not None and config.num_steps != fixed:
-            raise SettingError(
-                f"num_steps (AR steps) must equal {fixed} for this {self.family} model (one AR step per "
-                f"{self.row_name[:-1]}), got {config.num_steps}",
-                "num_steps",
-            )
-        if fixed is None and config.num_steps > seq_len:
-            raise SettingError(
-                f"num_steps (AR steps) must be in [1, {seq_len}] (the number of tokens), got {config.num_steps}",
-                "num_steps",
-            )
-        if self.cfg_schedule is not None and config.cfg_schedule != self.cfg_schedule:
-            raise SettingError(
-                f"cfg_schedule must be {self.cfg_schedule!r} for this {self.family} model (its guidance ramps over "
-                f"the {self.row_name}), got {config.cfg_schedule!r}",
-                "cfg_schedule",
-            )
-        if config.cond_cache_start is not None and not self.caches_guidance:
-            raise SettingError(
-                f"cond_cache_start must be None for this {self.family} model (LazyMAR's condition cache needs "
-                f"guidance from two backbone halves), got {config.cond_cache_start}",
-                "cond_cache_start",
-            )
-        if config.token_cache_keep is not None and not self.caches_tokens:
-            raise SettingError(
-                f"token_cache_keep must be None for this {self.family} model (LazyMAR's token cache needs a "
-                f"decoder over every position), got {config.token_cache_keep}",
-                "token_cache_keep",
-            )
-        for name in ("head_steps", "head_steps_min"):
-            steps = getattr(config, name)
-            if steps is not None and steps < self.min_head_steps:
-                raise SettingError(
-                    f"{name} must be >= {self.min_head_steps} for this {self.family} model, got {steps}", name
-                )
-        self._check_samplers(config)
-
-    def _check_samplers(self, config: SamplingConfig) -> None:
-        if config.head_sampler is not None and config.head_sampler not in self.head_samplers:
-            takes = f"one of {self.head_samplers}" if self.head_samplers else "its own (None)"
-            raise SettingError(
-                f"head_sampler must be None or {takes} for this {self.family} model, got {config.head_sampler!r}",
-                "head_sampler",
-            )
-        if config.flow_grid != "official" and not self.flow_grids:
-            raise SettingError(
-                f"flow_grid must be 'official' for this {self.family} model (the uniform grid is a flow chain's), "
-                f"got {config.flow_grid!r}",
-                "flow_grid",
-            )
-        if config.gtr_stages and not self.takes_gtr:
-            raise SettingError(
-                f"gtr_stages must be empty for this {self.family} model (GtR orders a masked family's tokens), "
-                f"got {config.gtr_stages}",
-                "gtr_stages",
-            )
 
 
 @dataclass(frozen=True)

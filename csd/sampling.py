@@ -13,21 +13,20 @@ import torch
 from torch import Tensor
 
 from csd.config import SamplingConfig
-from csd.core.precision import check_model_precision
-from csd.core.rng import ImageStreams, check_seeds
 from csd.decoding import (
     Generation,
     PhaseTimer,
     StepCallback,
+    StepInput,
     commit,
     draw_chain_noise,
     finished,
-    model_device,
     new_canvas,
     predict_step,
     trace_dtype,
 )
 from csd.family import ModelFamily
+from csd.run_setup import set_up_run
 from csd.trace import Maker, Trace
 
 
@@ -43,17 +42,12 @@ def generate(
     """Generate ``len(seeds)`` images with one model alone. ``conditions``: one per seed (class ids for a
     class-conditional family, prompts for a text one).
 
-    Image i depends only on (seeds[i], conditions[i], config): the same as when generated alone.
+    Image i depends only on (seeds[i], conditions[i], config): the same as when generated alone. The run
+    is checked and set up by :func:`csd.run_setup.set_up_run`.
     ``on_step`` (see :data:`csd.decoding.StepCallback`) is called after each AR step."""
-    config = config or SamplingConfig()
-    seeds = check_seeds(seeds)
-    check_model_precision(model, config.precision)
-    device = model_device(model)
-    batch, n, d = len(seeds), model.seq_len, model.token_dim
-    conditions = model.check_conditions(conditions, batch, device)
-    plan = model.plan(seeds, config, device)
-    schedule = config.head_steps_per_step(model.head_steps(config.head_steps))
-    noise_streams = ImageStreams(seeds, "chain", device)
+    run = set_up_run(model, conditions, seeds, config or SamplingConfig())
+    config, plan, device = run.sampling, run.plan, run.device
+    batch, n, d = run.batch, model.seq_len, model.token_dim
     timer = PhaseTimer(device)
     phase = "target" if maker == Maker.TARGET else "draft"
     settings = {"sampling": asdict(config), "maker": maker.name.lower()}
@@ -61,10 +55,10 @@ def generate(
 
     tokens, mask = new_canvas(batch, n, d, config, device)
     for s, k in enumerate(plan.sizes):
-        pos = plan.positions(s)
-        noise = draw_chain_noise(noise_streams, k, schedule[s], d, config.dtype)
-        args = (conditions, pos, plan.cfg[s], noise, config, schedule[s], timer, phase)
-        traj, _ = predict_step(model, tokens, mask, *args)
+        pos, steps = plan.positions(s), run.head_steps[s]
+        noise = draw_chain_noise(run.streams["chain"], k, steps, d, config.dtype)
+        step = StepInput(run.conditions, pos, plan.cfg[s], noise, config, steps, phase)
+        traj, _ = predict_step(model, tokens, mask, step, timer)
         commit(tokens, mask, pos, traj.x)
         trace.record_made(pos, s, maker)
         trace.record_pass(phase)

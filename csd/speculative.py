@@ -15,44 +15,25 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from csd.acceptance import Criterion, Decision, Proposal, accept, criterion_of
-from csd.config import CSDConfig, SamplingConfig, check_speculative
+from csd.acceptance import Criterion, Decision, Proposal, accept
+from csd.config import CSDConfig, SamplingConfig
 from csd.core.chain import ChainNoise, Trajectory, cat_rows
-from csd.core.precision import check_model_precision
-from csd.core.rng import ImageStreams, check_seeds
+from csd.core.rng import ImageStreams
 from csd.decoding import (
     Generation,
     PhaseTimer,
     StepCallback,
+    StepInput,
     commit,
     draw_chain_noise,
     finished,
-    model_device,
     new_canvas,
     predict_step,
     trace_dtype,
 )
 from csd.family import ModelFamily, Plan, TokenChain
+from csd.run_setup import set_up_run
 from csd.trace import Maker, Trace
-
-
-def check_pair(target: ModelFamily, draft: ModelFamily) -> None:
-    """Draft and target must be one family with the same tokenizer, token layout and conditions."""
-    t, q = target.traits, draft.traits
-    pairs = (
-        (t.family, q.family, "family"),
-        (target.seq_len, draft.seq_len, "number of tokens (seq_len)"),
-        (target.token_dim, draft.token_dim, "token width (token_dim)"),
-        (t.conditions, q.conditions, "conditions"),
-        (t.num_classes, q.num_classes, "classes (num_classes)"),
-    )
-    for a, b, what in pairs:
-        if a != b:
-            raise ValueError(
-                f"draft model does not match the target's token layout: {what} is {b} for the draft and {a} for "
-                "the target"
-            )
-    target.check_draft(draft)
 
 
 @torch.inference_mode()
@@ -135,6 +116,7 @@ class _Decoding:
     conditions: object
     sampling: SamplingConfig
     csd: CSDConfig
+    draft_sampling: SamplingConfig  # the draft's: the target's, on draft_head_sampler where one is set
     criterion: Criterion
     plan: Plan
     steps_p: list[int]  # the target's head steps at each AR step (constant without a schedule)
@@ -147,48 +129,29 @@ class _Decoding:
 
     @classmethod
     def start(cls, target, draft, conditions, seeds, sampling, csd, on_step) -> _Decoding:
-        check_pair(target, draft)
-        check_model_precision(target, sampling.precision, "target")
-        check_model_precision(draft, sampling.precision, "draft")
-        check_speculative(sampling, csd)  # where CSD is defined on the head's samplers, GtR, ...
-        draft.traits.check_sampling(csd.draft_sampling(sampling), draft.seq_len)
-        seeds = check_seeds(seeds)
-        device = model_device(target)
-        if model_device(draft) != device:
-            raise ValueError(f"draft model is on {model_device(draft)}, the target on {device}: use one device")
-        batch, n, d = len(seeds), target.seq_len, target.token_dim
-        plan = target.plan(seeds, sampling, device)
-        steps_p = sampling.head_steps_per_step(target.head_steps(sampling.head_steps))
-        if csd.draft_head_steps is not None and any(t != csd.draft_head_steps for t in steps_p):
-            if csd.needs_equal_chains():
-                raise ValueError(
-                    f"draft_head_steps {csd.draft_head_steps} differs from the target's head steps "
-                    f"{sorted(set(steps_p))}: "
-                    "chains of different lengths share no noise and no per-step stds, so it needs align=False, "
-                    "criterion 'aligned' and trajectory_term 'none'"
-                )
-        criterion = criterion_of(csd, target.traits.tokens_per_row)
-        streams = {name: ImageStreams(seeds, name, device) for name in ("chain", "accept", "resample", "independent")}
-        tokens, mask = new_canvas(batch, n, d, sampling, device)
+        run = set_up_run(target, conditions, seeds, sampling, csd, draft)
+        batch, n, d = run.batch, target.seq_len, target.token_dim
+        tokens, mask = new_canvas(batch, n, d, run.sampling, run.device)
         return cls(
             target=target,
             draft=draft,
-            conditions=target.check_conditions(conditions, batch, device),
-            sampling=sampling,
+            conditions=run.conditions,
+            sampling=run.sampling,
             csd=csd,
-            criterion=criterion,
-            plan=plan,
+            draft_sampling=run.draft_sampling,
+            criterion=run.criterion,
+            plan=run.plan,
             # Alignment shares every noise tensor, so both chains run the target's number of transitions.
-            steps_p=steps_p,
-            streams=streams,
-            timer=PhaseTimer(device),
+            steps_p=run.head_steps,
+            streams=run.streams,
+            timer=PhaseTimer(run.device),
             trace=Trace.empty(
                 batch,
                 n,
-                plan.sizes,
-                {"sampling": asdict(sampling), "csd": asdict(csd)},
-                trace_dtype(sampling),
-                defer=device.type == "cuda",
+                run.plan.sizes,
+                {"sampling": asdict(run.sampling), "csd": asdict(csd)},
+                trace_dtype(run.sampling),
+                defer=run.device.type == "cuda",
             ),
             tokens=tokens,
             mask=mask,
@@ -211,9 +174,9 @@ class _Decoding:
 
     def _step(self, model, tokens, mask, s: int, phase: str, steps: int) -> tuple[Trajectory, ChainNoise, TokenChain]:
         pos, noise = self.plan.positions(s), self._noise("chain", self.plan.sizes[s], steps)
-        config = self.csd.draft_sampling(self.sampling) if phase == "draft" else self.sampling
-        args = (self.conditions, pos, self.plan.cfg[s], noise, config, steps, self.timer, phase)
-        traj, chain = predict_step(model, tokens, mask, *args)
+        config = self.draft_sampling if phase == "draft" else self.sampling
+        step = StepInput(self.conditions, pos, self.plan.cfg[s], noise, config, steps, phase)
+        traj, chain = predict_step(model, tokens, mask, step, self.timer)
         return traj, noise, chain
 
     def prefill(self) -> int:
@@ -273,8 +236,9 @@ class _Decoding:
         draft-target distances (both noise choices with ``counterfactual``) go to the trace."""
         with self.timer("target_backbone"):
             cfg = self._cfg_rows(block.steps)
-            args = (self.conditions, block.pos, cfg, self.sampling, block.t_p)
-            chain_p = self.target.verify(self.tokens, self.mask, *args, drafted=block.draft.x)
+            chain_p = self.target.verify(
+                self.tokens, self.mask, self.conditions, block.pos, cfg, self.sampling, block.t_p, drafted=block.draft.x
+            )
         self.trace.record_pass("target")
         rows, aligned = block.pos.shape[1], self.csd.align
         with self.timer("target_head", tokens=block.pos.numel(), steps=block.t_p):

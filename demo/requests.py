@@ -1,6 +1,6 @@
 """A request: the controls' values checked (each error names its control and range) into the pair, the
-conditions, the seeds and the two configs a run takes. The family's own rules (fixed AR steps, its CFG
-ramp, AR steps within the tokens) are the family's to check (:meth:`csd.family.FamilyTraits.check_sampling`).
+conditions, the seeds and the two configs a run takes. The rules between settings and the family's own
+(fixed AR steps, its CFG ramp, AR steps within the tokens) are the run set-up's (:func:`csd.run_setup.check_settings`).
 
 The same checks run twice: in a validator, before a request joins the queue (Gradio shows each message
 beside the control it names), and at the start of the handler (for any caller that skips the page).
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from csd import run_setup
 from csd.config import CSDConfig, SamplingConfig
 from csd.family import check_prompt
 from csd.serving.pairs import ModelPair, PairStore
@@ -93,7 +94,7 @@ def build_request(
     except (OSError, ValueError) as err:  # missing or mismatched checkpoint files
         raise refuse(f"Model pair {pair_name!r} could not be loaded: {err}", control="pair_name") from None
     with library_errors(f"Invalid setting for {pair_name}", controls):
-        pair.traits.check_sampling(sampling, pair.num_tokens)
+        run_setup.check_settings(pair.traits, pair.num_tokens, sampling, csd)
     seed, batch = values["seed"], values["batch_size"]
     return Request(pair, _conditions(pair, values), [seed + i for i in range(batch)], sampling, csd)
 

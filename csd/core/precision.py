@@ -16,8 +16,6 @@ import copy
 import torch
 from torch import nn
 
-from csd.core.checks import SettingError
-
 RUN_DTYPES = {"float64": torch.float64}  # every other precision runs its canvas, chains and densities in float32
 
 
@@ -32,18 +30,6 @@ def weights_dtype(model: nn.Module) -> torch.dtype:
         if p.is_floating_point():
             return p.dtype
     return torch.float32
-
-
-def check_model_precision(model: nn.Module, precision: str, who: str = "model") -> None:
-    """A float64 run needs float64 weights, any other run float32 ones (autocast lowers them itself): a
-    SettingError on ``precision`` that says how to get a matching model."""
-    want, got = run_dtype(precision), weights_dtype(model)
-    if got != want:
-        raise SettingError(
-            f"precision {precision!r} needs the {who}'s weights in {str(want)[6:]}, got {str(got)[6:]}: "
-            f"pass csd.core.precision.at_precision({who}, {precision!r})",
-            "precision",
-        )
 
 
 def at_precision(model: nn.Module, precision: str) -> nn.Module:

@@ -33,10 +33,10 @@ from csd.models.checkpoint import file_digest
 from csd.models.registry import FAMILIES, load_model, preset, read_traits
 from csd.models.spec import PairSpec
 from csd.models.tokenizer import LatentTokenizer, pixel_tokenizer, to_uint8
+from csd.run_setup import check_pair
 from csd.sampling import generate
 from csd.shapes.data import CLASS_NAMES
 from csd.shapes.text import TEXT_CONFIGS, caption_tokenizer
-from csd.speculative import check_pair
 
 EMBEDDED_DIR = Path(__file__).resolve().parents[2] / "assets" / "models"
 VAE_FILE = "vae/kl16.ckpt"  # MAR's KL-16 tokenizer, relative to a checkpoint directory: every official pair's

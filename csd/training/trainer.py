@@ -38,8 +38,8 @@ from csd.models.checkpoint import CheckpointError, file_digest, load_state_stric
 from csd.models.mar import MAR, MAR_CONFIGS, MARConfig, mar_config
 from csd.models.registry import load_model, save_model, weights_path
 from csd.models.tokenizer import PixelTokenizer
+from csd.run_setup import check_pair
 from csd.shapes.data import NUM_CLASSES, ShapesConfig, make_dataset
-from csd.speculative import check_pair
 
 LR_SCHEDULES = ("constant", "cosine")
 DEVICES = ("auto", "cpu", "cuda")

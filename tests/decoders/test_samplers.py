@@ -13,14 +13,18 @@ from torch import nn
 from csd.config import CSDConfig, SamplingConfig
 from csd.core.chain import ChainNoise, HeadCondition, run_chain
 from csd.core.schedule import DISA_FLOOR, head_step_schedule
+from csd.family import FamilyTraits
 from csd.models import diffusion as gd
 from csd.models.head import DiffusionChain
 from csd.models.xar.chains import CellChain, CellCondition, CellFlow, flow_times
 from csd.records.cost import ChainCost, PassCosts
+from csd.run_setup import check_settings
 from csd.sampling import generate
 from csd.serving.pairs import random_pair
 from csd.speculative import speculative_generate
 from tests.helpers import assert_differ64, assert_same64, random_pair64, sampling64
+
+MAR_TRAITS = FamilyTraits("MAR", num_classes=10, head_samplers=("ddpm", "ddim"))
 
 # --- MAR's head: DDIM ---------------------------------------------------------------------------------
 
@@ -247,11 +251,17 @@ def test_a_family_refuses_the_samplers_it_does_not_take_by_name(family, change, 
     ("make", "message"),
     [
         (lambda: SamplingConfig(head_sampler="dpm"), "head_sampler must be one of"),
-        (lambda: SamplingConfig(ddim_eta=0.5), "ddim_eta applies to head_sampler 'ddim' only"),
+        (
+            lambda: check_settings(MAR_TRAITS, 64, SamplingConfig(ddim_eta=0.5)),
+            "ddim_eta applies to head_sampler 'ddim' only",
+        ),
         (lambda: SamplingConfig(head_sampler="ddim", ddim_eta=1.5), r"ddim_eta must be in \[0, 1\]"),
         (lambda: SamplingConfig(flow_grid="cosine"), "flow_grid must be one of"),
         (lambda: CSDConfig(draft_head_sampler="ode"), "draft_head_sampler must be one of"),
-        (lambda: CSDConfig(draft_ddim_eta=0.2), "draft_ddim_eta applies to draft_head_sampler 'ddim' only"),
+        (
+            lambda: check_settings(MAR_TRAITS, 64, SamplingConfig(), CSDConfig(draft_ddim_eta=0.2)),
+            "draft_ddim_eta applies to draft_head_sampler 'ddim' only",
+        ),
     ],
 )
 def test_bad_sampler_settings_are_refused_by_name(make, message):

@@ -17,6 +17,7 @@ from csd.core.checks import SettingError
 from csd.experiments import defaults
 from csd.experiments.evaluate import add_setting_args, settings_from_args
 from csd.family import FamilyTraits
+from csd.run_setup import check_settings
 from demo.controls import PAGE_FIELDS, control_name, knob_control, offered_knobs, preset_controls
 from demo.requests import library_errors
 
@@ -117,10 +118,18 @@ def controls_of(*fields: str) -> dict:
         (lambda: CSDConfig(prefill=1.0), "prefill"),
         (lambda: SamplingConfig(num_steps=0), "ar_steps"),
         (
-            lambda: FamilyTraits("xAR", num_classes=10, fixed_num_steps=16).check_sampling(SamplingConfig(32), 16),
+            lambda: check_settings(FamilyTraits("xAR", num_classes=10, fixed_num_steps=16), 16, SamplingConfig(32)),
             "ar_steps",
         ),
-        (lambda: CSDConfig(acceptance_unit="token", criterion="exact"), None),  # no control sets acceptance_unit
+        (  # no control sets acceptance_unit
+            lambda: check_settings(
+                FamilyTraits("MAR", num_classes=10),
+                64,
+                SamplingConfig(),
+                CSDConfig(acceptance_unit="token", criterion="exact"),
+            ),
+            None,
+        ),
     ],
 )
 def test_the_app_shows_a_library_error_on_the_control_of_its_field(make, control):

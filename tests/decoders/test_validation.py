@@ -160,3 +160,25 @@ def test_latent_tokenizer_round_trips_through_a_tiny_vae():
             # Decoding undoes the layout and the scale: the VAE's own reconstruction, clamped.
             reconstruction = vae.decode(latents / vae.latent_scale).clamp(-1, 1)
             assert_same64(tok.decode(tokens), reconstruction, f"patch {patch}: decoded")
+
+
+def test_the_rules_between_settings_are_checked_in_the_run_set_up_alone():
+    """A config checks each of its knobs alone (:meth:`csd.config.Knob.check`, its one SettingError); every
+    rule between knobs, between the configs or between a setting and a model raises in csd.run_setup."""
+    import ast
+    from pathlib import Path
+
+    import csd
+
+    root = Path(csd.__file__).parent
+    raised = [
+        path.relative_to(root).as_posix()
+        for path in sorted(root.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Raise)
+        and isinstance(node.exc, ast.Call)
+        and getattr(node.exc.func, "id", None) == "SettingError"
+    ]
+    assert set(raised) == {"config.py", "run_setup.py"} and raised.count("config.py") == 1
+    SamplingConfig(ddim_eta=0.5, gtr_stages=(1,))  # made: what is wrong between knobs is the set-up's to say
+    CSDConfig(acceptance_unit="token", criterion="exact")

@@ -356,27 +356,27 @@ def test_a_preset_on_a_pair_with_fixed_steps_keeps_them():
 
 
 def app_sampling_checks(monkeypatch) -> list[str]:
-    """The modules of the app (demo) that call a family's sampling check from now on; the calls of a model's
-    own plan (csd, the library's guard of each run) are not the app's."""
+    """The modules of the app (demo) that call the settings check from now on; the calls of a run's set-up
+    (csd, the library's guard of each run) are not the app's."""
     import sys
 
-    from csd.family import FamilyTraits
+    from csd import run_setup
 
-    seen, check = [], FamilyTraits.check_sampling
+    seen, check = [], run_setup.check_settings
 
-    def counted(self, config, seq_len):
+    def counted(*args, **kwargs):
         caller = sys._getframe(1).f_globals["__name__"]
         if caller.split(".")[0] == "demo":
             seen.append(caller)
-        return check(self, config, seq_len)
+        return check(*args, **kwargs)
 
-    monkeypatch.setattr(FamilyTraits, "check_sampling", counted)
+    monkeypatch.setattr(run_setup, "check_settings", counted)
     return seen
 
 
 @pytest.mark.parametrize("kind", ["generate", "analysis", "frontier"])
 def test_the_sampling_check_runs_once_per_request_and_the_gpu_call_takes_the_checked_request(monkeypatch, kind):
-    """The family's sampling check (in build_request) runs once, in the main process; the GPU task takes the
+    """The settings check (in build_request) runs once, in the main process; the GPU task takes the
     checked request as plain values (Request.plain, the analysis' settings, the frontier's plan) and does not
     check it again."""
     from demo.application import drain

@@ -463,7 +463,7 @@ def test_the_grid_holds_the_targets_few_step_samplers_gtr_and_disas_floor_by_nam
 
 @pytest.mark.parametrize("family", ["mar", "xar", "text"])
 def test_every_new_point_is_a_setting_its_family_takes_and_csd_accepts(family):
-    from csd.config import check_speculative
+    from csd.run_setup import check_settings
     from csd.serving.pairs import random_pair
 
     pair = random_pair(family=None if family == "mar" else {"xar": "xar", "text": "harmon"}[family])
@@ -472,10 +472,7 @@ def test_every_new_point_is_a_setting_its_family_takes_and_csd_accepts(family):
     fixed = traits.fixed_num_steps is not None
     for quick in (True, False):
         for p in grid(s, CSDConfig(), t, quick, fixed, head_samplers=traits.head_samplers, takes_gtr=traits.takes_gtr):
-            traits.check_sampling(p.sampling, pair.target.seq_len)
-            if p.csd is not None:
-                check_speculative(p.sampling, p.csd)
-                traits.check_sampling(p.csd.draft_sampling(p.sampling), pair.draft.seq_len)
+            check_settings(traits, pair.target.seq_len, p.sampling, p.csd, pair.draft.traits)
             if p.sampling.gtr_stages:
                 pair.target.plan([0], p.sampling, "cpu")  # every stage fits its tokens
 

@@ -9,6 +9,7 @@ import torch
 from csd.config import CSDConfig, SamplingConfig
 from csd.core.chain import ChainNoise, HeadChain, HeadCondition
 from csd.core.schedule import step_sizes
+from csd.family import FamilyTraits
 from csd.models.mar.gtr import (
     DetailChains,
     detail_rows,
@@ -19,6 +20,7 @@ from csd.models.mar.gtr import (
     stage_of,
     stage_orders,
 )
+from csd.run_setup import check_settings
 from csd.sampling import generate
 from csd.speculative import speculative_generate
 from tests.helpers import LinearGaussianChain, assert_same64, random_pair64, sampling64
@@ -198,7 +200,7 @@ def test_gtr_composes_with_csd_but_fts_does_not(pair):
 )
 def test_bad_gtr_settings_are_refused_by_name(change, message):
     with pytest.raises(ValueError, match=message):
-        SamplingConfig(num_steps=6, **change)
+        check_settings(FamilyTraits("MAR", num_classes=10, takes_gtr=True), 64, SamplingConfig(num_steps=6, **change))
 
 
 def test_a_stage_of_more_steps_than_tokens_is_refused_when_planned(pair):

@@ -366,7 +366,7 @@ def test_per_token_acceptance_is_a_measured_option(xar_pair):
     same = speculative_generate(target, target, [1], [5], s, CSDConfig(gamma=5, acceptance_unit="token"))
     assert same.trace.unit_acceptance_rate == 1.0
     with pytest.raises(ValueError, match="acceptance_unit 'token' needs criterion 'aligned'"):
-        CSDConfig(acceptance_unit="token", criterion="exact")
+        speculative_generate(target, draft, [1], [5], s, CSDConfig(gamma=5, acceptance_unit="token", criterion="exact"))
 
 
 def test_per_token_acceptance_needs_rows_of_several_tokens(random_models):

@@ -78,7 +78,6 @@ class MaskedARFamily:
 
     def plan(self, seeds: Sequence[int], config, device: torch.device) -> Plan:
         """MAR's plan, or GtR's stages (``config.gtr_stages``: :mod:`csd.models.mar.gtr`)."""
-        self.traits.check_sampling(config, self.seq_len)
         if config.gtr_stages:
             return gtr_plan(seeds, self.seq_len, config, device)
         return masked_plan(seeds, self.seq_len, config.num_steps, config.cfg_scale, config.cfg_schedule, device)
@@ -147,7 +146,7 @@ class MaskedARFamily:
         return self.predict(tokens, mask, conditions, pos, cfg, config, steps)
 
     def check_draft(self, draft) -> None:
-        """Nothing beyond the shared layout (:func:`csd.speculative.check_pair`) for class labels."""
+        """Nothing beyond the shared layout (:func:`csd.run_setup.check_pair`) for class labels."""
 
     def token_layout(self, raster_tokenizer):
         """The tokenizer of this model's tokens over a raster tokenizer of its grid: the same one."""

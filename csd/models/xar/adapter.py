@@ -32,7 +32,6 @@ class XARFamily:
 
     def plan(self, seeds, config, device: torch.device) -> Plan:
         cells = self.config.cells
-        self.traits.check_sampling(config, self.seq_len)
         orders = torch.arange(cells - 1, -1, -1, device=device).expand(len(seeds), -1)  # cell 0 first
         return Plan(orders, [1] * cells, [cfg_ramp(config.cfg_scale, s, cells) for s in range(cells)])
 
@@ -77,7 +76,7 @@ class XARFamily:
         return JoinedCells(tuple(chains))
 
     def check_draft(self, draft) -> None:
-        """Nothing beyond the shared layout (:func:`csd.speculative.check_pair`): CSD runs the draft on the
+        """Nothing beyond the shared layout (:func:`csd.run_setup.check_pair`): CSD runs the draft on the
         target's flow steps."""
 
     def token_layout(self, raster_tokenizer) -> CellTokenizer:
