@@ -115,8 +115,22 @@ def test_figures_import_nothing_from_the_experiments():
     assert not found, "\n".join(found)
 
 
+def test_the_figures_import_no_model_family():
+    """What a figure needs of a family is a plain record (docs/families.json, written from
+    csd.experiments.catalog) or what its caller passes: loading one must not load the model registry."""
+    found = [
+        f"{m} imports {d}"
+        for m, deps in graph().items()
+        if m == "visualize" or m.startswith("visualize.")
+        for d in deps
+        if d == "csd.models" or d.startswith("csd.models.")
+    ]
+    assert not found, "\n".join(found)
+
+
 def test_no_module_of_the_figures_the_app_or_the_experiments_names_a_family():
-    """Their families' names, labels and docs blocks come from the families' rows (csd.models.registry)."""
+    """Their families' names, labels and docs blocks come from the families' rows (csd.models.registry), their
+    catalog entries (csd.experiments.catalog) and, for the figures, the records written from those."""
     from csd.models.registry import FAMILIES
 
     names = [f'"{family.shared_traits().family}"' for family in FAMILIES.values()]
