@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from csd.checks import check_choice
@@ -127,7 +127,7 @@ def report_records() -> dict[str, dict]:
             "arch": arch,
             "cheap_knob": family.shared_traits().cheap_knob,
             "head_name": entry.paper.head_name if entry.paper is not None else "head",
-            "docs": None if entry.docs is None else vars(entry.docs),
+            "docs": None if entry.docs is None else asdict(entry.docs),
         }
     return records
 
