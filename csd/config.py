@@ -2,11 +2,10 @@
 decoder), each knob validated where it is made, so a bad value is an error naming the knob and its range.
 
 Every setting is declared once, beside its field (:func:`knob`): what it does, its kind and valid values,
-the words its errors name it by, its command-line flag and, for the knobs the app offers, its control. The
-checks below, every tool's flags (:mod:`csd.cli`) and the app's controls (``demo.controls``) are derived
-from that declaration; a bad value raises a :class:`~csd.core.checks.SettingError` that names its field. A config
-checks each knob alone: the rules between knobs, between the two configs and between a setting and a model
-are checked when a run is set up (:mod:`csd.run_setup`)."""
+the words its errors name it by and its command-line flag. The checks below and every tool's flags
+(:mod:`csd.cli`) are derived from that declaration; a bad value raises a :class:`~csd.core.checks.SettingError`
+that names its field. A config checks each knob alone: the rules between knobs, between the two configs and
+between a setting and a model are checked when a run is set up (:mod:`csd.run_setup`)."""
 
 from __future__ import annotations
 
@@ -38,28 +37,13 @@ KINDS = ("int", "number", "choice", "bool", "ints")
 
 
 @dataclass(frozen=True)
-class AppControl:
-    """How the app offers a knob: its label, the control's range and step where narrower than the knob's
-    (``hi`` None on an int knob: the server's limit; an int ``step``: integers only), a hint under it,
-    whether it sits under "advanced", and the keyword the app's API takes (default: the field's name)."""
-
-    label: str
-    lo: float | None = None
-    hi: float | None = None
-    step: float | None = None
-    info: str = ""
-    advanced: bool = False
-    name: str = ""
-
-
-@dataclass(frozen=True)
 class Knob:
     """A setting, declared beside its field. help: what it does. kind: "int", "number", "choice", "bool" or
     "ints" (a tuple of ints); lo / hi (``lo_open`` / ``hi_open``: that end excluded) or ``choices``: its valid
     values; optional: None is valid too (the model's default, or off). name: the words an error names it by,
     where more than the field's name ("num_steps (AR steps)"). flag: its command-line flag where not
     ``--field-name``; knobs that share a flag are set together, in field order, each as its ``metavar``
-    (``--cond-cache START EVERY``). control: how the app offers it (None: the app does not)."""
+    (``--cond-cache START EVERY``)."""
 
     help: str
     kind: str
@@ -72,7 +56,6 @@ class Knob:
     name: str = ""
     flag: str = ""
     metavar: str = ""
-    control: AppControl | None = None
 
     def __post_init__(self) -> None:
         check_choice("Knob.kind", self.kind, KINDS)
@@ -131,7 +114,6 @@ class SamplingConfig:
         "int",
         lo=1,
         name="num_steps (AR steps)",
-        control=AppControl("AR steps", 1, step=1, name="ar_steps"),
     )
     cfg_scale: float = knob(
         1.0,
@@ -139,14 +121,12 @@ class SamplingConfig:
         "number",
         lo=0.0,
         hi=100.0,
-        control=AppControl("CFG scale", 1.0, 10.0, 0.1),
     )
     cfg_schedule: str = knob(
         "linear",
         "how the CFG scale ramps over the AR steps",
         "choice",
         choices=CFG_SCHEDULES,
-        control=AppControl("CFG schedule"),
     )
     temperature: float = knob(
         1.0,
@@ -155,7 +135,6 @@ class SamplingConfig:
         lo=0.0,
         hi=10.0,
         lo_open=True,
-        control=AppControl("Temperature", 0.1, 2.0, 0.05),
     )
     head_steps: int | None = _optional_steps("head steps (none: the model's own)")
     head_steps_min: int | None = _optional_steps(
@@ -340,7 +319,6 @@ class CSDConfig:
         "int",
         lo=1,
         name="gamma (draft length)",
-        control=AppControl("Draft length gamma", 1, 32, 1, info="AR steps per target pass"),
     )
     gamma_schedule: tuple[int, ...] = knob(
         (),
@@ -358,35 +336,23 @@ class CSDConfig:
         hi=1.0,
         hi_open=True,
         name="prefill ratio",
-        control=AppControl(
-            "Pre-fill ratio", 0.0, 0.5, 0.01, info="fraction of tokens the target makes before drafting"
-        ),
     )
     align: bool = knob(
         True,
         "trajectory alignment: the target's chains share the draft's noise (--no-align: independent noise)",
         "bool",
-        control=AppControl("Trajectory alignment (shared noise)"),
     )
     criterion: str = knob(
         "aligned",
         "acceptance test: the paper's approximation, the exact one, or what the published code computes",
         "choice",
         choices=CRITERIA,
-        control=AppControl(
-            "Acceptance criterion",
-            info="aligned: the paper's approximation; exact: path-space reference; published: what the published "
-            "code computes (products of densities in float32, a token never accepted left at zero)",
-        ),
     )
     trajectory_term: str = knob(
         "derived",
         "the aligned criterion's trajectory term",
         "choice",
         choices=TRAJECTORY_TERMS,
-        control=AppControl(
-            "Trajectory term", info="derived sign, published sign, or none (final-step term only)", advanced=True
-        ),
     )
     tau_v: float = knob(
         42.0,
@@ -394,7 +360,6 @@ class CSDConfig:
         "number",
         lo=1.0,
         hi=1e4,
-        control=AppControl("Verification widening tau_v", 1.0, 100.0, 0.5, advanced=True),
     )
     resample_widening: float = knob(
         1.0,
@@ -402,14 +367,6 @@ class CSDConfig:
         "number",
         lo=1.0,
         hi=1e4,
-        control=AppControl(
-            "Resample widening",
-            1.0,
-            100.0,
-            0.5,
-            info="equal to tau_v makes test and resampling self-consistent",
-            advanced=True,
-        ),
     )
     max_tries: int = knob(
         100,
@@ -418,7 +375,6 @@ class CSDConfig:
         lo=1,
         hi=10000,
         name="max_tries (resampler cap)",
-        control=AppControl("Resampler cap", 1, 1000, 1, advanced=True),
     )
     product_precision: str = knob(
         "float32",

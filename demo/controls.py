@@ -1,7 +1,8 @@
 """The controls of a run (:func:`declare_controls`): label, component, default, the config field each sets,
 and errors that name the control and its valid values. A control of a config field is made from the
-field's declaration (:class:`csd.config.Knob` and its :class:`~csd.config.AppControl`); the app only
-chooses which fields it offers and in what order (:data:`PAGE_FIELDS`)."""
+field's declaration (:class:`csd.config.Knob`: its kind, choices and default) and how the app offers it
+(:data:`demo.knobs.KNOB_CONTROLS`: label, range, hint, API name), which also says which fields the page
+offers and in what order (:data:`PAGE_FIELDS`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from csd.experiments import defaults
 from csd.family import MAX_PROMPT_CHARS
 from csd.serving.pairs import EXAMPLE_PROMPTS, PairStore
 from demo.errors import refuse, short
+from demo.knobs import KNOB_CONTROLS
 from demo.limits import Limits
 
 MAX_SEED = 2**31 - 1
@@ -152,39 +154,27 @@ def radio(label: str, default, choices, field: str, info=None, advanced=False) -
     )
 
 
-# The config fields the page offers, in page order (each declares its control in csd.config).
-PAGE_FIELDS = (
-    "num_steps",
-    "gamma",
-    "prefill",
-    "cfg_scale",
-    "cfg_schedule",
-    "temperature",
-    "align",
-    "criterion",
-    "tau_v",
-    "trajectory_term",
-    "resample_widening",
-    "max_tries",
-)
+# The config fields the page offers, in page order (each with its control in demo.knobs).
+PAGE_FIELDS = tuple(KNOB_CONTROLS)
 CONFIGS = {"sampling": (SamplingConfig, defaults.SAMPLING), "csd": (CSDConfig, defaults.CSD)}
 
 
 def offered_knobs() -> dict[str, tuple[str, Knob]]:
-    """Every knob that declares an app control: field -> (its config's name, the knob)."""
-    return {f: (config, k) for config, (cls, _) in CONFIGS.items() for f, k in knobs(cls).items() if k.control}
+    """Every knob the app offers a control of (:data:`demo.knobs.KNOB_CONTROLS`): field -> (its config's
+    name, the knob), in the configs' field order."""
+    return {f: (config, k) for config, (cls, _) in CONFIGS.items() for f, k in knobs(cls).items() if f in KNOB_CONTROLS}
 
 
 def control_name(field: str) -> str:
     """The control (the API's keyword) of a config field."""
-    return offered_knobs()[field][1].control.name or field
+    return KNOB_CONTROLS[field].name or field
 
 
 def knob_control(field: str, limit: float | None = None) -> Control:
     """The control of a config field, from its knob: a checkbox, radio buttons or a slider over the control's
     range (``limit``: the top of a range the knob leaves to the server), at the default setting's value."""
     config, k = offered_knobs()[field]
-    c, default = k.control, getattr(CONFIGS[config][1], field)
+    c, default = KNOB_CONTROLS[field], getattr(CONFIGS[config][1], field)
     where, info = f"{config}.{field}", c.info or None
     if k.kind == "bool":
         return Control(c.label, gr.Checkbox, default, {}, where, c.advanced)

@@ -33,6 +33,7 @@ chain() {  # <name>_stage1.log.jsonl+...+<name>.log.jsonl
 python -m visualize.training_curves "$(chain shapes_target)" "$(chain shapes_draft)" --out "$M/training_curves.png"
 
 echo "== benchmark"
+python -m csd.serving.catalog  # docs/families.json: how the tables below name each family and its docs blocks
 python -m csd.experiments.bench --quick --n 200 --threads 1 --gammas 1 2 4 8 --quality-gammas 1 2 4 --out bench/results
 python -m visualize.report bench/results/bench.json  # the tables into docs/results.md and the README's headline
 # the frontier at batch 1 and 8 in one run (dense grid; about an hour here)

@@ -91,10 +91,10 @@ def save_tiny_pixel_pair(folder, seed: int = 0) -> tuple[str, str]:
 
 
 def pair_name(family: str, kind: str) -> str:
-    """The name of a family's pair of one kind ("embedded", "official", "random"), from its row."""
-    from csd.models.registry import FAMILIES
+    """The name of a family's pair of one kind ("embedded", "official", "random"), from its catalog entry."""
+    from csd.serving.catalog import entry_of
 
-    return next(p.name for p in FAMILIES[family].pairs if p.kind == kind)
+    return next(p.name for p in entry_of(family).pairs if p.kind == kind)
 
 
 def save_tiny_text_pair(folder) -> tuple[str, str]:

@@ -1,7 +1,7 @@
 """Benchmark results into the repository: each result's tables (Markdown, :mod:`visualize.tables` and
 :mod:`visualize.decisions`) and each frontier's charts beside its JSON, each benchmark's tables into
-docs/results.md and its headline into the README (the blocks of its family's row: ``bench`` / ``headline``
-for the class pair, ``text-bench`` / ``xar-headline`` ... for the others, :class:`csd.models.spec.ResultsDocs`).
+docs/results.md and its headline into the README (the blocks its family's record in docs/families.json names:
+``bench`` / ``headline`` for the class pair, ``text-bench`` / ``xar-headline`` ... for the others).
 A decision (``csd.experiments.decide``) gets its table beside it, and the decisions named together their
 summary on stdout, for the README.
 
@@ -79,9 +79,9 @@ def update_docs(result: dict, root: Path = ROOT) -> None:
 
 def committed_frontiers(root: Path = ROOT) -> list[dict]:
     """Every committed frontier (bench/results/**/frontier_b<batch>.json), in the README's order: by its
-    family's rank (:class:`csd.models.spec.ResultsDocs`), then batch."""
+    family's rank (its record's ``docs``), then batch."""
     results = [json.loads(p.read_text()) for p in sorted((root / "bench" / "results").rglob("frontier_b*.json"))]
-    rank = lambda r: (docs.rank if (docs := family_docs(r)) is not None else 99, int(r["batch"]))
+    rank = lambda r: (docs["rank"] if (docs := family_docs(r)) is not None else 99, int(r["batch"]))
     return sorted(results, key=rank)
 
 

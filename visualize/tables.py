@@ -1,43 +1,57 @@
 """A result's Markdown tables: a benchmark's (bench.md, the README's headline), a frontier's with its verdict,
-the verdicts of every family side by side, and a prompt-following run's. Families are named by their rows
-(:class:`csd.models.spec.ResultsDocs`); :mod:`visualize.report` writes the tables beside their results and
-pastes them into the docs, :mod:`visualize.decisions` makes a decision's."""
+the verdicts of every family side by side, and a prompt-following run's. Families are named by their plain
+records (docs/families.json, written from :mod:`csd.serving.catalog`; a caller may pass its own
+``families``); :mod:`visualize.report` writes the tables beside their results and pastes them into the docs,
+:mod:`visualize.decisions` makes a decision's."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from functools import partial
+import json
+from collections.abc import Mapping, Sequence
+from functools import cache, partial
+from pathlib import Path
 
-from csd.models.spec import Family, ResultsDocs
 from csd.records.verdict import METRICS, result_metrics, verdict, verdict_line
 
-
-def family_row(name: str | None) -> Family | None:
-    """The row of the family a result names (its traits' name, or its arch); None for none or an unknown one."""
-    from csd.models.registry import family_named  # here, not at the top: a table needs no model until it asks
-
-    return family_named(name)
+FAMILIES_FILE = Path(__file__).resolve().parents[1] / "docs" / "families.json"
 
 
-def family_docs(result: dict) -> ResultsDocs | None:
+@cache
+def committed_families() -> dict[str, dict]:
+    """The families' records as committed (docs/families.json), by the name results record a family by."""
+    return json.loads(FAMILIES_FILE.read_text())
+
+
+def family_record(name: str | None, families: Mapping[str, dict] | None = None) -> dict | None:
+    """The record of the family a result names (its traits' name, or its arch): ``arch``, ``cheap_knob``
+    (what its cheap baseline cuts), ``head_name`` (what its head's steps are called) and ``docs`` (where it
+    stands in the docs, or None); None for none or an unknown one. ``families``: the records (default: the
+    committed ones)."""
+    families = committed_families() if families is None else families
+    if name is None:
+        return None
+    return families.get(name) or next((r for r in families.values() if r.get("arch") == name), None)
+
+
+def family_docs(result: dict, families: Mapping[str, dict] | None = None) -> dict | None:
     """Where the family of a result (a frontier's ``family``, a benchmark's ``settings.family``) stands in the
-    docs; None for a result that predates the family's record, or a family that stands nowhere."""
-    row = family_row(result.get("family") or result.get("settings", {}).get("family"))
-    return row.docs if row is not None else None
+    docs (``label``, ``prefix``, ``rank``); None for a result that predates the family's record, or a family
+    that stands nowhere."""
+    record = family_record(result.get("family") or result.get("settings", {}).get("family"), families)
+    return record.get("docs") if record is not None else None
 
 
-def family_label(name: str | None, unknown: str = "?") -> str:
-    """How the docs' tables name a family's row: its :class:`~csd.models.spec.ResultsDocs` label, else
-    ``unknown``."""
-    docs = family_docs({"family": name})
-    return docs.label if docs is not None else unknown
+def family_label(name: str | None, unknown: str = "?", families: Mapping[str, dict] | None = None) -> str:
+    """How the docs' tables name a family's row: its docs label, else ``unknown``."""
+    docs = family_docs({"family": name}, families)
+    return docs["label"] if docs is not None else unknown
 
 
-def docs_prefix(result: dict) -> str:
+def docs_prefix(result: dict, families: Mapping[str, dict] | None = None) -> str:
     """The prefix of a result's docs blocks: its family's or, for a result that predates the family's record,
     the text pair's ("text-") where it scored colours, else the class pair's ("")."""
-    docs = family_docs(result)
-    return docs.prefix if docs is not None else "text-" if _colours(result) else ""
+    docs = family_docs(result, families)
+    return docs["prefix"] if docs is not None else "text-" if _colours(result) else ""
 
 
 # --- a benchmark's tables -----------------------------------------------------------------------------
@@ -47,10 +61,10 @@ def _f(v: float, digits: int = 2) -> str:
     return "nan" if v != v else f"{v:.{digits}f}"
 
 
-def bench_markdown(result: dict) -> str:
+def bench_markdown(result: dict, families: Mapping[str, dict] | None = None) -> str:
     """A benchmark's tables (bench.md): the speed-up grid, quality per sampler and per draft length,
-    alignment, where the time goes."""
-    tables = (_speedup_table, _quality_table, _gamma_table, _alignment_table, _time_table)
+    alignment, where the time goes (``families``: as :func:`family_record` takes them)."""
+    tables = (_speedup_table, partial(_quality_table, families=families), _gamma_table, _alignment_table, _time_table)
     return "\n".join(line for table in tables for line in table(result)) + "\n"
 
 
@@ -80,7 +94,7 @@ def _speedup_table(result: dict) -> list[str]:
     ]
 
 
-def _quality_table(result: dict) -> list[str]:
+def _quality_table(result: dict, families: Mapping[str, dict] | None = None) -> list[str]:
     s, n = result["settings"], result["settings"]["bench"]["n"]
     lines = [
         "",
@@ -94,7 +108,7 @@ def _quality_table(result: dict) -> list[str]:
         ("target", "target only", 1.0),
         ("csd", "CSD", 1.0 / result["speedup"]),
         ("csd_unaligned", "CSD without alignment", float("nan")),
-        ("fewer", f"target, {_fewer(result)}", result["fewer_steps_time"]),
+        ("fewer", f"target, {_fewer(result, families)}", result["fewer_steps_time"]),
         ("draft", "draft only", result["draft_time"]),
     ):
         acc, fd = result[f"accuracy_{key}"], result[f"fd_{key}"]
@@ -153,16 +167,15 @@ def _time_table(result: dict) -> list[str]:
     ] + [f"| {k} | {_f(100 * v, 1)}% |" for k, v in cost["fractions_of_csd_time"].items()]
 
 
-def _fewer(result: dict) -> str:
+def _fewer(result: dict, families: Mapping[str, dict] | None = None) -> str:
     """The cheap baseline at the headline gamma: what the family's cheap baseline cuts
     (:attr:`csd.family.FamilyTraits.cheap_knob`): AR steps, or where they are fixed (xAR, one per cell) its
-    head's steps, named as its row names them ("flow")."""
+    head's steps, named as its record names them ("flow")."""
     s = result["settings"]
     row = next(r for r in result["rows"] if r["batch"] == s["default_batch"] and r["gamma"] == s["csd"]["gamma"])
-    family = family_row(s.get("family"))  # None for the results that predate the family's record
-    if family is not None and family.shared_traits().cheap_knob == "head_steps":
-        head = family.paper.head_name if family.paper else "head"
-        return f"{row.get('fewer_head_steps', '?')} {head} steps"
+    family = family_record(s.get("family"), families)  # None for the results that predate the family's record
+    if family is not None and family["cheap_knob"] == "head_steps":
+        return f"{row.get('fewer_head_steps', '?')} {family['head_name']} steps"
     return f"{row['target_passes']} AR steps"
 
 
@@ -191,9 +204,10 @@ def _prompt_cells(result: dict, key: str) -> str:
     return "".join(f" {_f(result[f'{k}_{key}'], 3)} |" for k in _prompt_scores(result))
 
 
-def headline_markdown(result: dict) -> str:
+def headline_markdown(result: dict, families: Mapping[str, dict] | None = None) -> str:
     """The README's table: every sampler of the quality section at the default batch, time as a speed-up
-    (and the colour accuracy of what the prompts asked, for a text pair)."""
+    (and the colour accuracy of what the prompts asked, for a text pair). ``families``: as
+    :func:`family_record` takes them."""
     s = result["settings"]
     colour = partial(_prompt_cells, result)
     header, rule = _prompt_header(result)
@@ -221,13 +235,13 @@ def headline_markdown(result: dict) -> str:
             f"| {_f(q['accuracy'], 3)} |{q.get('colour', ' |' * len(_prompt_scores(result)))} {_f(q['fd'], 1)} |"
         )
     lines += [
-        f"| target, {_fewer(result)} | {_f(1 / result['fewer_steps_time'])}x "
+        f"| target, {_fewer(result, families)} | {_f(1 / result['fewer_steps_time'])}x "
         f"| {main_row['target_passes']} | | {_f(result['accuracy_fewer'], 3)} |{colour('fewer')} "
         f"{_f(result['fd_fewer'], 1)} |",
         f"| draft only | {_f(1 / result['draft_time'])}x | 0 | | {_f(result['accuracy_draft'], 3)} |"
         f"{colour('draft')} {_f(result['fd_draft'], 1)} |",
     ]
-    if docs_prefix(result):  # the text and xAR pairs' blocks also say what the speed-up is measured against
+    if docs_prefix(result, families):  # the text and xAR pairs' blocks also say what the speed-up is measured against
         lines += [
             "",
             f"Cost-model bound of the same run: {_f(result['speedup_bound'])}x; acceptance with alignment "
@@ -258,19 +272,20 @@ def verdict_cell(result: dict) -> str:
     )
 
 
-def verdict_table(results: Sequence[dict]) -> str:
-    """Markdown: one row per family, one column per batch, each cell :func:`verdict_cell`."""
-    families = list(dict.fromkeys(r.get("family", "?") for r in results))
+def verdict_table(results: Sequence[dict], families: Mapping[str, dict] | None = None) -> str:
+    """Markdown: one row per family, one column per batch, each cell :func:`verdict_cell` (``families``: as
+    :func:`family_record` takes them)."""
+    named = list(dict.fromkeys(r.get("family", "?") for r in results))
     batches = sorted({int(r["batch"]) for r in results})
     regime = {1: "latency", 8: "throughput"}
     heads = [f"batch {b}" + (f" ({regime[b]})" if b in regime else "") for b in batches]
     lines = ["| family | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(batches)]
-    for fam in families:
+    for fam in named:
         cells = []
         for b in batches:
             mine = [r for r in results if r.get("family", "?") == fam and int(r["batch"]) == b]
             cells.append(verdict_cell(mine[0]) if mine else "not measured")
-        label = family_label(fam, fam)
+        label = family_label(fam, fam, families)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

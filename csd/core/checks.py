@@ -7,7 +7,7 @@ import math
 
 class SettingError(ValueError):
     """A bad setting: the message names it and its valid values, ``field`` is the config field it is about
-    (so the app can show it beside that field's control)."""
+    (so a caller can point at whatever sets that field)."""
 
     def __init__(self, message: str, field: str):
         super().__init__(message)

@@ -1,10 +1,10 @@
 """The model families, registered in one table, and the project's own model files.
 
 :data:`FAMILIES` has one row per family (:class:`csd.models.spec.Family`): its network, config and
-presets, its traits, how its files are built, its official checkpoints, its pairs and how it runs at the
-published sizes. Nothing outside ``csd/models/`` needs to know which family a model belongs to: it reads
-the model's ``traits`` and its family's row. :func:`register` adds a row (a family defined elsewhere, e.g.
-in the tests), :func:`unregister` removes it.
+presets, its traits, how its files are built and its official checkpoints (its pairs, paper settings and
+docs pages are its entry in :data:`csd.serving.catalog.CATALOG`). Nothing outside ``csd/models/``
+needs to know which family a model belongs to: it reads the model's ``traits`` and its family's row.
+:func:`register` adds a row (a family defined elsewhere, e.g. in the tests), :func:`unregister` removes it.
 
 A project file is ``name.safetensors`` (weights) + ``name.json``: ``{"arch": "mar", "config":
 MARConfig.to_dict(), ...}`` (a text family adds its tokenizer); anything else in it (how the model

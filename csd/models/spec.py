@@ -1,11 +1,12 @@
 """What a model family registers (:data:`csd.models.registry.FAMILIES`, one row each), and the config
 (de)serialisation every family's config shares.
 
-A row names the family's network class, its config class and named presets, how its project files are
-built and written, where its official checkpoints live and how they load, the pairs it offers
-(:class:`PairSpec`: embedded, official, untrained) and how it runs at the published sizes
-(:class:`PaperScale`). Adding a family is one folder under ``csd/models/`` (network, adapter, official
-loader) and one row; nothing outside the row names it.
+A row holds what a model needs to load and run: the family's network class, its config class and named
+presets, how its project files are built and written, where its official checkpoints live and how they
+load. How a family runs at the published sizes (:class:`PaperScale`, with its :class:`CostShape`) is
+described here and built in the family's ``paper.py``; which pairs it offers, which paper settings and which
+docs pages go with it is experiment metadata, its entry in :data:`csd.serving.catalog.CATALOG`. Adding a
+family is one folder under ``csd/models/`` (network, adapter, official loader), one row and one entry.
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from csd.core.checks import check_choice
 from csd.family import FamilyTraits
 
-PAIR_KINDS = ("embedded", "official", "random")
 # --tiny paper-scale configs: widths by size name (depth 1, a 4 x 4 token grid), shared by every family.
 TINY_WIDTHS = {"huge": 64, "large": 48, "base": 32}
 
@@ -41,39 +40,6 @@ class SerialConfig:
             raise ValueError(f"unknown {cls.__name__} fields: {unknown}")
         inner = {k: kind.from_dict(data[k]) for k, kind in cls.nested.items() if k in data}
         return cls(**{**data, **inner})
-
-
-@dataclass(frozen=True)
-class PairSpec:
-    """A target/draft pair a family offers: its name (as the app lists it), the family's ``arch``, the
-    target's and the draft's names, and its kind:
-
-    * "embedded": project files ``<target>.safetensors`` / ``<draft>.safetensors`` in ``assets/models``;
-    * "official": presets loaded from official checkpoints (the app) or built at the published sizes
-      (:mod:`csd.experiments.paper_scale`): ``key`` says which of the paper's pairs ("H/B": the huge target,
-      "L/B": the large one, both drafted by the base model), ``paper_name`` is its name in the paper-scale
-      report, ``published`` the paper's speed-ups, ``prompts`` a text pair's example prompts;
-    * "random": untrained presets, for tests and for a server with nothing installed.
-    """
-
-    name: str
-    family: str
-    target: str
-    draft: str
-    kind: str
-    key: str = ""
-    paper_name: str = ""
-    published: str = ""
-    prompts: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        check_choice("PairSpec.kind", self.kind, PAIR_KINDS)
-
-    @property
-    def tag(self) -> str:
-        """How an untrained pair's weights are recorded (with their seed): its name without "(untrained)",
-        hyphenated ("random xAR (untrained)" -> "random-xar")."""
-        return self.name.removesuffix(" (untrained)").lower().replace(" ", "-")
 
 
 @dataclass(frozen=True)
@@ -163,17 +129,6 @@ class PaperScale:
 
 
 @dataclass(frozen=True)
-class ResultsDocs:
-    """Where a family's embedded pair stands in the results pages (:mod:`visualize.report`): ``label`` names
-    its rows in their tables, ``prefix`` its blocks in docs/results.md and the README (``<prefix>bench``,
-    ``<prefix>headline``, ``<prefix>frontier-b<batch>``), ``rank`` its place among the families' rows."""
-
-    label: str
-    prefix: str
-    rank: int
-
-
-@dataclass(frozen=True)
 class Family:
     """One row of the family table.
 
@@ -185,9 +140,9 @@ class Family:
     official_files: a config name -> its official checkpoint files, relative to a checkpoint directory;
     load_official: ``(checkpoint_dir, config_name, target=None) -> model`` from those files (``target``:
     the model a draft is loaded for, when the family matches a draft's sampler to its target's).
-    pairs: the pairs it offers (:class:`PairSpec`; the conformance test needs its "random" one). paper: how
-    it runs at the published sizes (:class:`PaperScale`; None: not timed there). docs: where its embedded
-    pair's results stand in the docs (:class:`ResultsDocs`; None: nowhere).
+
+    What the experiments know of a family beside (its pairs, how it runs at the published sizes, where its
+    results stand in the docs) is its entry in :data:`csd.serving.catalog.CATALOG`.
     """
 
     arch: str
@@ -199,14 +154,6 @@ class Family:
     entries: Callable[[nn.Module], dict] = field(default=lambda model: {})
     official_files: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     load_official: Callable[..., nn.Module] | None = None
-    pairs: tuple[PairSpec, ...] = ()
-    paper: PaperScale | None = None
-    docs: ResultsDocs | None = None
-
-    def __post_init__(self) -> None:
-        for pair in self.pairs:
-            if pair.family != self.arch:
-                raise ValueError(f"pair {pair.name!r} of family {self.arch!r} names family {pair.family!r}")
 
     def shared_traits(self) -> FamilyTraits:
         """The traits of the family's first preset: what every model of the family shares (its name, its

@@ -1,2 +1,3 @@
-"""Serving model pairs: where each pair is, loading it once, decoding its tokens to images, and long runs
-that report progress per AR step and stop between two steps."""
+"""Serving model pairs: which pairs, papers and docs pages go with each family (the catalog), where each
+pair is, loading it once, decoding its tokens to images, and long runs that report progress per AR step
+and stop between two steps."""

@@ -1,6 +1,7 @@
 """Target/draft model pairs: where they are on disk, loading them once, and decoding their tokens.
 
-Every pair is a :class:`~csd.models.spec.PairSpec` in its family's row (:data:`csd.models.registry.FAMILIES`):
+Every pair is a :class:`~csd.serving.catalog.PairSpec` in its family's catalog entry
+(:data:`csd.serving.catalog.CATALOG`):
 
 * embedded pairs in ``assets/models`` (the class-conditional MAR pair on pixel patches, the text pair in
   the Harmon layout, the xAR pair on cells of pixel patches): offered where both files exist;
@@ -9,7 +10,7 @@ Every pair is a :class:`~csd.models.spec.PairSpec` in its family's row (:data:`c
   ``official.py``) and the KL-16 tokenizer ``vae/kl16.ckpt``;
 * small random (untrained) pairs of each family, for tests and when nothing else is installed.
 
-Nothing here knows a family: the registry builds and loads models, the rows list the pairs, and each
+Nothing here knows a family: the registry builds and loads models, the catalog lists the pairs, and each
 model's ``traits`` and ``token_layout`` say what a pair needs. Loaded models are shared read-only between
 requests: eval mode, no gradients, never mutated.
 """
@@ -31,10 +32,10 @@ from csd.family import FamilyTraits
 from csd.models import vae
 from csd.models.checkpoint import file_digest
 from csd.models.registry import FAMILIES, load_model, preset, read_traits
-from csd.models.spec import PairSpec
 from csd.models.tokenizer import LatentTokenizer, pixel_tokenizer, to_uint8
 from csd.run_setup import check_pair
 from csd.sampling import generate
+from csd.serving.catalog import PairSpec, pair_specs
 from csd.shapes.data import CLASS_NAMES
 from csd.shapes.text import TEXT_CONFIGS, caption_tokenizer
 
@@ -57,17 +58,12 @@ EXAMPLE_PROMPTS = (
 IMAGENET_NAMES = tuple(f"imagenet {i}" for i in range(1000))  # ids; names are not shipped
 
 
-def pair_specs(kind: str) -> list[PairSpec]:
-    """Every registered family's pairs of one kind ("embedded", "official", "random"), in the table's order."""
-    return [pair for family in FAMILIES.values() for pair in family.pairs if pair.kind == kind]
-
-
 def random_spec(family: str | None = None) -> PairSpec:
     """The untrained pair of a family (by its arch; None: the table's first family)."""
     arch = family or next(iter(FAMILIES))
     spec = next((p for p in pair_specs("random") if p.family == arch), None)
     if spec is None:
-        raise ValueError(f"family {arch!r} has no untrained pair (a PairSpec of kind 'random' in its row)")
+        raise ValueError(f"family {arch!r} has no untrained pair (a PairSpec of kind 'random' in its catalog entry)")
     return spec
 
 

@@ -1,6 +1,7 @@
 """Conformance: every registered model family (csd.models.registry.FAMILIES) and every family defined in the
 tests (tests/families/) behaves as the samplers assume, checked on its untrained pair (the "random" PairSpec
-of its row). A family added to the table without an untrained pair fails here by name. What is a matter of
+of its catalog entry, csd.serving.catalog). A family added to the table without an untrained pair fails
+here by name. What is a matter of
 logic (batch invariance, verification, round trips) is compared in float64, the exact reference, on every CPU
 (tests/helpers.py); float32 runs within the float32 rounding measured under other kernels."""
 
@@ -18,6 +19,7 @@ from csd.core.precision import at_precision, weights_dtype
 from csd.decoding import commit
 from csd.models.registry import FAMILIES, family_of, load_model, save_model
 from csd.sampling import generate
+from csd.serving.catalog import entry_of
 from csd.serving.pairs import random_spec, random_spec_pair
 from csd.speculative import speculative_generate
 from csd.trace import Maker
@@ -32,9 +34,9 @@ TEST_FAMILIES = defined_families()
 def family_pair(request):
     """A family's untrained pair, the family registered while its tests run (a test family only then)."""
     arch = request.param
-    with registered(TEST_FAMILIES[arch]) if arch in TEST_FAMILIES else contextlib.nullcontext():
-        kinds = [p.kind for p in FAMILIES[arch].pairs]
-        assert "random" in kinds, f"family {arch!r} has no untrained pair (a PairSpec of kind 'random' in its row)"
+    with registered(*TEST_FAMILIES[arch]) if arch in TEST_FAMILIES else contextlib.nullcontext():
+        kinds = [p.kind for p in entry_of(arch).pairs]
+        assert "random" in kinds, f"family {arch!r} has no untrained pair (a PairSpec of kind 'random' in its entry)"
         yield arch, random_spec_pair(random_spec(arch))
 
 

@@ -1,24 +1,27 @@
 """Settings are declared once, beside their fields (csd.config.Knob): every field of the sampler configs has
-a declaration, every declaration makes a flag of the tools (csd.cli) and, where it declares one, a control
-of the app; a bad value is an error that names its field, and the app shows it on that field's control."""
+a declaration, every declaration makes a flag of the tools (csd.cli) and, where the app declares one by the
+field's name (demo.knobs), a control of the app; a bad value is an error that names its field, and the app
+shows it on that field's control."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 import gradio as gr
 import pytest
 import torch
 
 from csd.cli import add_machine_flags, flag_groups, start_up
-from csd.config import CSDConfig, SamplingConfig, knobs
+from csd.config import CSDConfig, Knob, SamplingConfig, knobs
 from csd.core.checks import SettingError
 from csd.experiments import defaults
 from csd.experiments.evaluate import add_setting_args, settings_from_args
 from csd.family import FamilyTraits
 from csd.run_setup import check_settings
 from demo.controls import PAGE_FIELDS, control_name, knob_control, offered_knobs, preset_controls
+from demo.knobs import KNOB_CONTROLS, AppControl, unknown_fields
 from demo.requests import library_errors
 
 CONFIGS = (SamplingConfig, CSDConfig)
@@ -142,6 +145,81 @@ def test_the_app_shows_a_library_error_on_the_control_of_its_field(make, control
 def test_the_app_offers_exactly_the_knobs_that_declare_a_control_in_page_order():
     assert sorted(PAGE_FIELDS) == sorted(offered_knobs())
     assert [control_name(f) for f in PAGE_FIELDS][:2] == ["ar_steps", "gamma"]  # the API's keywords
+
+
+# Every knob the app offers, as it offers it: label, range, step, hint, advanced, the API's keyword.
+OFFERED = {
+    "num_steps": ("AR steps", 1, None, 1, "", False, "ar_steps"),
+    "gamma": ("Draft length gamma", 1, 32, 1, "AR steps per target pass", False, ""),
+    "prefill": ("Pre-fill ratio", 0.0, 0.5, 0.01, "fraction of tokens the target makes before drafting", False, ""),
+    "cfg_scale": ("CFG scale", 1.0, 10.0, 0.1, "", False, ""),
+    "cfg_schedule": ("CFG schedule", None, None, None, "", False, ""),
+    "temperature": ("Temperature", 0.1, 2.0, 0.05, "", False, ""),
+    "align": ("Trajectory alignment (shared noise)", None, None, None, "", False, ""),
+    "criterion": (
+        "Acceptance criterion",
+        None,
+        None,
+        None,
+        "aligned: the paper's approximation; exact: path-space reference; published: what the published code "
+        "computes (products of densities in float32, a token never accepted left at zero)",
+        False,
+        "",
+    ),
+    "tau_v": ("Verification widening tau_v", 1.0, 100.0, 0.5, "", True, ""),
+    "trajectory_term": (
+        "Trajectory term",
+        None,
+        None,
+        None,
+        "derived sign, published sign, or none (final-step term only)",
+        True,
+        "",
+    ),
+    "resample_widening": (
+        "Resample widening",
+        1.0,
+        100.0,
+        0.5,
+        "equal to tau_v makes test and resampling self-consistent",
+        True,
+        "",
+    ),
+    "max_tries": ("Resampler cap", 1, 1000, 1, "", True, ""),
+}
+
+
+def test_every_app_control_names_a_knob_and_every_offered_knob_keeps_its_control():
+    """The app declares its controls by field name (demo.knobs): each names a knob of the configs, and the
+    page offers each of these knobs, in this order, exactly so (an int step stays an int: integers only)."""
+    assert unknown_fields(KNOB_CONTROLS) == []
+    assert unknown_fields({"num_steps": AppControl("AR steps"), "nonesuch": AppControl("?")}) == ["nonesuch"]
+    every = {f: k for c in CONFIGS for f, k in knobs(c).items()}
+    assert all(field in every for field in KNOB_CONTROLS)
+    assert list(KNOB_CONTROLS) == list(PAGE_FIELDS) == list(OFFERED)
+    for field, c in KNOB_CONTROLS.items():
+        assert (c.label, c.lo, c.hi, c.step, c.info, c.advanced, c.name) == OFFERED[field], field
+        assert type(c.step) is type(OFFERED[field][3]), field
+        assert control_name(field) == (c.name or field)
+
+
+def test_each_control_is_made_from_its_knob_and_its_app_declaration():
+    made = {f: knob_control(f, 64) for f in PAGE_FIELDS}
+    assert made["num_steps"].kind is gr.Slider and made["num_steps"].options == {"minimum": 1, "maximum": 64} | {
+        "step": 1,
+        "precision": 0,
+    }
+    assert made["prefill"].options["step"] == 0.01 and made["prefill"].field == "csd.prefill"
+    assert made["align"].kind is gr.Checkbox
+    assert made["criterion"].options["choices"] == list(knobs(CSDConfig)["criterion"].choices)
+    assert [f for f, c in made.items() if c.advanced] == ["tau_v", "trajectory_term", "resample_widening", "max_tries"]
+
+
+def test_the_library_declares_no_app_control():
+    """The knobs say what a setting is; how the app shows it is the app's (demo.knobs)."""
+    root = Path(__file__).resolve().parents[1] / "csd"
+    assert "control" not in {f.name for f in dataclasses.fields(Knob)}
+    assert not [str(p) for p in sorted(root.rglob("*.py")) if "AppControl" in p.read_text()]
 
 
 def test_the_presets_are_one_table_of_named_settings_and_the_defaults_repeat_no_dataclass_default():

@@ -1,6 +1,6 @@
-"""The fourth family (tests/families/toy.py), registered by its row alone, runs through every tool: the two
-samplers, evaluate, bench --quick, paper_scale --tiny and the app's pair list. Nothing outside its module
-names it; it is in the table only while these tests run."""
+"""The fourth family (tests/families/toy.py), registered by its row and its catalog entry alone, runs through
+every tool: the two samplers, evaluate, bench --quick, paper_scale --tiny and the app's pair list. Nothing
+outside its module names it; it is in the table only while these tests run."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ from csd.experiments import bench, evaluate
 from csd.experiments.paper_scale import command as paper_scale
 from csd.models.registry import FAMILIES, save_model
 from csd.records.cost import csd_passes, prefill_steps
+from csd.serving.catalog import CATALOG, report_records
 from csd.serving.pairs import PairStore, discover, random_pair
 from demo.application import App
 from demo.limits import Limits
 from demo.tabs.generate import compare
 from tests.families import registered
-from tests.families.toy import FAMILY
+from tests.families.toy import ENTRY, FAMILY
 from tests.helpers import assert_same64, sampling64
 from visualize.tables import headline_markdown
 
@@ -29,7 +30,7 @@ SAMPLING64 = sampling64(num_steps=16, cfg_scale=2.0, head_steps=4)  # one AR ste
 @pytest.fixture(scope="module")
 def toy():
     """The toy family's row in the table, and its untrained pair."""
-    with registered(FAMILY):
+    with registered(FAMILY, ENTRY):
         yield random_pair(family="toy")
 
 
@@ -41,8 +42,8 @@ def toy_files(toy, tmp_path_factory):
 
 
 def test_it_is_registered_only_while_its_tests_run(toy):
-    assert FAMILIES["toy"] is FAMILY and toy.target.traits.family == "Toy"
-    assert toy.weights == "random-toy:0"  # the untrained pair's tag, from its row's name
+    assert FAMILIES["toy"] is FAMILY and CATALOG["toy"] is ENTRY and toy.target.traits.family == "Toy"
+    assert toy.weights == "random-toy:0"  # the untrained pair's tag, from its pair's name
 
 
 @pytest.mark.kernels
@@ -73,7 +74,9 @@ def test_evaluate_scores_its_images(toy_files, tmp_path, restore_threads):
 
 def test_bench_quick_cuts_its_head_steps_for_the_cheap_baseline(toy_files, tmp_path, restore_threads):
     """Its AR steps are fixed (one per token), so the cheap baseline keeps them and cuts the head's steps,
-    as the family's traits say (FamilyTraits.cheap_knob); the report names them from its row."""
+    as the family's traits say (FamilyTraits.cheap_knob); the report names them from its record, which the
+    caller passes while the family is registered (the committed records, docs/families.json, hold only the
+    registered families)."""
     _, target, draft = toy_files
     args = ["--quick", "--target", target, "--draft", draft, "--out", str(tmp_path), "--threads", "1"]
     args += ["--n", "4", "--n-ref", "20", "--repeats", "1", "--batches", "2", "--gammas", "4"]
@@ -82,7 +85,7 @@ def test_bench_quick_cuts_its_head_steps_for_the_cheap_baseline(toy_files, tmp_p
     passes = csd_passes(16, SamplingConfig(num_steps=16), CSDConfig(gamma=4))[0]
     assert result["settings"]["family"] == "Toy" and row["fewer_steps"] == 16
     assert row["fewer_head_steps"] == max(2, round(4 * passes / 16))
-    assert f"| target, {row['fewer_head_steps']} head steps |" in headline_markdown(result)
+    assert f"| target, {row['fewer_head_steps']} head steps |" in headline_markdown(result, report_records())
 
 
 def test_paper_scale_tiny_times_its_paper_pair(toy, tmp_path, restore_threads):

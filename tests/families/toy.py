@@ -7,9 +7,9 @@ head (:class:`csd.models.head.DiffusionHead`) turns each position's output into 
 Verifying a drafted block is one pass over the context with the drafted tokens in place: a causal model
 conditions each drafted token on those drafted before it (``verifies_in_context``).
 
-Everything the project needs of it is :data:`FAMILY`, its row: the samplers, the project files, the pairs
-(an embedded pair whose files a test writes, an untrained pair, a paper-scale pair) and how it runs at
-"paper scale". Nothing outside this module names it.
+Everything the project needs of it is :data:`FAMILY`, its row (the samplers, the project files), and
+:data:`ENTRY`, its catalog entry: the pairs (an embedded pair whose files a test writes, an untrained pair, a
+paper-scale pair) and how it runs at "paper scale". Nothing outside this module names it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from csd.core.schedule import step_cfg_scales
 from csd.family import FamilyTraits, Plan
 from csd.models.head import DiffusionHead
 from csd.models.mar import check_labels, gather_rows
-from csd.models.spec import TINY_WIDTHS, CostShape, Family, PairSpec, PaperScale, SerialConfig, stack
+from csd.models.spec import TINY_WIDTHS, CostShape, Family, PaperScale, SerialConfig, stack
+from csd.serving.catalog import Entry, PairSpec
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,8 @@ FAMILY = Family(
     config=ToyConfig,
     presets=PRESETS,
     traits=ToyConfig.traits,
+)
+ENTRY = Entry(
     pairs=(
         PairSpec("toy (embedded)", "toy", "toy_target", "toy_draft", "embedded"),
         PairSpec("Toy-L / Toy-B", "toy", "toy_large", "toy_base", "official", key="H/B", paper_name="Toy-L / Toy-B"),

@@ -152,7 +152,8 @@ def test_the_import_graph_has_no_cycles():
 
 
 def test_no_module_of_the_figures_the_app_or_the_experiments_names_a_family():
-    """Their families' names, labels and docs blocks come from the families' rows (csd.models.registry)."""
+    """Their families' names, labels and docs blocks come from the families' rows (csd.models.registry), their
+    catalog entries (csd.serving.catalog) and, for the figures, the records written from those."""
     from csd.models.registry import FAMILIES
 
     names = [f'"{family.shared_traits().family}"' for family in FAMILIES.values()]

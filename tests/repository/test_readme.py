@@ -128,16 +128,34 @@ def test_a_text_result_with_background_scores_gets_their_column():
     assert "colour accuracy" not in headline_markdown(plain) and "background" not in headline_markdown(plain)
 
 
-def test_the_docs_name_each_family_and_its_blocks_by_its_row():
+def test_the_docs_name_each_family_and_its_blocks_by_its_catalog_entry():
     from csd.models.registry import FAMILIES
+    from csd.serving.catalog import entry_of
     from visualize.tables import docs_prefix, family_label
 
-    for family in FAMILIES.values():
-        name = family.shared_traits().family
-        assert family_label(name) == family.docs.label and docs_prefix({"family": name}) == family.docs.prefix
-    assert [f.docs.label for f in sorted(FAMILIES.values(), key=lambda f: f.docs.rank)] == [
+    for arch, family in FAMILIES.items():
+        name, docs = family.shared_traits().family, entry_of(arch).docs
+        assert family_label(name) == docs.label and docs_prefix({"family": name}) == docs.prefix
+        assert family_label(arch) == docs.label  # a result may name its family by its arch too
+    assert [entry_of(a).docs.label for a in sorted(FAMILIES, key=lambda a: entry_of(a).docs.rank)] == [
         "MAR (class pair)",
         "Harmon (text pair)",
         "xAR (cells pair)",
     ]
     assert family_label("nonesuch") == "?" and family_label(None, "unnamed") == "unnamed"
+
+
+def test_the_figures_family_records_are_the_catalogs():
+    """The figures read no module of the experiments: docs/families.json is their plain record of every
+    family, written from the catalog (python -m csd.serving.catalog) and equal to it."""
+    from csd.serving.catalog import RECORDS_FILE, records_text
+    from visualize.tables import FAMILIES_FILE, committed_families
+
+    assert FAMILIES_FILE == RECORDS_FILE
+    assert RECORDS_FILE.read_text() == records_text(), "run python -m csd.serving.catalog"
+    assert committed_families()["xAR"] == {
+        "arch": "xar",
+        "cheap_knob": "head_steps",
+        "head_name": "flow",
+        "docs": {"label": "xAR (cells pair)", "prefix": "xar-", "rank": 2},
+    }

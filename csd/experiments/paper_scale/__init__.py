@@ -11,11 +11,11 @@ Harmon-0.5B), batch 1 to 256, draft length gamma 8 / 16 / 32. Without ``--checkp
 random weights at the official sizes: the timings are real (a pass costs what it costs whatever the weights),
 acceptance and image quality mean nothing, and every output says so.
 
-Every family-specific fact comes from the family's row (:class:`csd.models.spec.Family`): its paper pairs
-(the "official" :class:`~csd.models.spec.PairSpec` rows with a ``key``) and its
-:class:`~csd.models.spec.PaperScale` (published sampler, the configs built, the cost shape of the estimate;
-the sources of the published settings are in each family's ``paper.py``). The modules, in the order a run
-uses them:
+Every family-specific fact comes from the family's row (:class:`csd.models.spec.Family`) and its catalog
+entry (:class:`csd.serving.catalog.Entry`): its paper pairs (the "official"
+:class:`~csd.serving.catalog.PairSpec` rows with a ``key``) and its :class:`~csd.models.spec.PaperScale`
+(published sampler, the configs built, the cost shape of the estimate; the sources of the published settings
+are in each family's ``paper.py``). The modules, in the order a run uses them:
 
 * :mod:`.plan`: the pairs, their published samplers, the grid of batches and draft lengths, its cells;
 * :mod:`.build`: building (seeded random weights, or shrunk by ``--tiny``) or loading a pair, and its

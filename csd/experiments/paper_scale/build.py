@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from csd.models.registry import FAMILIES, build_model, family_of
-from csd.models.spec import PairSpec
+from csd.serving.catalog import PairSpec, entry_of
 
 RERANDOM_STD = 0.02  # zero-initialised layers get N(0, 0.02^2): otherwise every random head outputs zeros
 
@@ -18,7 +18,7 @@ RERANDOM_STD = 0.02  # zero-initialised layers get N(0, 0.02^2): otherwise every
 def construct(family: str, name: str, tiny: bool, changes: dict | None = None) -> nn.Module:
     """An untrained model of the named config as the run builds it (its family's ``paper.overrides``, then
     ``changes``), on the current default device (a text family's LLM needs ``transformers``)."""
-    paper = FAMILIES[family].paper
+    paper = entry_of(family).paper
     return build_model(name, meta=paper.meta(tiny), **(paper.overrides(name, tiny) | (changes or {})))
 
 
@@ -67,7 +67,7 @@ def load_pair(pair: PairSpec, device: torch.device, seed: int, tiny: bool, check
         weights = "official"
     else:
         target = random_model(pair.family, pair.target, seed, tiny)
-        draft = random_model(pair.family, pair.draft, seed + 1, tiny, row.paper.match_draft(target))
+        draft = random_model(pair.family, pair.draft, seed + 1, tiny, entry_of(pair.family).paper.match_draft(target))
         weights = f"random (seed {seed})"
     frozen = lambda m: m.to(device).eval().requires_grad_(False)
     return LoadedPair(pair, frozen(target), frozen(draft), weights)
@@ -84,7 +84,7 @@ def conditions_for(
     traits = model.traits
     if traits.conditions == "classes":
         return torch.randint(traits.num_classes, (batch,), generator=gen).tolist(), seeds
-    paper = family_of(model).paper
+    paper = entry_of(family_of(model).arch).paper
     if official:
         return [paper.prompt] * batch, seeds
     return paper.stand_in_prompts(gen, batch, prompt_tokens - 1), seeds  # + the start token

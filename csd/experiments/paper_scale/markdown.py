@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from csd.experiments.paper_scale.plan import Cell, GridConfig, paper_pairs
-from csd.models.registry import FAMILIES
 from csd.records.cost import csd_passes
+from csd.serving.catalog import entry_of
 
 RANDOM_NOTE = (
     "RANDOM WEIGHTS (seeded, {sizes}): the timings are real; acceptance, resampling work and image quality are "
@@ -54,7 +54,7 @@ def plan_text(cells: list[Cell], grid: GridConfig, est: dict, budget: float | No
     lines += [""] + [f"Skipped {name}: {why}" for name, why in est["skipped"].items()]
     prompted = {c.pair.family: c.traits.family for c in cells if c.traits.conditions == "prompts"}
     for arch, name in prompted.items():
-        p, n = FAMILIES[arch].paper.prompt_shape(grid.tiny)
+        p, n = entry_of(arch).paper.prompt_shape(grid.tiny)
         lines.append(f"{name} prompts: {p} tokens (null prompt {n}), the official template's length.")
     total = est["total_s"]
     lines.append(
@@ -120,10 +120,10 @@ def quality_table(pair: dict, fid: dict) -> list[str]:
 
 
 def pair_line(pair: dict, tiny: bool) -> str:
-    """A pair's settings, sizes and what its family's row adds (the paper's speed-ups at the official sizes)."""
+    """A pair's settings, sizes and what its family's catalog entry adds (the paper's speed-ups at the official
+    sizes)."""
     sm, params = pair["sampling"], pair["params"]
-    family = FAMILIES.get(pair["family"])
-    paper = family.paper if family is not None else None
+    paper = entry_of(pair["family"]).paper
     line = (
         f"{sm['num_steps']} AR steps, {pair['head_steps']} {paper.head_name if paper else 'head'} steps, "
         f"cfg {sm['cfg_scale']} ({sm['cfg_schedule']}); {params['target'] / 1e6:.1f}M / {params['draft'] / 1e6:.1f}M "

@@ -16,8 +16,8 @@ from csd import CSDConfig, Maker, SamplingConfig, generate, speculative_generate
 from csd.experiments.paper_scale.build import LoadedPair, conditions_for
 from csd.experiments.paper_scale.plan import Cell, GridConfig
 from csd.experiments.timing import Samples, alternate, cost_breakdown, measured_costs, ratio_spread
-from csd.models.registry import FAMILIES
 from csd.records.cost import csd_passes, speedup_bound
+from csd.serving.catalog import entry_of
 
 
 def autocast_for(sampling: SamplingConfig, device: torch.device, heads: str) -> contextlib.AbstractContextManager:
@@ -68,7 +68,7 @@ def process_peak_rss() -> int | None:
 def time_cell(loaded: LoadedPair, cell: Cell, grid: GridConfig, device: torch.device) -> list[dict]:
     """Target-only, draft-only and CSD at every gamma of a cell, interleaved: one row per gamma."""
     target, draft, sampling = loaded.target, loaded.draft, cell.sampling
-    prompt_tokens = FAMILIES[cell.pair.family].paper.prompt_shape(grid.tiny)[0]
+    prompt_tokens = entry_of(cell.pair.family).paper.prompt_shape(grid.tiny)[0]
     official = loaded.weights == "official"
     conditions, seeds = conditions_for(target, cell.batch, grid.seed, prompt_tokens, official)
     csd = {g: grid.csd(g) for g in cell.gammas}

@@ -1,5 +1,5 @@
-"""What a paper-scale run times: the paper's pairs and their published samplers (each from its family's row),
-the grid of batches and draft lengths, and its cells."""
+"""What a paper-scale run times: the paper's pairs and their published samplers (each from its family's catalog
+entry), the grid of batches and draft lengths, and its cells."""
 
 from __future__ import annotations
 
@@ -10,20 +10,20 @@ from csd.core.checks import check_choice, check_int, check_number, is_int
 from csd.core.schedule import step_sizes
 from csd.family import FamilyTraits
 from csd.models.registry import FAMILIES
-from csd.models.spec import PairSpec
 from csd.records.cost import prefill_steps
+from csd.serving.catalog import PairSpec, entry_of
 
 HEAD_MODES = ("float32", "tf32", "bfloat16")
 
 
 def paper_families() -> tuple[str, ...]:
-    """The registered families that say how they run at the published sizes (their row's ``paper``)."""
-    return tuple(arch for arch, family in FAMILIES.items() if family.paper is not None)
+    """The registered families that say how they run at the published sizes (their catalog entry's ``paper``)."""
+    return tuple(arch for arch in FAMILIES if entry_of(arch).paper is not None)
 
 
 def paper_pairs() -> list[PairSpec]:
     """Every paper pair: the official pairs of those families that name which of the paper's pairs they are."""
-    return [p for a in paper_families() for p in FAMILIES[a].pairs if p.kind == "official" and p.key]
+    return [p for a in paper_families() for p in entry_of(a).pairs if p.kind == "official" and p.key]
 
 
 def pair_keys() -> tuple[str, ...]:
@@ -33,14 +33,12 @@ def pair_keys() -> tuple[str, ...]:
 
 def model_config(family: str, name: str, tiny: bool):
     """A preset as a run builds it: the official config (with the run's changes), or shrunk under --tiny."""
-    row = FAMILIES[family]
-    return replace(row.presets[name], **row.paper.overrides(name, tiny))
+    return replace(FAMILIES[family].presets[name], **entry_of(family).paper.overrides(name, tiny))
 
 
 def sampling_for(pair: PairSpec, tiny: bool, precision: str) -> SamplingConfig:
     """The family's published sampler with the target's CFG scale (under --tiny, fewer steps)."""
-    row = FAMILIES[pair.family]
-    paper = row.paper
+    row, paper = FAMILIES[pair.family], entry_of(pair.family).paper
     steps, head = paper.tiny_steps if tiny else (paper.num_steps, paper.head_steps)
     if steps is None:  # the family's fixed AR steps (xAR: one per cell)
         steps = row.traits(model_config(pair.family, pair.target, tiny)).fixed_num_steps
@@ -128,11 +126,13 @@ def plan_cells(grid: GridConfig, precision: str) -> list[Cell]:
     (xAR: 3 cells), so each pair keeps each distinct effective gamma once."""
     cells = []
     for pair in grid.selected_pairs():
-        row = FAMILIES[pair.family]
         sampling = sampling_for(pair, grid.tiny, precision)
         config = model_config(pair.family, pair.target, grid.tiny)
-        tokens, head = row.paper.layout(config, sampling.head_steps)
+        tokens, head = entry_of(pair.family).paper.layout(config, sampling.head_steps)
         left = sampling.num_steps - prefill_steps(step_sizes(tokens, sampling.num_steps), grid.prefill)
         gammas = tuple(dict.fromkeys(min(g, max(left, 1)) for g in grid.draft_lengths))
-        cells += [Cell(pair, b, gammas, sampling, tokens, head, row.traits(config)) for b in grid.batch_sizes]
+        cells += [
+            Cell(pair, b, gammas, sampling, tokens, head, FAMILIES[pair.family].traits(config))
+            for b in grid.batch_sizes
+        ]
     return cells

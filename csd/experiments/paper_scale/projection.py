@@ -1,5 +1,5 @@
 """The dry run's run-time estimate of a paper-scale grid: per pass, max(FLOPs / sustained rate, weight bytes /
-memory bandwidth, kernels x per-kernel overhead), on each family's cost shape (its row's ``paper.cost``)."""
+memory bandwidth, kernels x per-kernel overhead), on each family's cost shape (its catalog entry's ``paper.cost``)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from csd.core.checks import check_number
 from csd.core.schedule import step_sizes
 from csd.experiments.paper_scale.build import construct
 from csd.experiments.paper_scale.plan import Cell, GridConfig
-from csd.models.registry import FAMILIES
 from csd.models.spec import CostShape
 from csd.records.cost import prefill_steps
+from csd.serving.catalog import entry_of
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def model_cost(family: str, name: str, tiny: bool, prompt: int) -> CostShape:
     """A config's :class:`CostShape`, from a meta-device build (parameters counted, nothing allocated)."""
     with torch.device("meta"):
         model = construct(family, name, tiny)
-    return FAMILIES[family].paper.cost(model, prompt)
+    return entry_of(family).paper.cost(model, prompt)
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ def estimate(cells: list[Cell], grid: GridConfig, rates: Rates) -> dict:
     costs, skipped = {}, {}
     for pair in dict.fromkeys(c.pair for c in cells):
         try:
-            prompt = FAMILIES[pair.family].paper.prompt_shape(grid.tiny)[0]
+            prompt = entry_of(pair.family).paper.prompt_shape(grid.tiny)[0]
             models = (pair.target, pair.draft)
             costs[pair.paper_name] = tuple(model_cost(pair.family, c, grid.tiny, prompt) for c in models)
         except Exception as err:  # any build failure skips the pair, named with its reason

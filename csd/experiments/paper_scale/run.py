@@ -18,8 +18,7 @@ from csd.experiments.paper_scale.build import conditions_for, load_pair
 from csd.experiments.paper_scale.markdown import QUALITY_NOTE, RANDOM_NOTE, markdown
 from csd.experiments.paper_scale.measure import time_cell
 from csd.experiments.paper_scale.plan import Cell, GridConfig
-from csd.models.registry import FAMILIES
-from csd.models.spec import PairSpec
+from csd.serving.catalog import PairSpec, entry_of
 
 DEFAULT_OUT = "bench/results/gpu"
 
@@ -55,7 +54,7 @@ def run_pair(pair: PairSpec, cells: list[Cell], ctx: RunContext, entry: dict, sa
     count = lambda m: sum(p.numel() for p in m.parameters())
     entry |= {"weights": loaded.weights, "params": {"target": count(loaded.target), "draft": count(loaded.draft)}}
     if loaded.target.traits.conditions == "prompts":  # as the model tokenises it, start token and template included
-        paper, official = FAMILIES[pair.family].paper, loaded.weights == "official"
+        paper, official = entry_of(pair.family).paper, loaded.weights == "official"
         prompts, _ = conditions_for(loaded.target, 1, ctx.grid.seed, paper.prompt_shape(ctx.grid.tiny)[0], official)
         entry["prompt_tokens"] = paper.prompt_length(loaded.target, prompts[0])
     for cell in cells:

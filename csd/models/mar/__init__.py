@@ -13,8 +13,7 @@ from csd.models.mar.network import (
     truncated_normal_ratio,
 )
 from csd.models.mar.official import OFFICIAL_FILES, from_checkpoints, load_official_mar
-from csd.models.mar.paper import PAPER
-from csd.models.spec import Family, PairSpec, ResultsDocs
+from csd.models.spec import Family
 
 FAMILY = Family(
     arch="mar",
@@ -24,33 +23,6 @@ FAMILY = Family(
     traits=MARConfig.traits,
     official_files=OFFICIAL_FILES,
     load_official=from_checkpoints,
-    pairs=(
-        PairSpec("shapes (embedded)", "mar", "shapes_target", "shapes_draft", "embedded"),
-        # Table 1 of the paper (MAR, ImageNet 256, gamma 32), as docs/DESIGN.md records it.
-        PairSpec(
-            "MAR-H / MAR-B (ImageNet)",
-            "mar",
-            "mar_huge",
-            "mar_base",
-            "official",
-            key="H/B",
-            paper_name="MAR-H / MAR-B",
-            published="1.44x at batch 1, 2.17x at 128, 2.33x at 256 (gamma 32)",
-        ),
-        PairSpec(
-            "MAR-L / MAR-B (ImageNet)",
-            "mar",
-            "mar_large",
-            "mar_base",
-            "official",
-            key="L/B",
-            paper_name="MAR-L / MAR-B",
-            published="1.18x at batch 1 to 1.49x at 256 (gamma 32)",
-        ),
-        PairSpec("random (untrained)", "mar", "random_target", "random_draft", "random"),
-    ),
-    paper=PAPER,
-    docs=ResultsDocs("MAR (class pair)", "", 0),
 )
 
 __all__ = [

@@ -3,12 +3,11 @@ official sampler as chains over cells (:mod:`.chains`), the samplers' view of it
 the official checkpoint loader (:mod:`.official`); :data:`FAMILY` is its row in
 :data:`csd.models.registry.FAMILIES`."""
 
-from csd.models.spec import Family, PairSpec, ResultsDocs
+from csd.models.spec import Family
 from csd.models.xar.adapter import XARFamily, cfg_ramp
 from csd.models.xar.chains import CellChain, CellCondition, CellFlow, JoinedCells, SelectedCells, flow_times
 from csd.models.xar.network import XAR, XAR_CONFIGS, XARConfig, block_causal_mask, cell_order, xar_config
 from csd.models.xar.official import OFFICIAL_FILES, from_checkpoints, load_official_xar
-from csd.models.xar.paper import PAPER
 
 FAMILY = Family(
     arch="xar",
@@ -18,14 +17,6 @@ FAMILY = Family(
     traits=XARConfig.traits,
     official_files=OFFICIAL_FILES,
     load_official=from_checkpoints,
-    pairs=(
-        PairSpec("shapes, next-cell flow (embedded xAR)", "xar", "shapes_xar_target", "shapes_xar_draft", "embedded"),
-        PairSpec("xAR-H / xAR-B (ImageNet)", "xar", "xar_huge", "xar_base", "official", "H/B", "xAR-H / xAR-B"),
-        PairSpec("xAR-L / xAR-B (ImageNet)", "xar", "xar_large", "xar_base", "official", "L/B", "xAR-L / xAR-B"),
-        PairSpec("random xAR (untrained)", "xar", "random_xar_target", "random_xar_draft", "random"),
-    ),
-    paper=PAPER,
-    docs=ResultsDocs("xAR (cells pair)", "xar-", 2),
 )
 
 __all__ = [
