@@ -11,9 +11,9 @@ import pkgutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from csd.experiments import catalog
 from csd.models.registry import register, unregister
 from csd.models.spec import Family
+from csd.serving import catalog
 from csd.serving.catalog import Entry
 
 
