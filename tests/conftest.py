@@ -1,5 +1,7 @@
 """Fixtures shared by the test modules."""
 
+import os
+
 import pytest
 import torch
 
@@ -9,7 +11,9 @@ from tests import kernels
 
 
 def pytest_configure(config):
-    kernels.apply()  # CSD_TEST_KERNELS: the perturbations tests/test_cpu_capabilities.py reruns under
+    kernels.apply()  # CSD_TEST_KERNELS: the perturbations tests/repository/test_perturbations.py reruns under
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one worker per core: torch's threads would oversubscribe them
+        torch.set_num_threads(kernels.threads_for_tests())
 
 
 @pytest.fixture(scope="module")

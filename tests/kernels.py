@@ -3,7 +3,7 @@
 On another CPU the BLAS and oneDNN pick other kernels (by instruction set, and on some CPUs by matrix
 shape, so a batch of one and a batch of two round differently), and a chain of head steps amplifies the
 last bits. The suite's float-comparing tests rerun under each perturbation here
-(tests/test_cpu_capabilities.py), so a bound set on this machine is a bound that holds on others.
+(tests/repository/test_perturbations.py), so a bound set on this machine is a bound that holds on others.
 
 A perturbation is environment variables for a fresh process; ``CSD_TEST_KERNELS`` names the ones the test
 session applies itself (:func:`apply`, from tests/conftest.py):

@@ -31,7 +31,7 @@ def start(name: str, threads: int | None) -> subprocess.Popen:
     env = os.environ | kernels.PERTURBATIONS[name] | {"GRADIO_ANALYTICS_ENABLED": "False"}
     if threads is not None:
         env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "kernels", "tests"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "kernels", "tests"]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
