@@ -16,6 +16,21 @@ def pytest_configure(config):
         torch.set_num_threads(kernels.threads_for_tests())
 
 
+# The longest module: its reruns run beside every other test when it starts first.
+FIRST = ("tests/repository/test_perturbations.py",)
+LONG = ("slow", "browser")  # marks of tests that take tens of seconds
+
+
+def pytest_collection_modifyitems(items):
+    """Longest first, so the parallel run ends on short tests: the perturbation reruns, then every module with
+    a slow or browser test, then the rest; each module's tests together and in their order (each worker takes
+    whole modules, ``--dist loadfile``)."""
+    modules = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
+    slow = {item.nodeid.split("::")[0] for item in items if any(map(item.get_closest_marker, LONG))}
+    rank = {m: (m not in FIRST, m not in slow, i) for i, m in enumerate(modules)}
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for a module (two under the ``threads2`` perturbation, tests/kernels.py): tiny models

@@ -160,11 +160,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--modes", nargs="+", default=["target", "csd"], choices=["target", "csd"])
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each worker")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--num-steps", type=int, default=None, help="AR steps (default: the app's; xAR keeps its own)")
     ap.add_argument("--before", type=Path, default=None, help="an older tree to compare with (git worktree add)")
     ap.add_argument("--after", type=Path, default=ROOT, help="the tree measured (default: this one)")
     ap.add_argument("--out", type=Path, default=None, help="folder for roofline.json and roofline.md")
     args = ap.parse_args(argv)
     counts = [("--threads", args.threads), ("--repeats", args.repeats), *(("--batches", b) for b in args.batches)]
+    counts += [("--num-steps", args.num_steps)] if args.num_steps is not None else []
     for name, value in counts:
         if value < 1:
             ap.error(f"{name} must be >= 1, got {value}")
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         names = {s.family: s.name for s in pair_specs("embedded")}
         cases = [
-            {"pair": names[f], "family": f, "batch": b, "mode": m}
+            {"pair": names[f], "family": f, "batch": b, "mode": m} | ({"num_steps": n} if (n := args.num_steps) else {})
             for f in args.pairs
             for b in args.batches
             for m in args.modes

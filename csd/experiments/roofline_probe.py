@@ -220,7 +220,7 @@ class Case:
 
         self.pair = pair = store.get(case["pair"])
         traits = pair.traits
-        sampling = defaults.SAMPLING
+        sampling = replace(defaults.SAMPLING, num_steps=case.get("num_steps") or defaults.SAMPLING.num_steps)
         if traits.fixed_num_steps:
             sampling = replace(sampling, num_steps=traits.fixed_num_steps, cfg_schedule=traits.cfg_schedule)
         self.steps = sampling.num_steps

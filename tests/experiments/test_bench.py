@@ -333,6 +333,7 @@ def test_quality_gammas_must_be_positive_ints():
     assert BenchConfig(quality_gammas=()).quality_gammas == ()
 
 
+@pytest.mark.slow
 def test_quick_bench_command_runs_on_the_shipped_pair(tmp_path):
     """The README's command on the embedded models, as a user runs it (20 images, one repeat, one batch of 4)."""
     root = Path(__file__).resolve().parents[2]

@@ -50,9 +50,10 @@ def test_the_command_compares_two_trees_on_the_same_tokens(tmp_path):
     """One case, this tree against itself: both rows measured, the same flops and op calls, a bound below the
     wall time, the same tokens and decisions, and the JSON and Markdown written."""
     out = tmp_path / "roofline"
-    argv = ["--pairs", "mar", "--batches", "1", "--modes", "target", "--repeats", "1"]
+    argv = ["--pairs", "mar", "--batches", "1", "--modes", "target", "--repeats", "1", "--num-steps", "8"]
     result = roofline.main([*argv, "--before", str(roofline.ROOT), "--out", str(out)])
     (row,) = result["rows"]
+    assert row["case"]["num_steps"] == 8 and row["trees"]["after"]["ar_steps"] == 8
     before, after = row["trees"]["before"], row["trees"]["after"]
     assert before["flops"] == after["flops"] > 1e9 and before["op_calls"] == after["op_calls"]
     assert 0.0 < after["bound_s"] < after["wall_s"] and 0.0 < after["efficiency"] < 1.0
@@ -64,3 +65,5 @@ def test_the_command_compares_two_trees_on_the_same_tokens(tmp_path):
 def test_bad_counts_are_refused_by_name():
     with pytest.raises(SystemExit):
         roofline.main(["--repeats", "0"])
+    with pytest.raises(SystemExit):
+        roofline.main(["--num-steps", "0"])
