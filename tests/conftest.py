@@ -12,6 +12,10 @@ from tests import kernels
 
 def pytest_configure(config):
     kernels.apply()  # CSD_TEST_KERNELS: the perturbations tests/repository/test_perturbations.py reruns under
+    # Processes started from here on (the workers, served apps, command runs, the perturbation reruns) share
+    # the cores: an OpenMP thread that waits sleeps instead of spinning. The threads2 rerun of two modules beside
+    # a busy core took 44.6 s spinning and 16.9 s sleeping (docs/testing.md); what a thread computes is the same.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if os.environ.get("PYTEST_XDIST_WORKER"):  # one worker per core: torch's threads would oversubscribe them
         torch.set_num_threads(kernels.threads_for_tests())
 

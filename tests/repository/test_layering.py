@@ -165,3 +165,12 @@ def test_no_module_of_the_figures_the_app_or_the_experiments_names_a_family():
         if any(name in line for name in names)
     ]
     assert not found, "\n".join(found)
+
+
+def test_the_tests_are_in_folders_like_the_layers():
+    """tests/<layer>/ for each layer (``decoders`` for csd's own modules), tests/repository/ for the rules of
+    the repository; support code (helpers, the test families, data) outside them."""
+    folders = {p.parent.name for p in (ROOT / "tests").rglob("test_*.py") if p.parent != ROOT / "tests"}
+    named = {"decoders" if f == "csd" else f.rsplit(".", 1)[-1] for f in layers()}
+    assert folders == named | {"repository"}, folders ^ (named | {"repository"})
+    assert not list((ROOT / "tests").glob("test_*.py")), "a test module outside the layers' folders"
