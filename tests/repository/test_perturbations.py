@@ -51,12 +51,15 @@ def skipped(name: str) -> str | None:
 
 @pytest.fixture(scope="module")
 def reruns() -> dict[str, subprocess.CompletedProcess | str]:
-    """Every perturbation's rerun (or why it is skipped). ``threads2`` runs alone, on two threads; the others
-    then run side by side, each on one thread (a test that asks for one gets one anyway; the rest would
-    otherwise take the machine's), so they share the cores without oversubscribing them."""
+    """Every perturbation's rerun (or why it is skipped). ``threads2`` runs first, on two threads; the others
+    then run each on one thread (a test that asks for one gets one anyway; the rest would otherwise take the
+    machine's): side by side when the suite runs in one process, one after another in a worker of a parallel
+    run, whose other workers hold the other cores."""
     out: dict[str, subprocess.CompletedProcess | str] = {n: why for n in kernels.PERTURBATIONS if (why := skipped(n))}
     if "threads2" not in out:
         out["threads2"] = finish(start("threads2", None))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the suite's other workers hold the other cores: one at a time
+        return out | {n: finish(start(n, 1)) for n in kernels.PERTURBATIONS if n not in out}
     procs = {n: start(n, 1) for n in kernels.PERTURBATIONS if n not in out}
     return out | {n: finish(p) for n, p in procs.items()}
 
