@@ -49,29 +49,53 @@ def skipped(name: str) -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def reruns() -> dict[str, subprocess.CompletedProcess | str]:
-    """Every perturbation's rerun (or why it is skipped). ``threads2`` runs first, on two threads; the others
-    then run each on one thread (a test that asks for one gets one anyway; the rest would otherwise take the
-    machine's): side by side when the suite runs in one process, one after another in a worker of a parallel
-    run, whose other workers hold the other cores."""
-    out: dict[str, subprocess.CompletedProcess | str] = {n: why for n in kernels.PERTURBATIONS if (why := skipped(n))}
-    if "threads2" not in out:
-        out["threads2"] = finish(start("threads2", None))
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # the suite's other workers hold the other cores: one at a time
-        return out | {n: finish(start(n, 1)) for n in kernels.PERTURBATIONS if n not in out}
-    procs = {n: start(n, 1) for n in kernels.PERTURBATIONS if n not in out}
-    return out | {n: finish(p) for n, p in procs.items()}
+def rerun(name: str) -> subprocess.CompletedProcess | str:
+    """Perturbation ``name``'s rerun, or why it is skipped. ``threads2`` runs on two threads, the others on
+    one (a test that asks for one gets one anyway; the rest would otherwise take the machine's)."""
+    return skipped(name) or finish(start(name, None if name == "threads2" else 1))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(kernels.PERTURBATIONS))
-def test_the_float_comparing_tests_pass_under_another_kernel_choice(reruns, name):
-    run = reruns[name]
-    if isinstance(run, str):
-        pytest.skip(run)
-    assert run.returncode == 0, f"under {kernels.PERTURBATIONS[name]}:\n{run.stdout[-6000:]}\n{run.stderr[-2000:]}"
-    assert " passed" in run.stdout.splitlines()[-1] and " deselected" in run.stdout.splitlines()[-1]
+class Rerun:
+    """The float-comparing tests pass under one perturbation. A class per perturbation (below), so a parallel
+    run (``--dist loadscope``) can give each rerun to a worker of its own."""
+
+    name = ""
+
+    @pytest.mark.slow
+    def test_the_float_comparing_tests_pass_under_another_kernel_choice(self):
+        run = rerun(self.name)
+        if isinstance(run, str):
+            pytest.skip(run)
+        out = run.stdout.splitlines()
+        assert run.returncode == 0, (
+            f"under {kernels.PERTURBATIONS[self.name]}:\n{run.stdout[-6000:]}\n{run.stderr[-2000:]}"
+        )
+        assert " passed" in out[-1] and " deselected" in out[-1]
+
+
+class TestThreads2(Rerun):
+    name = "threads2"
+
+
+class TestNoOnednn(Rerun):
+    name = "no-onednn"
+
+
+class TestDefaultCapability(Rerun):
+    name = "default"
+
+
+class TestAvx2Capability(Rerun):
+    name = "avx2"
+
+
+class TestAvx512Capability(Rerun):
+    name = "avx512"
+
+
+def test_every_perturbation_has_its_rerun():
+    classes = [c for c in globals().values() if isinstance(c, type) and issubclass(c, Rerun) and c is not Rerun]
+    assert sorted(c.name for c in classes) == sorted(kernels.PERTURBATIONS)
 
 
 def _marked(node: ast.FunctionDef, module_marked: bool) -> bool:
