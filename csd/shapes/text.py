@@ -60,7 +60,7 @@ _BACKGROUND = re.compile(
     rf"\bon (?:an? )?(?:(?:plain|textured) )?({_COLOURS})(?: to ({_COLOURS}))? (?:background|gradient)\b"
 )
 # Border rule: the ring of pixels this wide at the image's edges is what the background score reads, and
-# each colour of an "X to Y" gradient must name at least this share of it (tests/test_text.py: real
+# each colour of an "X to Y" gradient must name at least this share of it (tests/shapes/test_prompt_following.py: real
 # images score 0.99 with their own captions, 0.25 with shuffled ones).
 BORDER_WIDTH = 2
 GRADIENT_SHARE = 0.05
