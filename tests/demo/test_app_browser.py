@@ -35,7 +35,11 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-TIMEOUT_MS = 150_000  # one generation of the default setting on a busy 2-core CPU, with margin
+# Guards against a hang, not timings: one generation of the default setting on a 2-core CPU whose other core
+# runs the suite's other worker, with margin. The default analysis recompute runs several settings: 37-65 s
+# here beside the other worker, more beside a two-thread perturbation rerun.
+TIMEOUT_MS = 300_000
+ANALYSIS_TIMEOUT_MS = 600_000
 
 
 def _missing() -> str | None:
@@ -55,7 +59,10 @@ def served():
         if os.environ.get("CI") == "true":
             pytest.fail(f"browser test required under CI: {reason}")
         pytest.skip(reason)
-    limits = Limits()  # what `python app.py` serves (a default run is two images)
+    # What `python app.py` serves (a default run is two images), but for the per-request cap: the suite's other
+    # worker shares the cores, and the default analysis recompute ran past 75 s beside a perturbation rerun.
+    # The cap itself is tested in tests/demo/test_server.py.
+    limits = Limits(max_seconds=600.0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as `python app.py --threads 1`: on a shared CPU, more threads can be 10x slower
     application = server.make_app(None, limits)  # what `python app.py` serves, models and panels included
@@ -322,7 +329,8 @@ def test_the_default_analysis_recompute_completes(served):
     with open_page(url) as page:
         page.get_by_role("tab", name="Analysis").click()
         page.get_by_role("button", name="Recompute for current controls").click()
-        page.locator("#analysis-status").get_by_text("Recomputed on", exact=False).wait_for(state="visible")
+        status = page.locator("#analysis-status").get_by_text("Recomputed on", exact=False)
+        status.wait_for(state="visible", timeout=ANALYSIS_TIMEOUT_MS)
 
 
 @pytest.mark.browser
