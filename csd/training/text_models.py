@@ -46,8 +46,6 @@ class TextTrainConfig(TrainConfig):
     def _check_model(self) -> None:
         if self.config not in TEXT_CONFIGS:
             raise ValueError(f"TrainConfig.config must be one of {sorted(TEXT_CONFIGS)}, got {self.config!r}")
-        if self.distill_from is not None:
-            raise ValueError("TrainConfig.distill_from is not supported for text models")
         if self.init_weights is not None:
             raise ValueError(
                 "TrainConfig.init_weights: text models start from --init-generator (a MAR or a text model)"
@@ -120,7 +118,9 @@ class TextTrainer(Trainer):
 
     def objective(self, tokens: Tensor, conditions) -> Tensor:
         prompts, weight = conditions
-        return self.net(tokens, prompts, self.model_gen, self.cfg.prompt_only, weight)
+        return self.net(
+            tokens, prompts, self.model_gen, self.cfg.prompt_only, weight, self.teacher, self.cfg.distill_weight
+        )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> TextTrainConfig:

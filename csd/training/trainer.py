@@ -285,7 +285,10 @@ class Trainer:
         self.images, self.labels = data.images.to(self.device), data.labels.to(self.device)
         self.captions, self.coverage = data.captions, data.coverage.to(self.device)
 
-        self.teacher = None if cfg.distill_from is None else load_teacher(cfg.distill_from, self.model, self.device)
+        self.teacher = None
+        if cfg.distill_from is not None:
+            with torch.random.fork_rng(devices=[]):  # building it (a text model's LLM) must not move the global draws
+                self.teacher = load_teacher(cfg.distill_from, self.model, self.device)
         # The teacher's path may not outlive the run (a copy, a renamed stage): its content hash names it for good.
         self.teacher_digest = None if cfg.distill_from is None else file_digest(weights_path(cfg.distill_from))
 

@@ -114,3 +114,61 @@ def test_distillation_flags_map_onto_the_config_and_resume_keeps_them(tmp_path):
     with pytest.raises(ValueError, match=r"settings differ \(distill_weight: 1.0 -> 2.0\)"):
         train(tiny_config(tmp_path / "s", steps=4, distill_from=teacher_path, distill_weight=2.0, resume=True))
     assert train(tiny_config(tmp_path / "s", steps=4, distill_from=teacher_path, resume=True)).step == 4
+
+
+# --- text models (the Harmon layout): the same distillation through TextTrainer ----------------------
+
+
+def _text_config(out: Path, config: str, **kw):
+    from csd.training.text_models import TextTrainConfig
+
+    base = dict(config=config, out=str(out), steps=6, batch_size=8, lr=1e-3, warmup_steps=2, data_size=16)
+    return TextTrainConfig(**(base | dict(log_every=2, save_every=0, threads=1, prompt_only=0.25) | kw))
+
+
+def text_head_gap(student, teacher) -> float:
+    """Mean distillation term of a text student on a fixed batch, masks and noise (as :func:`head_gap`)."""
+    data = make_dataset(8, 5)
+    tokens = PixelTokenizer(4).encode(data.images)
+    prompts = student.check_conditions(list(data.captions), 8, torch.device("cpu"))
+    total = 0.0
+    with torch.no_grad():
+        for s in range(4):
+            gen = lambda: torch.Generator().manual_seed(s)
+            total += (student(tokens, prompts, gen(), 0.25, None, teacher) - student(tokens, prompts, gen(), 0.25)).item()
+    return total / 4
+
+
+def test_a_text_student_is_pulled_towards_a_text_teachers_head(tmp_path):
+    """The text draft is redistilled from a new text target (issue 60): the student sees the teacher's
+    z at the same masks, dropped prompts and prompt-only rows, and its head moves towards the teacher's."""
+    from csd.training.text_models import TextTrainer
+
+    train(_text_config(tmp_path / "teacher", "random_text_target", steps=6, seed=7), TextTrainer)
+    teacher_path = str(tmp_path / "teacher.safetensors")
+    teacher = load_model(teacher_path)
+    common = dict(steps=30, lr=3e-3, seed=1)
+    plain = train(_text_config(tmp_path / "plain", "random_text_draft", **common), TextTrainer)
+    taught = train(
+        _text_config(tmp_path / "taught", "random_text_draft", distill_from=teacher_path, distill_weight=3.0, **common),
+        TextTrainer,
+    )
+    without, with_teacher = text_head_gap(plain.model, teacher), text_head_gap(taught.model, teacher)
+    assert with_teacher < 0.5 * without, (without, with_teacher)
+    record = json.loads((tmp_path / "taught.json").read_text())["train"]
+    assert record["distill_from_digest"] == file_digest(Path(teacher_path))
+    # weight 0: the teacher draws no random numbers, so the run is the plain one bit for bit
+    zero = train(
+        _text_config(tmp_path / "zero", "random_text_draft", distill_from=teacher_path, distill_weight=0.0, **common),
+        TextTrainer,
+    )
+    for (name, a), b in zip(plain.model.state_dict().items(), zero.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_a_class_model_is_no_teacher_for_a_text_student(tmp_path):
+    from csd.training.text_models import TextTrainer
+
+    teacher_path = _teacher(tmp_path)
+    with pytest.raises(ValueError, match=r"distill_from .*family is Harmon for the draft and MAR for the target"):
+        train(_text_config(tmp_path / "s", "random_text_draft", distill_from=teacher_path), TextTrainer)

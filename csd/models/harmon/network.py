@@ -251,6 +251,8 @@ class Harmon(MaskedARFamily, nn.Module):
         generator: torch.Generator | None = None,
         prompt_only: float = 0.0,
         token_weight: Tensor | None = None,
+        teacher: Harmon | None = None,
+        distill_weight: float = 1.0,
     ) -> Tensor:
         """The training loss: MAR's random order and mask ratio, the null prompt for a
         ``label_drop_prob`` fraction of the rows (for CFG), the diffusion loss on the masked tokens.
@@ -258,7 +260,10 @@ class Harmon(MaskedARFamily, nn.Module):
         ``prompt_only``: the share of rows (the first round(B x share); the batch is random) with every
         token masked, where only the prompt can tell the shape's colour and the background; they run as a
         backbone pass of their own, since the encoder needs as many known tokens in every row of a pass.
-        ``token_weight`` (B, N): each token's weight in the loss (:meth:`MAR.head_loss`)."""
+        ``token_weight`` (B, N): each token's weight in the loss (:meth:`MAR.head_loss`).
+        ``teacher``: a frozen text model with the same tokens, caption vocabulary and head schedule; it sees
+        the same masks and dropped prompts, and the loss adds ``distill_weight`` times the gap to its head
+        (:func:`csd.models.diffusion.distill_loss`)."""
         b, n, _ = tokens.shape
         mask = training_mask(self.config.mar, b, n, generator, tokens.device)
         whole = round(b * prompt_only)
@@ -268,4 +273,9 @@ class Harmon(MaskedARFamily, nn.Module):
         ids, attn = torch.where(drop, null_ids, ids), torch.where(drop, null_attn, attn)
         parts = [slice(0, whole), slice(whole, b)] if 0 < whole < b else [slice(0, b)]
         z = torch.cat([self.backbone(tokens[r], mask[r], ids[r], attn[r]) for r in parts])
-        return self.mar.head_loss(tokens, z, mask, generator, token_weight=token_weight)
+        reference = None
+        if teacher is not None:
+            with torch.no_grad():
+                ref = torch.cat([teacher.backbone(tokens[r], mask[r], ids[r], attn[r]) for r in parts])
+            reference = (teacher.head, ref)
+        return self.mar.head_loss(tokens, z, mask, generator, reference, distill_weight, token_weight)
