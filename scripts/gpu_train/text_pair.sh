@@ -5,7 +5,8 @@
 # (--resume with --steps/--cooldown-steps). The teacher is the trained target rounded to float16 and widened
 # back, the very weights that come back and ship, so the draft's record names the shipped target's digest.
 # Starting weights travel as float16 copies in .gpu/ (scripts/gpu_train/half.py); the trained ones come back
-# the same way under $OUT. Run from the repository root:
+# the same way under $OUT (the target in 15 MB parts: cat them back together). Allow about 40 s of start-up per
+# phase beyond T1+T2+D1+D2. Run from the repository root:
 #     python scripts/gpu_train/half.py to16 assets/history/tried/shapes_text_target_gpu.safetensors .gpu/text_target.safetensors
 #     python scripts/gpu_train/half.py to16 assets/models/shapes_text_draft.safetensors .gpu/text_draft.safetensors
 #     bash scripts/gpu_train/text_pair.sh      # on the GPU machine
@@ -38,7 +39,9 @@ RT=$?
 # the teacher: the target as it ships (float16, widened)
 $HALF to16 $R/text_target.safetensors $R/text_target_f16.safetensors > $R/round.txt 2>&1
 $HALF to32 $R/text_target_f16.safetensors /tmp/start/teacher.safetensors >> $R/round.txt 2>&1
-cp $R/text_target_f16.* $R/text_target.log.jsonl $R/text_target.p*.txt "$OUTDIR"/  # back even if the draft runs out of time
+# back even if the draft runs out of time; the target (19.9 MB) in parts under the tool's 16 MiB a file
+split -b 15M $R/text_target_f16.safetensors "$OUTDIR/text_target_f16.safetensors.part-"
+cp $R/text_target_f16.json $R/text_target.log.jsonl $R/text_target.p*.txt "$OUTDIR"/
 train text_draft $D1 $D2 csd.training.text_models --config shapes_text_draft \
   --init-generator /tmp/start/text_draft.safetensors --distill-from /tmp/start/teacher.safetensors --lr 5e-4 $COMMON
 RD=$?
@@ -50,5 +53,5 @@ RD=$?
   python3 -c "from csd.models.checkpoint import file_digest; print('teacher digest', file_digest('/tmp/start/teacher.safetensors'))"
 } > "$OUTDIR/summary.txt" 2>&1
 [ -f $R/text_draft.safetensors ] && $HALF to16 $R/text_draft.safetensors $R/text_draft_f16.safetensors >> "$OUTDIR/summary.txt" 2>&1
-cd $R && cp *_f16.safetensors *_f16.json *.log.jsonl *.txt "$OUTDIR"/ 2>/dev/null
+cd $R && cp text_draft_f16.safetensors text_draft_f16.json text_draft.log.jsonl *.txt "$OUTDIR"/ 2>/dev/null
 ls -la "$OUTDIR"

@@ -55,7 +55,8 @@ class Drift:
 # saved file's own rounding: the float64 side moves by at most 1e-9 between CPUs.
 DRIFT = {
     "target": Drift(2.5e-4, 6e-5),  # measured 1.1e-4 (embedded text pair) / 2.7e-5
-    "csd_aligned": Drift(1.5e-3, 5e-5, log_ratio=3e-4),  # measured 7.2e-4 (untrained text pair) / 2.2e-5 / 1.6e-4
+    # measured 7.2e-4 (untrained text pair) / 6.1e-5 / 3.2e-4 (both the embedded text pair of issue 60)
+    "csd_aligned": Drift(1.5e-3, 1.2e-4, log_ratio=6.5e-4),
     # The exact criterion resamples every drafted token here from a fresh target path and sums log densities
     # along paths: both amplify the rounding of a few values. Measured 9.7e-3 (the embedded MAR pair) /
     # 1.4e-3 / 4.5e-3; no decision differs.
@@ -206,13 +207,13 @@ def test_the_saved_runs_compare_equal_to_themselves():
 
 
 def test_no_saved_decision_is_a_near_tie():
-    """The nearest decision to its draw, in the embedded xAR pair's aligned run, is 7.1e-3 of log r's scale
-    from it, 24x the aligned criterion's bound on log r's rounding (3e-4, measured 1.6e-4): no decision can
+    """The nearest decision to its draw, in the embedded text pair's aligned run, is 3.6e-3 of log r's scale
+    from it, 5.5x the aligned criterion's bound on log r's rounding (6.5e-4, measured 3.2e-4): no decision can
     flip between the saved float32 runs and their float64 reruns, and none does. A file remade with a near tie
-    would name it here."""
+    would name it here. (The next nearest: the embedded xAR pair's, 7.1e-3.)"""
     closest = {k: np.nanmin(margin(SAVED, k)) for k in RUNS if f"{k}/maker" in SAVED}
     assert not any(near_ties(SAVED, k).any() for k in closest)
-    assert min(closest, key=closest.get) == "xar/csd_aligned" and 7e-3 < min(closest.values()) < 7.2e-3
+    assert min(closest, key=closest.get) == "text/csd_aligned" and 3.5e-3 < min(closest.values()) < 3.6e-3
 
 
 def test_a_flip_away_from_a_tie_fails_and_is_named():

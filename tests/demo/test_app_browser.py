@@ -190,6 +190,7 @@ def test_generate_then_analysis_in_chromium(served, tmp_path):
 
 
 RED_CIRCLE = "a large red circle on a plain white background"
+RED_STAR = "a large red star on a plain white background"
 
 
 @pytest.mark.browser
@@ -214,6 +215,9 @@ def test_a_prompt_run_on_the_text_pair_in_chromium(served, tmp_path):
         prompt.fill(RED_CIRCLE)  # issue 42: the prompt a visitor tried, which the pair before it ignored
         generate_and_wait(page)
         page.screenshot(path=shots / "screenshot_prompt.png", full_page=True)
+        prompt.fill(RED_STAR)  # issue 60: the precomputed example a visitor saw as red blobs on lavender
+        generate_and_wait(page)
+        page.screenshot(path=shots / "screenshot_red_star.png", full_page=True)
 
         prompt.fill("a purple dragon on a plain white background")
         page.get_by_role("button", name="Generate", exact=True).click()

@@ -109,3 +109,19 @@ def test_shipped_analysis_panels_were_made_from_the_shipped_weights():
     assert panels.weights == file_digest(defaults.TARGET_PATH, defaults.DRAFT_PATH), (
         "rerun python -m csd.experiments.analysis"
     )
+
+
+def test_the_shipped_text_draft_was_distilled_from_the_shipped_text_target():
+    """Issue 60: the text target was continued on a GPU and the text draft distilled from it as it ships (the
+    float16 round trip both crossed the device tool in, scripts/gpu_train/text_pair.sh): the draft's record
+    names the shipped target's content, and the chain of the target's stages ends at the shipped weights."""
+    draft = json.loads((MODELS / "shapes_text_draft.json").read_text())["train"]
+    assert draft["distill_from_digest"] == file_digest(MODELS / "shapes_text_target.safetensors")
+    assert draft["args"]["distill_weight"] > 0
+    logs = [read_log(Path(f"{s}.log.jsonl")) for s in stages("shapes_text_target")]
+    records = [json.loads(Path(f"{s}.json").read_text())["train"] for s in stages("shapes_text_target")]
+    assert len(logs) == 4  # the pair of issue 42's first run, its 1400 CPU steps, two GPU runs
+    for stem, log, record in zip(stages("shapes_text_target"), logs, records, strict=True):
+        assert log[-1]["step"] == record["steps_done"], stem
+    for log, record in zip(logs[1:], records[1:], strict=True):  # each later stage ends at the bottom of its decay
+        assert log[-1]["lr"] < 1e-2 * record["args"]["lr"]
