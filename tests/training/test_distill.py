@@ -134,8 +134,8 @@ def text_head_gap(student, teacher) -> float:
     total = 0.0
     with torch.no_grad():
         for s in range(4):
-            gen = lambda: torch.Generator().manual_seed(s)
-            total += (student(tokens, prompts, gen(), 0.25, None, teacher) - student(tokens, prompts, gen(), 0.25)).item()
+            with_teacher = student(tokens, prompts, torch.Generator().manual_seed(s), 0.25, None, teacher)
+            total += (with_teacher - student(tokens, prompts, torch.Generator().manual_seed(s), 0.25)).item()
     return total / 4
 
 
