@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU run of the text pair (issue 60, assets/models/TRAINING.md "On a GPU"): the text target continued, then
+# The GPU run of the text pair (assets/models/TRAINING.md, last section): the text target continued, then
 # the text draft distilled from it (--distill-from), one after the other on one GPU. Each runs two phases: a
 # constant LR for P1 minutes, then a linear cool-down sized from phase 1's measured rate to last P2 minutes
 # (--resume with --steps/--cooldown-steps). The teacher is the trained target rounded to float16 and widened

@@ -55,7 +55,7 @@ class Drift:
 # saved file's own rounding: the float64 side moves by at most 1e-9 between CPUs.
 DRIFT = {
     "target": Drift(2.5e-4, 6e-5),  # measured 1.1e-4 (embedded text pair) / 2.7e-5
-    # measured 7.2e-4 (untrained text pair) / 6.1e-5 / 3.2e-4 (both the embedded text pair of issue 60)
+    # measured 7.2e-4 (untrained text pair) / 6.1e-5 / 3.2e-4 (both the embedded text pair)
     "csd_aligned": Drift(1.5e-3, 1.2e-4, log_ratio=6.5e-4),
     # The exact criterion resamples every drafted token here from a fresh target path and sums log densities
     # along paths: both amplify the rounding of a few values. Measured 9.7e-3 (the embedded MAR pair) /

@@ -215,7 +215,7 @@ def test_a_prompt_run_on_the_text_pair_in_chromium(served, tmp_path):
         prompt.fill(RED_CIRCLE)  # issue 42: the prompt a visitor tried, which the pair before it ignored
         generate_and_wait(page)
         page.screenshot(path=shots / "screenshot_prompt.png", full_page=True)
-        prompt.fill(RED_STAR)  # issue 60: the precomputed example a visitor saw as red blobs on lavender
+        prompt.fill(RED_STAR)  # the app's first example prompt, screenshot for the docs
         generate_and_wait(page)
         page.screenshot(path=shots / "screenshot_red_star.png", full_page=True)
 

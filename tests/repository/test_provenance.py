@@ -112,7 +112,7 @@ def test_shipped_analysis_panels_were_made_from_the_shipped_weights():
 
 
 def test_the_shipped_text_draft_was_distilled_from_the_shipped_text_target():
-    """Issue 60: the text target was continued on a GPU and the text draft distilled from it as it ships (the
+    """The text target was continued on a GPU and the text draft distilled from it as it ships (the
     float16 round trip both crossed the device tool in, scripts/gpu_train/text_pair.sh): the draft's record
     names the shipped target's content, and the chain of the target's stages ends at the shipped weights."""
     draft = json.loads((MODELS / "shapes_text_draft.json").read_text())["train"]

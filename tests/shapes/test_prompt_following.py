@@ -153,7 +153,7 @@ def test_bad_training_options_name_themselves(tmp_path, field, value):
 
 
 # The shipped text target draws the colour and background a prompt asks for (issue 42). Measured on these
-# 24 images (AVX-512): the target shipped by issue 60 colour 1.00, background 0.92 (one thread); the one
+# 24 images (AVX-512): the shipped target colour 1.00, background 0.92 (one thread); the one
 # shipped by issue 42 0.96 and 0.92, the same under every kernel perturbation of tests/kernels.py (one or two
 # threads, oneDNN off, the AVX2 and default capabilities; the images moved by at most 6.8e-4); the one before
 # it 0.08 and 0.33 (it drew the seed's colour, not the prompt's). The bounds leave 6 and 7 images of slack.

@@ -140,7 +140,7 @@ def text_head_gap(student, teacher) -> float:
 
 
 def test_a_text_student_is_pulled_towards_a_text_teachers_head(tmp_path):
-    """The text draft is redistilled from a new text target (issue 60): the student sees the teacher's
+    """A text draft distilled from a text target: the student sees the teacher's
     z at the same masks, dropped prompts and prompt-only rows, and its head moves towards the teacher's."""
     from csd.training.text_models import TextTrainer
 
