@@ -62,6 +62,18 @@ DRIFT = {
     # 1.4e-3 / 4.5e-3; no decision differs.
     "csd_exact": Drift(2e-2, 3e-3, log_ratio=1e-2),
 }
+# A run whose rounding is past its kind's bound: the embedded xAR target's (stage 3) 6-step flow chain
+# amplifies the rounding of single cells about a hundredfold (measured 1.75e-3 / 2.1e-4: one cell of image 1
+# at AR step 10, a few at steps 12-14; the cell after each is back at 3e-5, so it does not carry through the
+# context). And one whose log r rounds far below its kind's bound: the embedded xAR pair's exact run (log r
+# measured 2.6e-5, against the MAR pair's 4.5e-3 that sets the kind's 1e-2) holds a decision 8.3e-3 of log r's
+# scale from its draw, which the kind's bound would call a near tie; its own bound, 1e-3, is 38x its rounding.
+DRIFT_RUN = {"xar/target": Drift(3e-3, 3.5e-4), "xar/csd_exact": Drift(2e-2, 3e-3, log_ratio=1e-3)}
+
+
+def drift(key: str) -> Drift:
+    """The bound of run ``key`` ("pair/run")."""
+    return DRIFT_RUN.get(key, DRIFT[key.split("/")[1]])
 
 
 @dataclass
@@ -72,7 +84,7 @@ class Comparison:
 
 def near_ties(saved: dict[str, torch.Tensor], key: str) -> np.ndarray:
     """(B, N) bool: drafted tokens whose accept decision, log u < log r, is within log r's rounding of a tie."""
-    return margin(saved, key) <= DRIFT[key.split("/")[1]].log_ratio  # NaN (not drafted): False
+    return margin(saved, key) <= drift(key).log_ratio  # NaN (not drafted): False
 
 
 def margin(saved: dict[str, torch.Tensor], key: str) -> np.ndarray:
@@ -126,16 +138,16 @@ def compare(saved: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor], key:
         start = _decisions(saved, fresh, key, out)
         before = (step < start[:, None]) & ~np.isnan(saved[f"{key}/draw"].numpy())
         moved = np.abs(log_ratio(fresh, key) - log_ratio(saved, key)) / log_ratio_scale(saved, key)
-        bound = DRIFT[key.split("/")[1]].log_ratio
+        bound = drift(key).log_ratio
         if before.any() and not moved[before].max() <= bound:
             out.problems.append(f"{key}: log r moved by {moved[before].max():.2g} of its scale (> {bound:g})")
     before = torch.from_numpy(step < start[:, None])  # (B, N)
     diff = (fresh[key] - saved[key]).abs()[before].reshape(-1)
-    drift = DRIFT[key.split("/")[1]]
-    if diff.numel() and (diff.max() > drift.most or diff.quantile(0.99) > drift.q99):
+    bounds = drift(key)
+    if diff.numel() and (diff.max() > bounds.most or diff.quantile(0.99) > bounds.q99):
         out.problems.append(
             f"{key}: tokens moved by up to {diff.max():.3g} (99th percentile {diff.quantile(0.99):.3g}); "
-            f"the saved run's rounding is within {drift.most:g} ({drift.q99:g})"
+            f"the saved run's rounding is within {bounds.most:g} ({bounds.q99:g})"
         )
     return out
 
@@ -164,7 +176,7 @@ def test_the_bounds_stand_on_the_committed_measurement_and_it_is_current(fresh):
     measured = json.loads(ROUNDING.read_text())["runs"]
     assert set(measured) == set(RUNS)
     for key, runs_rounding in measured.items():
-        bound = DRIFT[key.split("/")[1]]
+        bound = drift(key)
         assert all(1.5 * value <= getattr(bound, name) for name, value in runs_rounding.items()), key
     if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
         return
@@ -210,7 +222,7 @@ def test_no_saved_decision_is_a_near_tie():
     """The nearest decision to its draw, in the embedded text pair's aligned run, is 3.6e-3 of log r's scale
     from it, 5.5x the aligned criterion's bound on log r's rounding (6.5e-4, measured 3.2e-4): no decision can
     flip between the saved float32 runs and their float64 reruns, and none does. A file remade with a near tie
-    would name it here. (The next nearest: the embedded xAR pair's, 7.1e-3.)"""
+    would name it here. (The next nearest: the embedded xAR pair's, 4.3e-3.)"""
     closest = {k: np.nanmin(margin(SAVED, k)) for k in RUNS if f"{k}/maker" in SAVED}
     assert not any(near_ties(SAVED, k).any() for k in closest)
     assert min(closest, key=closest.get) == "text/csd_aligned" and 3.5e-3 < min(closest.values()) < 3.6e-3

@@ -125,3 +125,23 @@ def test_the_shipped_text_draft_was_distilled_from_the_shipped_text_target():
         assert log[-1]["step"] == record["steps_done"], stem
     for log, record in zip(logs[1:], records[1:], strict=True):  # each later stage ends at the bottom of its decay
         assert log[-1]["lr"] < 1e-2 * record["args"]["lr"]
+
+
+def test_the_shipped_xar_target_is_its_second_stage_continued_on_a_gpu():
+    """Stage 3 of the xAR target continued stage 2 on a GPU from a float16 copy of it (the device tool's
+    64 MiB, scripts/gpu_train/half.py): its record holds stage 2's own record as its parent's, names the
+    copy's digest, and the chain of the three stages' logs ends at the shipped weights."""
+    stems = stages("shapes_xar_target")
+    records = [json.loads(Path(f"{s}.json").read_text())["train"] for s in stems]
+    assert len(stems) == 3
+    stage2, shipped = records[1], records[2]
+    assert shipped["parent"]["train"] == stage2  # the whole record, its own parent (stage 1's weights) too
+    assert shipped["args"]["init_weights"] == shipped["parent"]["path"]
+    # the float16 round trip of stage 2's weights (git show <stage-2 commit>:assets/models/shapes_xar_target.safetensors,
+    # then half.py to16 and to32; TRAINING.md)
+    assert shipped["parent"]["file_digest"] == "sha256:782535b5f8a9056b"
+    logs = [read_log(Path(f"{s}.log.jsonl")) for s in stems]
+    for stem, log, record in zip(stems, logs, records, strict=True):
+        assert log[-1]["step"] == record["steps_done"] == record["args"]["steps"], stem
+        assert log[-1]["lr"] < 1e-3 * record["args"]["lr"], stem  # each stage ends at the bottom of its decay
+    assert chain_logs(logs)[-1]["step"] == sum(r["steps_done"] for r in records) == 5800 + 4000 + 4012
