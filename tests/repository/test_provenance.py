@@ -137,8 +137,8 @@ def test_the_shipped_xar_target_is_its_second_stage_continued_on_a_gpu():
     stage2, shipped = records[1], records[2]
     assert shipped["parent"]["train"] == stage2  # the whole record, its own parent (stage 1's weights) too
     assert shipped["args"]["init_weights"] == shipped["parent"]["path"]
-    # the float16 round trip of stage 2's weights (git show <stage-2 commit>:assets/models/shapes_xar_target.safetensors,
-    # then half.py to16 and to32; TRAINING.md)
+    # the float16 round trip of stage 2's weights (git show 833fb60:assets/models/shapes_xar_target.safetensors, then
+    # half.py to16 and to32; TRAINING.md)
     assert shipped["parent"]["file_digest"] == "sha256:782535b5f8a9056b"
     logs = [read_log(Path(f"{s}.log.jsonl")) for s in stems]
     for stem, log, record in zip(stems, logs, records, strict=True):
