@@ -65,10 +65,12 @@ DRIFT = {
 # A run whose rounding is past its kind's bound: the embedded xAR target's (stage 3) 6-step flow chain
 # amplifies the rounding of single cells about a hundredfold (measured 1.75e-3 / 2.1e-4: one cell of image 1
 # at AR step 10, a few at steps 12-14; the cell after each is back at 3e-5, so it does not carry through the
-# context). And one whose log r rounds far below its kind's bound: the embedded xAR pair's exact run (log r
+# context). Under torch's DEFAULT capability, whose normal draws lie up to 1.5e-6 from the others, it
+# amplifies those alike (1.04e-2 / 1.2e-3, tests/repository/test_perturbations.py): its bound is the exact
+# criterion's. And one whose log r rounds far below its kind's bound: the embedded xAR pair's exact run (log r
 # measured 2.6e-5, against the MAR pair's 4.5e-3 that sets the kind's 1e-2) holds a decision 8.3e-3 of log r's
 # scale from its draw, which the kind's bound would call a near tie; its own bound, 1e-3, is 38x its rounding.
-DRIFT_RUN = {"xar/target": Drift(3e-3, 3.5e-4), "xar/csd_exact": Drift(2e-2, 3e-3, log_ratio=1e-3)}
+DRIFT_RUN = {"xar/target": Drift(2e-2, 3e-3), "xar/csd_exact": Drift(2e-2, 3e-3, log_ratio=1e-3)}
 
 
 def drift(key: str) -> Drift:
