@@ -5,10 +5,9 @@ step that made each position) and, for CSD runs, who made each token (``maker``)
 (``block``), the resampler's tries (``tries``), the two terms of log r (``log_ratio_trajectory``,
 ``log_ratio_final``) and the uniform u each drafted token was tested with (``draw``). The file's metadata
 (``made_by``) names the CPU capability (``torch.backends.cpu.get_cpu_capability()``) and torch version
-that made each array. History: the tokens were saved before the move (b99b9b6), the embedded xAR pair's
-remade when its stage-2 target shipped (``--only xar``, b9c44c5) and again when its GPU-trained
-stage 3 did, the embedded text pair's when its GPU-trained pair shipped (``--only text``); the orders and decisions were added
-beside the unchanged tokens for issue 44 (``--keep-tokens``).
+that made each array. The tokens were saved before the move (b99b9b6); an embedded pair's arrays are remade
+when its weights change (``--only xar``, ``--only text``), and fields are added beside unchanged tokens with
+``--keep-tokens``.
 
 Regenerate only on a deliberate change of output:
 
