@@ -19,27 +19,13 @@ PAIRS = {  # family -> shipped weights
     "xAR": (M / "shapes_xar_target.safetensors", M / "shapes_xar_draft.safetensors"),
 }
 RESULTS = committed_frontiers(ROOT)
-# A family whose shipped weights changed after its frontier was made (a rerun is hours of CPU): the weights
-# the committed frontier was made on. The README and docs/results.md must say so beside its verdict.
-RERUN_PENDING = {"xAR": "sha256:766182c79eb14d61"}  # the xAR stage-2 target's pair; stage 3 ships
 
 
 def test_every_family_has_a_frontier_in_both_regimes_on_its_shipped_weights():
     assert sorted((r["family"], r["batch"]) for r in RESULTS) == sorted((f, b) for f in PAIRS for b in (1, 8))
     for r in RESULTS:
-        shipped = file_digest(*PAIRS[r["family"]])
-        if r["family"] in RERUN_PENDING:  # the pair before; once rerun, the entry goes
-            assert r["weights"] == RERUN_PENDING[r["family"]] != shipped, r["family"]
-        else:
-            assert r["weights"] == shipped, r["family"]
+        assert r["weights"] == file_digest(*PAIRS[r["family"]]), r["family"]
         assert r["settings"]["batches"] == [1, 8] and r["n"] >= 100
-
-
-@pytest.mark.parametrize("family", sorted(RERUN_PENDING))
-def test_a_frontier_on_replaced_weights_is_labelled_where_its_verdict_is_read(family):
-    for page in (ROOT / "README.md", ROOT / "docs" / "results.md"):
-        text = " ".join(page.read_text().split())  # Markdown wraps lines anywhere
-        assert f"{family} frontier was made on the pair before (`{RERUN_PENDING[family]}`" in text, page.name
 
 
 # Gaps the dense grid leaves (none since issue 43: xAR's 25-setting grid left CSD with 12 flow steps at
