@@ -317,7 +317,7 @@ def test_a_frontier_without_outliers_keeps_an_axis_that_fits_every_setting():
 def test_the_committed_frontiers_open_below_their_outliers_with_front_and_verdict_in_view(path):
     from pathlib import Path
 
-    from visualize.frontier_chart import deciding_rows, frontier_chart
+    from visualize.frontier_chart import FAR, _fences, deciding_rows, frontier_chart
 
     result = json.loads((Path(__file__).resolve().parents[2] / "bench" / "results" / path).read_text())
     chart = frontier_chart(result)
@@ -325,7 +325,10 @@ def test_the_committed_frontiers_open_below_their_outliers_with_front_and_verdic
     rows = result["rows"]
     assert max(r["fd"] for r in rows) > 700 and hi < 100  # FD 700-1175 outliers do not set the axis
     assert sum(lo <= r["fd"] <= hi for r in rows) >= 0.8 * len(rows)  # the bulk of the settings is in view
-    assert all(lo <= r["fd"] <= hi for r in rows if r["front_fd"])  # and the whole front
+    # and the whole front but its far outliers (beyond Tukey's far fences: at batch 8 the fastest setting, the
+    # official sampler at 3 flow steps on xAR's uniform grid, FD 1256, is on the front; it is drawn at the edge)
+    far_lo, far_hi = _fences([r["fd"] for r in rows], FAR)
+    assert all(lo <= r["fd"] <= hi for r in rows if r["front_fd"] and far_lo <= r["fd"] <= far_hi)
     assert all(lo <= r["fd"] - r["fd_se"] and r["fd"] + r["fd_se"] <= hi for r in deciding_rows(result))
     off = [x for s in chart.series if "off the chart" in s.name for x in s.x]
     assert sorted(off) == sorted(r["time"] for r in rows if not lo <= r["fd"] <= hi)  # every other one at the edge
