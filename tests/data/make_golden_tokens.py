@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 from dataclasses import replace
 from pathlib import Path
 
@@ -103,6 +104,20 @@ def this_machine() -> str:
     return f"{torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
 
 
+def cpu_model() -> str:
+    """This CPU's vendor, family, model and name (/proc/cpuinfo; the platform's processor elsewhere): float64
+    reruns are alike under every kernel choice of one CPU model, not across models (their BLAS kernels differ)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    info = dict(line.split(":", 1) for line in lines if ":" in line)
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    return (
+        f"{info.get('vendor_id')} family {info.get('cpu family')} model {info.get('model')}: {info.get('model name')}"
+    )
+
+
 def made_by(path: Path = OUT) -> dict[str, str]:
     """Which capability and torch version made each saved array (the file's ``made_by`` metadata)."""
     with safe_open(path, "pt") as f:
@@ -135,7 +150,7 @@ def rounding(saved: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) -> 
 
 def measure() -> None:
     fresh = {name: a for key, run in runs("float64").items() for name, a in arrays(key, run).items()}
-    record = {"what": "saved float32 runs against their float64 reruns", "by": this_machine()}
+    record = {"what": "saved float32 runs against their float64 reruns", "by": this_machine(), "cpu": cpu_model()}
     ROUNDING.write_text(json.dumps(record | {"runs": rounding(load_file(OUT), fresh)}, indent=1) + "\n")
     print(f"wrote {ROUNDING}")
 

@@ -2,14 +2,14 @@
 target-only and CSD runs (aligned and exact criteria) on the untrained and the embedded pair of every family,
 against the runs saved then (tests/data/make_golden_tokens.py, which also says how the file was remade since).
 
-The same on every CPU, by construction. The saved runs are float32 runs on the CPU named in the file; the
-fresh runs here are the same runs in float64 (csd.core.precision: the same random numbers, no float32 rounding),
-which every CPU computes alike up to float64 rounding (at most 1e-9 after a chain, measured:
-tests/data/kernel_drift.json), as long as it draws the same normal numbers (torch's scalar ``default`` kernels
-draw them up to 1.5e-6 apart: a CPU without AVX2). So the fresh runs' distance from the saved ones is the
-saved runs' own float32 rounding, a fixed number wherever the test runs, measured below; another CPU's kernels
-cannot move it (it used to compare float32 with float32, and a Xeon's kernels moved the exact criterion's
-tokens past its bound). What the code decides is compared exactly: the orders (the AR step of every position),
+Within bounds on every CPU. The saved runs are float32 runs on the CPU named in the file; the fresh runs here
+are the same runs in float64 (csd.core.precision: the same random numbers, no float32 rounding). Under one
+CPU's kernels the float64 side moves by at most 1e-9 (threads, oneDNN: tests/data/kernel_drift.json), so
+there the fresh runs' distance from the saved ones is the saved runs' own float32 rounding, measured below.
+Another CPU model or instruction set moves the float64 side too, and the chains amplify it (torch's scalar
+``default`` kernels draw other normal numbers, up to 1.5e-6 apart; an Intel Xeon's reruns lie up to 3.7e-3
+from an AMD Zen 4's, on the xAR target's amplifying chain): the bounds are sized for that, about 2x over the
+distance measured. What the code decides is compared exactly: the orders (the AR step of every position),
 the uniform u each drafted token is tested with, who made each token (``Trace.maker``) and the resampler's
 tries. A decision may flip only at a near tie, where |log r - log u| is within the saved log r's rounding:
 such a flip is named (a warning, and the failure message when it is not at a near tie), and that image's
@@ -18,6 +18,7 @@ tokens from the flipped block on, which follow another context, are not compared
 from __future__ import annotations
 
 import json
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -30,7 +31,16 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from csd.trace import Maker
-from tests.data.make_golden_tokens import ROUNDING, arrays, log_ratio, log_ratio_scale, rounding, runs
+from tests.data.make_golden_tokens import (
+    ROUNDING,
+    arrays,
+    cpu_model,
+    log_ratio,
+    log_ratio_scale,
+    rounding,
+    runs,
+    this_machine,
+)
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden_tokens.safetensors"
 SAVED = load_file(GOLDEN)
@@ -51,10 +61,10 @@ class Drift:
 
 
 # Measured (tests/data/golden_rounding.json, python -m tests.data.make_golden_tokens --measure): the greatest
-# |float64 - saved| over every pair, its 99th percentile and log r's, about 2x below the bounds. Each is the
-# saved file's own rounding: the float64 side moves by at most 1e-9 between CPUs.
+# |float64 - saved| over every pair, its 99th percentile and log r's, about 2x below the bounds: the saved file's
+# own rounding, as the CPU named there computes float64 (another CPU's float64 moves too: the module's docstring).
 DRIFT = {
-    "target": Drift(2.5e-4, 6e-5),  # measured 1.1e-4 (embedded text pair) / 2.7e-5
+    "target": Drift(4e-4, 6e-5),  # measured 2.0e-4 (the untrained pair, on an Intel Xeon) / 2.7e-5
     # measured 7.2e-4 (untrained text pair) / 6.1e-5 / 3.2e-4 (both the embedded text pair)
     "csd_aligned": Drift(1.5e-3, 1.2e-4, log_ratio=6.5e-4),
     # The exact criterion resamples every drafted token here from a fresh target path and sums log densities
@@ -169,18 +179,29 @@ def test_tokens_equal_those_saved_before_the_move(fresh, key):
     assert not result.problems, "\n".join(result.problems)
 
 
+def measured_here(record: dict) -> bool:
+    """Whether this process runs the kernels that made the measurement ``record``: the same CPU model and
+    capability, and MKL and oneDNN free to use it (no perturbation caps them)."""
+    capped = any(os.environ.get(name) for name in ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA"))
+    return record.get("cpu") == cpu_model() and record["by"] == this_machine() and not capped
+
+
 def test_the_bounds_stand_on_the_committed_measurement_and_it_is_current(fresh):
-    """Every bound at least 1.5x the rounding measured (tests/data/golden_rounding.json), and the measurement
-    what the float64 reruns give here, up to float64 rounding (1e-8). Not under torch's ``default``
-    capability: its scalar Box-Muller draws other normal numbers (up to 1.5e-6 apart), so its float64
-    reruns are other runs, whose distance from the saved ones the bounds hold anyway (measured 1.3e-4 for
-    the embedded pair's aligned run, against 1.1e-4 here)."""
-    measured = json.loads(ROUNDING.read_text())["runs"]
+    """Every bound at least 1.5x the rounding measured (tests/data/golden_rounding.json), and, under the kernels
+    that measured it (:func:`measured_here`), the measurement what the float64 reruns give here, up to float64
+    rounding (1e-8). Under other kernels the float64 reruns are other runs, whose distance from the saved ones
+    the test above holds within the bounds: torch's ``default`` capability draws other normal numbers (up to
+    1.5e-6 apart; the embedded pair's aligned run measured 1.3e-4, against 1.1e-4 on an AMD Zen 4), and
+    another CPU model's or another instruction set's BLAS rounds float64 otherwise, which the chains amplify
+    (an Intel Xeon's reruns against the AMD's: 47 of the 47 figures moved, the xAR target's greatest by 3.7e-3;
+    MKL held to AVX2 on that Xeon moved the embedded aligned run's from 7.8e-5 to 7.6e-5)."""
+    record = json.loads(ROUNDING.read_text())
+    measured = record["runs"]
     assert set(measured) == set(RUNS)
     for key, runs_rounding in measured.items():
         bound = drift(key)
         assert all(1.5 * value <= getattr(bound, name) for name, value in runs_rounding.items()), key
-    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+    if not measured_here(record):
         return
     for key, got in rounding(SAVED, fresh).items():
         for name, value in got.items():

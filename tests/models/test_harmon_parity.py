@@ -76,8 +76,10 @@ def test_prompts_are_the_official_template_and_null_prompt(model):
         assert prompts.null_ids[i][prompts.null_attn[i]].tolist() == ids[2 + i][attn[2 + i]].tolist()
 
 
-# float64 against the reference, measured: z 1.3e-6 (|z| <= 3.2), the head 2.8e-7
+# float64 against the reference, measured: z 1.3e-6 (|z| <= 3.2), the head 2.8e-7 on an AMD Zen 4; on an Intel
+# Xeon the head 9.7e-7, and 2.5e-6 with MKL held to AVX2 (MKL_ENABLE_INSTRUCTIONS, the avx2 perturbation)
 Z_F64, Z_F32 = (0.0, 1e-5), (1e-4, 1e-5)
+HEAD_F64 = (0.0, 4e-6)
 
 
 @pytest.mark.parametrize("precision", ["float32", "float64"])
@@ -101,7 +103,7 @@ def test_head_network_output_matches_official(models, precision):
     model, h = models[precision], REF["head"]
     with torch.no_grad():
         out = model.head.net(wide(h["x"], precision), h["t"], wide(h["z"], precision))
-    assert_matches(out, h["out"], precision, (0.0, 2e-6), (1e-4, 1e-5))
+    assert_matches(out, h["out"], precision, HEAD_F64, (1e-4, 1e-5))
 
 
 @pytest.mark.parametrize("precision", ["float32", "float64"])
