@@ -12,6 +12,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import gradio as gr
 import numpy as np
 import torch
 
@@ -23,6 +24,7 @@ from csd.serving.pairs import ModelPair, PairStore
 from demo.controls import declare_controls, preset_values
 from demo.errors import refuse
 from demo.estimate import CALIBRATION_SECONDS, HEADROOM, Rates, calibrate, head_calls, words
+from demo.faults import FAULT, CallEnded, Load, caught, crossed, fault_error
 from demo.gpu import Done, Ended, GpuCalls, task
 from demo.limits import Limits
 from demo.requests import Request, build_request
@@ -120,6 +122,10 @@ class App:
                 self.gone += 1
                 raise refuse("the client that asked for this run is not listening for its result: not run")
             time.sleep(0.05)
+
+    def load(self, r: Request, images: int | None = None, control: str = "Images") -> Load:
+        """What request ``r`` asks of the models (``images``: when not its batch), for a fault's message."""
+        return Load(images or len(r.seeds), r.sampling.num_steps, control)
 
     def request(self, components: dict | None = None, load: bool = True, **values) -> Request | None:
         """A checked request from one value per control (:func:`demo.requests.build_request`); ``load=False``:
@@ -235,19 +241,28 @@ class App:
         except Stopped as err:
             yield Ended("over time" if err.over_time else "stopped", str(err))
             return
+        except gr.Error:  # a ValueError too: the app's own refusals, and ZeroGPU's errors, as they are
+            raise
         except ValueError as err:
             yield Ended("error", str(err))
+            return
+        except Exception as err:  # a fault of the run: logged and its memory released here, in the GPU call
+            job.stop()  # first: a fault raised on this side leaves the worker running
+            kind, detail = caught(err, DEVICE.type == "cuda")
+            yield Ended(FAULT, detail, kind)
             return
         finally:
             job.stop()
         yield Done(job.result)
 
-    def follow(self, events: Iterator, runs: list[str], progress) -> Iterator[object]:
+    def follow(self, events: Iterator, runs: list[str], progress, load: Load | None = None) -> Iterator[object]:
         """Follow a GPU call's events (:meth:`job_events`) in the main process: report its AR steps to
         ``progress`` (phase in the label, the bar across ``runs``) and pass them on, as a :class:`Throttle`
         lets them through, and pass on every value it posts; return its result (``yield from``), or raise the
-        app's error for a run that stopped or failed. Closing this generator (Stop) closes the call."""
-        t0, status, steps, throttle = time.perf_counter(), "stopped", 0, Throttle()  # stays so when Stop closes it
+        app's error for a run that stopped, was refused or failed (:mod:`demo.faults`: named for ``load``, what
+        the request asked for), whether it ends the call's events or crosses the call as an exception.
+        Closing this generator (Stop) closes the call."""
+        t0, status, steps, throttle = time.perf_counter(), None, 0, Throttle()  # None: closed by Stop
         try:
             for event in events:
                 if isinstance(event, Done):
@@ -255,7 +270,7 @@ class App:
                     return event.result
                 if isinstance(event, Ended):
                     status = event.status
-                    raise ended(event)
+                    raise ended(event, load)
                 if isinstance(event, Step):
                     steps += 1
                     if not throttle.due(event):
@@ -263,18 +278,21 @@ class App:
                     i = runs.index(event.label) if event.label in runs else 0
                     progress((i * event.total + event.done, len(runs) * event.total), desc=event.text, unit="steps")
                 yield event
-            status = "error"
-            raise RuntimeError("a GPU call ended without its result")
+            raise CallEnded("a GPU call ended without its result")
+        except Exception as err:
+            error = crossed(err, load, DEVICE.type == "cuda")
+            status = status or ("error" if error is err else FAULT)  # refused (ZeroGPU's own errors), or failed
+            raise error from None
         finally:
             events.close()
-            self.history.append({"status": status, "steps": steps, "seconds": time.perf_counter() - t0})
+            self.history.append({"status": status or "stopped", "steps": steps, "seconds": time.perf_counter() - t0})
 
-    def run_all(self, task: str, values: dict, seconds: float, progress) -> Iterator[str]:
+    def run_all(self, task: str, values: dict, seconds: float, progress, load: Load | None = None) -> Iterator[str]:
         """Run GPU task ``task`` (whose work posts a :class:`~csd.serving.jobs.RunStart` before each of its
         runs, :func:`steps_job`) on ``values``, asking for ``seconds``: yields a status line (the run within the
-        runs, the AR step within the run); returns the task's result."""
+        runs, the AR step within the run); returns the task's result (a fault named for ``load``)."""
         run = RunStart(0, 1, "")
-        follow = self.follow(self.gpu.call(task, values, seconds), [], lambda *args, **kwargs: None)
+        follow = self.follow(self.gpu.call(task, values, seconds), [], lambda *args, **kwargs: None, load)
         while True:
             try:
                 event = next(follow)
@@ -321,8 +339,10 @@ def still_timing(pair_name: str) -> Exception:
     )
 
 
-def ended(event: Ended) -> Exception:
-    """The app's error for a model run that did not finish."""
+def ended(event: Ended, load: Load | None = None) -> Exception:
+    """The app's error for a model run that did not finish (a fault named for ``load``)."""
+    if event.status == FAULT:
+        return fault_error(event.kind, event.message, load)
     if event.status == "over time":
         return refuse(
             f"This request {event.message} per request on this server and was stopped: ask for fewer images "
@@ -351,6 +371,8 @@ def run_to_end(events: Iterator) -> object:
                 return event.result
             if isinstance(event, Ended):
                 raise ended(event)
+    except Exception as err:
+        raise crossed(err, None, DEVICE.type == "cuda") from None
     finally:
         events.close()
-    raise RuntimeError("a GPU call ended without its result")
+    raise crossed(CallEnded("a GPU call ended without its result"), None, DEVICE.type == "cuda")

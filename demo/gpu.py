@@ -50,10 +50,12 @@ class Done:
 
 @dataclass(frozen=True)
 class Ended:
-    """The last event of a call that did not: ``status`` "stopped", "over time" or "error", and why."""
+    """The last event of a call that did not: ``status`` "stopped", "over time", "error" (a setting the
+    library refused) or "fault" (the run failed: ``kind`` says what, :mod:`demo.faults`), and why."""
 
     status: str
     message: str
+    kind: str = ""
 
 
 Task = Callable[..., Iterator]  # task(app, **values) -> events: progress steps, posted values, then Done or Ended

@@ -12,6 +12,7 @@ from csd.experiments.small_frontier import SmallFrontier
 from demo.application import App, pair_defaults, steps_job
 from demo.controls import slider, take
 from demo.errors import refuse
+from demo.faults import Load
 from demo.gpu import task
 from demo.requests import Request, twin_events
 from demo.tab import Page, shown_refusal
@@ -89,8 +90,9 @@ def analysis_panels(app: App, n_images: int, progress, components: dict | None =
     """Recompute every panel over ``n_images`` images (image i: seed + i) at the controls, in one GPU call:
     yields status lines, returns the panels."""
     analysis, seconds = check_analysis(app, n_images, components, **controls)
-    values = {"pair_name": analysis.pair.name, "settings": analysis.settings}
-    return (yield from app.run_all("analysis", values, seconds, progress))
+    values, settings = {"pair_name": analysis.pair.name, "settings": analysis.settings}, analysis.settings
+    load = Load(settings.n_images, settings.sampling.num_steps, "Images (n)")
+    return (yield from app.run_all("analysis", values, seconds, progress, load))
 
 
 @task("analysis")
@@ -143,7 +145,8 @@ def frontier_result(app: App, n_images: int, progress, components: dict | None =
     combinations) around the controls, over ``n_images`` images, one run per setting, in one GPU call: yields
     status lines, returns the frontier."""
     small, seconds = check_frontier(app, n_images, components, **controls)
-    return (yield from app.run_all("frontier", small.plan(), seconds, progress))
+    load = Load(len(small.seeds), small.points[0].sampling.num_steps, "Images (n)")
+    return (yield from app.run_all("frontier", small.plan(), seconds, progress, load))
 
 
 @task("frontier")

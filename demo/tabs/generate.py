@@ -88,7 +88,7 @@ def compare(app: App, progress, fit: bool = True, **controls) -> Iterator[object
 
 
 def _compare(app: App, r: Request, seconds: float, progress) -> Iterator[object]:
-    result = yield from app.follow(app.gpu.call("compare", r.plain(), seconds), RUNS, progress)
+    result = yield from app.follow(app.gpu.call("compare", r.plain(), seconds), RUNS, progress, app.load(r))
     yield result
 
 
@@ -281,7 +281,7 @@ class GenerateTab:
             self.map: im["map"],
             self.draft: im["draft"],
             self.stats: shown_stats(shown, " Press **Generate** to run it on this server."),
-            self.speed: time_figure(shown.phases, shown.summary) if shown.phases else None,  # as after a click
+            self.speed: shown_figure(shown),
             self.summary: shown.summary,
             self.results: shown.controls["pair_name"],
         } | self._extras(im["target"], im["csd"], im["map"], shown.controls)
@@ -379,7 +379,7 @@ class GenerateTab:
                 **{k: v for k, v in IMAGE.items() if k != "min_width"},
             )
             self.link = gr.Markdown(settings_link(first.controls) if first else "", elem_id="settings-link")
-        self.speed = gr.Plot(label="Speedup", elem_id="speed-plot")
+        self.speed = gr.Plot(shown_figure(first) if first else None, label="Speedup", elem_id="speed-plot")
         with gr.Accordion("Run summary (JSON)", open=False):
             self.summary = gr.JSON(first.summary if first else None)
         if not self.shown:
@@ -436,6 +436,11 @@ class GenerateTab:
 def shown_stats(shown: showcase.Shown, after: str = "") -> str:
     """A precomputed comparison's numbers, and a line naming it and the pair it was made on."""
     return f"{shown.stats}\n\n*Precomputed on {shown.controls['pair_name']}: {shown.title}.{after}*"
+
+
+def shown_figure(shown: showcase.Shown):
+    """A precomputed comparison's time split, as the chart shows it after a click (None without its phases)."""
+    return time_figure(shown.phases, shown.summary) if shown.phases else None
 
 
 def pick_example(sample: list) -> str:

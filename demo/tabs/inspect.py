@@ -90,7 +90,8 @@ def inspect_run(
     r = check_inspect(app, image, row, column, components, **controls)
     image, row, column = _position(components, image, row, column)
     seconds = app.estimate(r, {"target": 1, "csd": 1})
-    run = drain(app.follow(app.gpu.call("inspect", r.plain(), seconds), ["target-only", "CSD"], progress))
+    call = app.gpu.call("inspect", r.plain(), seconds)
+    run = drain(app.follow(call, ["target-only", "CSD"], progress, app.load(r)))
     try:
         token = run.token(image, row, column)
     except ValueError as err:

@@ -189,6 +189,62 @@ def test_generate_then_analysis_in_chromium(served, tmp_path):
         page.locator("#panel-frontier .hoverlayer").get_by_text("gamma", exact=False).first.wait_for(state="visible")
 
 
+def drawn_bars(page) -> int:
+    """The bars the Speedup chart has drawn (plotly's bar paths)."""
+    return page.locator("#speed-plot .js-plotly-plot .barlayer .point path").count()
+
+
+@pytest.mark.browser
+def test_the_first_sight_has_a_drawn_speed_chart_before_any_click_and_after_a_pair_switch(served, tmp_path):
+    """A fresh page at 1280x900: the Speedup chart shows the first precomputed comparison's time split, with
+    nothing clicked; another pair's first sight has its own."""
+    application, url = served
+    with open_page(url) as page:
+        page.locator("#speed-plot .js-plotly-plot .barlayer .point path").first.wait_for(state="visible")
+        assert drawn_bars(page) >= 2  # a stacked bar per run at least (target-only and CSD)
+        first = page.locator("#speed-plot").inner_text()
+        assert "Speedup" in first and "where the time goes" in first
+        page.screenshot(path=screenshots(tmp_path) / "screenshot_first_sight.png", full_page=True)
+        other = next(n for n in application.store.names[1:] if application.store.source(n).is_text)
+        page.get_by_label("Model pair").first.click()
+        page.get_by_role("option", name=other).click()
+        page.wait_for_function(
+            "first => (document.querySelector('#speed-plot')?.innerText || first) !== first", arg=first
+        )
+        assert drawn_bars(page) >= 2
+
+
+@pytest.mark.browser
+def test_a_model_run_that_fails_is_named_on_the_page_and_the_buttons_are_idle_again(served):
+    """The model runs out of memory a few AR steps into a Generate: the status line names it and says what to
+    try, Generate and Stop are idle again, and the next Generate runs as usual."""
+    application, url = served
+    target = application.store.get(application.store.names[0]).target
+    calls = [0]
+
+    def out_of_memory(module, args):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise torch.OutOfMemoryError("DefaultCPUAllocator: not enough memory: you tried to allocate 2147483648")
+
+    hooks = [m.register_forward_pre_hook(out_of_memory) for m in target.modules()]
+    try:
+        with open_page(url) as page:
+            page.get_by_role("button", name="Generate", exact=True).click()
+            status = page.locator("#gen-status")
+            status.get_by_text("ran out of memory", exact=False).wait_for(state="visible")
+            assert "The server ran out of memory (RAM) for 2 images at" in status.inner_text()
+            assert "try 1 or fewer (Images), or fewer AR steps" in status.inner_text()
+            for name in ("Generate", "Stop"):
+                assert page.get_by_role("button", name=name, exact=True).first.is_enabled()
+            page.wait_for_function("() => !document.querySelector('#gen-status .progress-text, #img-target .eta-bar')")
+            generate_and_wait(page)  # the next run, on the same page, as before the fault
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert calls[0] > 3
+
+
 RED_CIRCLE = "a large red circle on a plain white background"
 RED_STAR = "a large red star on a plain white background"
 

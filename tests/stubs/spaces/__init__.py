@@ -7,6 +7,13 @@ with the call's own arguments, as ZeroGPU does), and checks it is a positive num
 the process boundary to ZeroGPU's worker. :data:`OPEN` counts the calls under way, so a test can tell whether
 a model ran inside one (a forward hook reads it); :data:`HOLD` makes calls slow (a GPU that takes its time).
 
+A call fails on demand (:data:`FAULTS`, one :class:`Fault` for each of the next calls): a fault of the worker is
+thrown into the task where it waits after its first ``after`` events (as a model run's exception arises in
+the worker; at 0, before the task starts); a fault of the host is raised by the call itself after ``after``
+events (as ZeroGPU raises its own ``gr.Error``, "GPU task aborted"). As the real package does (0.51), an
+exception that leaves the worker reaches the caller as it is when it is a ``gr.Error``, else as
+``gr.Error("<its class name>", title="ZeroGPU worker error")``.
+
 On the path as ``spaces`` (``tests/stubs`` first on ``PYTHONPATH``) with ``SPACES_ZERO_GPU`` set, importing it
 also patches torch as the real package does on a ZeroGPU Space's main process, where no GPU is attached:
 ``torch.cuda.is_available()`` is True, a module placed on CUDA stays where it is (recorded in :data:`PLACED`;
@@ -19,6 +26,7 @@ import functools
 import inspect
 import os
 import pickle
+from dataclasses import dataclass
 
 MAX_SECONDS = 300  # the longest call ZeroGPU grants anyone (a logged-in visitor)
 CALLS: list[dict] = []  # {"function", "task", "duration"} per call, in order
@@ -26,6 +34,51 @@ DECORATED: list = []  # every function decorated
 OPEN = [0]  # GPU calls under way
 HOLD: list = []  # hold(*args, **kwargs) for each, as a call starts (open), before it runs: may wait
 ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true")
+WORKER_ERROR = "ZeroGPU worker error"  # the title the real package gives a worker's exception (spaces.zero.wrappers)
+
+
+@dataclass
+class Fault:
+    """The next call fails with ``error`` after its first ``after`` events: in the worker (the task's own
+    fault) or at the host (ZeroGPU's)."""
+
+    error: BaseException
+    after: int = 0
+    where: str = "worker"
+
+
+FAULTS: list[Fault] = []  # consumed one per call, in order
+FAILED: list[dict] = []  # {"task", "error", "open"} per fault raised: what, and how many calls were open then
+
+
+def _worker_error(err: Exception) -> Exception:
+    """What the caller gets of an exception that left the worker (spaces.zero.wrappers.exception_result)."""
+    import gradio as gr
+
+    if isinstance(err, gr.Error):
+        return err
+    return gr.Error(type(err).__name__, title=WORKER_ERROR, print_exception=False)
+
+
+def _events(inner, fault: Fault | None, task):
+    """The task's events, with ``fault`` raised where and when it says."""
+    done = 0
+    while True:
+        if fault is not None and done == fault.after:
+            FAILED.append({"task": task, "error": fault.error, "open": OPEN[0]})
+            if fault.where == "host":
+                raise fault.error
+            step, fault = (lambda error=fault.error: inner.throw(error)), None
+        else:
+            step = lambda: next(inner)
+        try:
+            value = step()
+        except StopIteration:
+            return
+        except Exception as err:
+            raise _worker_error(err) from None
+        yield value
+        done += 1
 
 
 def _crossed(value):
@@ -57,7 +110,7 @@ def GPU(task=None, *, duration=None, size=None, **kwargs):
                 inner = fn(*args, **kwargs)
                 try:
                     _hold(args, kwargs)
-                    for value in inner:
+                    for value in _events(inner, FAULTS.pop(0) if FAULTS else None, args[0] if args else None):
                         yield _crossed(value)
                 finally:  # a closed call (Stop) closes the task, as ZeroGPU's worker does
                     inner.close()
