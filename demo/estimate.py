@@ -18,11 +18,9 @@ from dataclasses import dataclass, field, replace
 
 from csd.config import CSDConfig, SamplingConfig
 from csd.decoding import sync_cuda
+from csd.dispatch import Method
 from csd.records.cost import csd_passes
-from csd.sampling import generate
 from csd.serving.pairs import ModelPair
-from csd.speculative import speculative_generate
-from csd.trace import Maker
 
 CALIBRATION_BATCH = 4  # the second batch timed
 # What a timing call may take, asked for before the pair's rates exist (its GPU call's duration, demo.gpu): the
@@ -100,11 +98,8 @@ def calibrate(pair: ModelPair, sampling: SamplingConfig, csd: CSDConfig, conditi
 
     def runs(images: int, s: SamplingConfig) -> dict:
         conditions, seeds = [condition] * images, list(range(images))
-        return {
-            "target": lambda: generate(pair.target, conditions, seeds, s),
-            "draft": lambda: generate(pair.draft, conditions, seeds, s, Maker.DRAFT),
-            "csd": lambda: speculative_generate(pair.target, pair.draft, conditions, seeds, s, csd),
-        }
+        methods = (Method.target(), Method.draft(), Method.speculative(csd))  # keyed by kind: target, draft, csd
+        return {m.kind: (lambda m=m: m.run(pair.target, pair.draft, conditions, seeds, s)) for m in methods}
 
     cheap = pair.traits.cheapest()  # one AR step (or the fixed ones) at the fewest head steps, guided as timed
     warm = replace(sampling, num_steps=cheap.num_steps, head_steps=cheap.head_steps, cfg_schedule=cheap.cfg_schedule)

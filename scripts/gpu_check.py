@@ -205,18 +205,16 @@ def _family_syncs(device: torch.device, family: str, pair) -> dict:
     import warnings
 
     from csd.config import CSDConfig, SamplingConfig
-    from csd.sampling import generate
-    from csd.speculative import speculative_generate
+    from csd.dispatch import Method
 
     result = {}
     steps = pair.traits.fixed_num_steps or 8
     sampling = SamplingConfig(num_steps=steps, cfg_scale=3.0, cfg_schedule=pair.traits.cfg_schedule or "linear")
     conditions = list(pair.prompts[:1] or [1]) * 2
+    methods = {"target": Method.target(), "csd": Method.speculative(CSDConfig(gamma=4))}
     runs = {
-        "target": lambda cb, p=pair, s=sampling, c=conditions: generate(p.target, c, [0, 1], s, on_step=cb),
-        "csd": lambda cb, p=pair, s=sampling, c=conditions: speculative_generate(
-            p.target, p.draft, c, [0, 1], s, CSDConfig(gamma=4), on_step=cb
-        ),
+        mode: lambda cb, m=m, p=pair, s=sampling, c=conditions: m.run(p.target, p.draft, c, [0, 1], s, on_step=cb)
+        for mode, m in methods.items()
     }
     for mode, run in runs.items():
         run(None)  # untimed: one-time costs (allocations, caches)

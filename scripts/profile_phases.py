@@ -38,9 +38,21 @@ import csd.decoding
 from csd.config import CSDConfig
 from csd.experiments import defaults
 from csd.serving.pairs import PairStore, discover
-from csd.sampling import generate
-from csd.speculative import speculative_generate
 from dataclasses import replace
+
+try:
+    from csd.dispatch import Method
+except ImportError:  # a tree from before csd.dispatch: the samplers called as its Method calls them
+    from csd.sampling import generate
+    from csd.speculative import speculative_generate
+
+    def method_run(mode):
+        if mode == "target":
+            return lambda target, draft, c, s, sampling: generate(target, c, s, sampling)
+        return lambda target, draft, c, s, sampling: speculative_generate(target, draft, c, s, sampling, defaults.CSD)
+else:
+    def method_run(mode):
+        return (Method.target() if mode == "target" else Method.speculative(defaults.CSD)).run
 
 
 class Clock:
@@ -69,10 +81,8 @@ for line in sys.stdin:
         sampling = replace(sampling, num_steps=t.fixed_num_steps, cfg_schedule=t.cfg_schedule)
     conditions = list(pair.prompts[:1] or [0]) * case["batch"]
     seeds = list(range(case["batch"]))
-    if case["mode"] == "target":
-        run = lambda: generate(pair.target, conditions, seeds, sampling)
-    else:
-        run = lambda: speculative_generate(pair.target, pair.draft, conditions, seeds, sampling, defaults.CSD)
+    method = method_run(case["mode"])
+    run = lambda: method(pair.target, pair.draft, conditions, seeds, sampling)
     t0 = now()
     gen = run()
     total = now() - t0

@@ -22,6 +22,7 @@ from csd.cli import add_machine_flags, start_up
 from csd.config import CSDConfig, SamplingConfig
 from csd.core.checks import check_int
 from csd.decoding import Generation, StepCallback, sync_cuda
+from csd.dispatch import Method
 from csd.experiments import defaults
 from csd.records.cost import StepCosts, simple_bound, speedup_bound
 from csd.records.panel_data import (
@@ -36,10 +37,8 @@ from csd.records.panel_data import (
     TimePanel,
     json_float,
 )
-from csd.sampling import generate
 from csd.serving.jobs import RunStart
 from csd.serving.pairs import RANDOM_SOURCE, ModelPair, PairStore, discover
-from csd.speculative import speculative_generate
 from csd.trace import Maker, Trace
 
 MAX_TRIES_BINS = 50  # resampler tries above this share the last bin
@@ -70,6 +69,19 @@ def _timed_run(fn: Callable[[], Generation]) -> Run:
     return Run(gen, wall - sum(gen.trace.times.get(k, 0.0) for k in ("counterfactual", "inspection")))
 
 
+def run_method(
+    pair: ModelPair,
+    labels: Sequence[int],
+    seeds: Sequence[int],
+    sampling: SamplingConfig,
+    method: Method,
+    on_step: StepCallback | None = None,
+    keep_details: bool = False,
+) -> Run:
+    """A generation of the pair with ``method`` (target-only, draft-only or CSD), timed."""
+    return _timed_run(lambda: method.run(pair.target, pair.draft, labels, seeds, sampling, on_step, keep_details))
+
+
 def run_single(
     pair: ModelPair,
     labels: Sequence[int],
@@ -79,8 +91,10 @@ def run_single(
     on_step: StepCallback | None = None,
 ):
     """Target-only (``Maker.TARGET``) or draft-only (``Maker.DRAFT``) generation, timed."""
-    model = pair.target if maker == Maker.TARGET else pair.draft
-    return _timed_run(lambda: generate(model, labels, seeds, sampling, maker=maker, on_step=on_step))
+    if maker not in (Maker.TARGET, Maker.DRAFT):
+        raise ValueError(f"a single model's run is Maker.TARGET's or Maker.DRAFT's, got {maker!r}")
+    method = Method.target() if maker == Maker.TARGET else Method.draft()
+    return run_method(pair, labels, seeds, sampling, method, on_step)
 
 
 def run_csd(
@@ -92,9 +106,8 @@ def run_csd(
     on_step: StepCallback | None = None,
     keep_details: bool = False,
 ):
-    return _timed_run(
-        lambda: speculative_generate(pair.target, pair.draft, labels, seeds, sampling, csd, on_step, keep_details)
-    )
+    """CSD at ``csd``, timed."""
+    return run_method(pair, labels, seeds, sampling, Method.speculative(csd), on_step, keep_details)
 
 
 # --- the analysis ----------------------------------------------------------------------------
@@ -192,11 +205,7 @@ class Analysis:
         runs = [(*plan, self._runs) for plan in self._plan.values()] + [(*t, self._retimed) for t in self._timed]
         for i, (label, sampling, csd, store) in enumerate(runs):
             yield RunStart(i, len(runs), label)
-            callback = on_step(label)
-            if csd is None:
-                run = run_single(self.pair, self.labels, self.seeds, sampling, on_step=callback)
-            else:
-                run = run_csd(self.pair, self.labels, self.seeds, sampling, csd, on_step=callback)
+            run = run_method(self.pair, self.labels, self.seeds, sampling, Method.of(csd), on_step(label))
             store[_key(sampling, csd)] = run
 
     def run(self, sampling: SamplingConfig, csd: CSDConfig | None) -> Run:

@@ -36,6 +36,7 @@ from csd.cli import parse_setting, start_up
 from csd.config import CSDConfig, SamplingConfig
 from csd.core.checks import check_int, is_int
 from csd.core.schedule import step_sizes
+from csd.dispatch import Method
 from csd.experiments import defaults
 from csd.experiments.evaluate import (
     add_setting_args,
@@ -57,10 +58,7 @@ from csd.experiments.frontier_command import (
 )
 from csd.experiments.timing import alternate, cost_breakdown, measured_costs, ratio_spread
 from csd.records.cost import csd_passes, prefill_steps, simple_bound, speedup_bound
-from csd.sampling import generate
 from csd.shapes.metrics import REFERENCE_SEED, frechet_distance, load_classifier, reference_features
-from csd.speculative import speculative_generate
-from csd.trace import Maker
 
 REAL_SEED = REFERENCE_SEED + 1  # a second real set: the Frechet distance a perfect sampler would get at this n
 
@@ -95,14 +93,15 @@ def time_batch(target, draft, sampling: SamplingConfig, csd: CSDConfig, batch: i
     # The draft runs its head with as many steps as in CSD, which shares the target's noise shape.
     draft_sampling = replace(sampling, head_steps=target.head_steps(sampling.head_steps))
     runs: dict[str, Callable[[], object]] = {
-        "target": partial(generate, target, labels, seeds, sampling),
-        "draft": partial(generate, draft, labels, seeds, draft_sampling, Maker.DRAFT),
+        "target": partial(Method.target().run, target, draft, labels, seeds, sampling),
+        "draft": partial(Method.draft().run, target, draft, labels, seeds, draft_sampling),
     }
     fewer = {g: fewer_steps(sampling, replace(csd, gamma=g), target) for g in config.gammas}
     fewer_key = lambda g: f"target/{fewer[g].num_steps}/{fewer[g].head_steps}"
     for g in config.gammas:
-        runs[f"csd/{g}"] = partial(speculative_generate, target, draft, labels, seeds, sampling, replace(csd, gamma=g))
-        runs.setdefault(fewer_key(g), partial(generate, target, labels, seeds, fewer[g]))
+        speculative = Method.speculative(replace(csd, gamma=g))
+        runs[f"csd/{g}"] = partial(speculative.run, target, draft, labels, seeds, sampling)
+        runs.setdefault(fewer_key(g), partial(Method.target().run, target, draft, labels, seeds, fewer[g]))
     samples = alternate(runs, config.repeats, config.warmup)
     costs = measured_costs(samples["target"], samples["draft"], sampling.num_steps)
     p_steps = prefill_steps(step_sizes(target.seq_len, sampling.num_steps), csd.prefill)
@@ -272,9 +271,9 @@ def compare_settings(
     per setting its target passes (from the cost model, equal to the sampler's) and its speed-up,
     median over median, with the spread of the per-round ratios."""
     labels, seeds = eval_labels_seeds(batch, 100, target.traits)
-    runs = {"target-only": lambda: generate(target, labels, seeds, sampling)}
+    runs = {"target-only": lambda: Method.target().run(target, draft, labels, seeds, sampling)}
     for name, csd in settings.items():
-        runs[name] = lambda csd=csd: speculative_generate(target, draft, labels, seeds, sampling, csd)
+        runs[name] = lambda csd=csd: Method.speculative(csd).run(target, draft, labels, seeds, sampling)
     timed = alternate(runs, repeats)
     base = timed["target-only"]
     rows = []

@@ -32,12 +32,12 @@ from csd.cli import add_config_flags, add_machine_flags, config_from_args, start
 from csd.config import CSDConfig, SamplingConfig
 from csd.core.checks import check_int
 from csd.core.precision import at_precision
-from csd.decoding import Generation, model_device
+from csd.decoding import model_device
+from csd.dispatch import Method
 from csd.experiments import defaults
 from csd.family import FamilyTraits
 from csd.models.registry import load_model
 from csd.records.cost import csd_passes
-from csd.sampling import generate
 from csd.serving.pairs import image_tokenizer
 from csd.shapes.data import CLASS_NAMES, contact_sheet, make_dataset
 from csd.shapes.metrics import (
@@ -51,7 +51,6 @@ from csd.shapes.metrics import (
     load_classifier,
     reference_features,
 )
-from csd.speculative import speculative_generate
 from csd.trace import Maker, Trace
 
 MODES = ("csd", "target", "draft", "target-fewer-steps")
@@ -121,25 +120,17 @@ def fewer_steps(sampling: SamplingConfig, csd: CSDConfig, target) -> SamplingCon
     return replace(sampling, head_steps=max(2, round(steps * passes / sampling.num_steps)), head_steps_min=None)
 
 
-def run_mode(
-    mode: str,
-    target,
-    draft,
-    labels: Sequence[int],
-    seeds: Sequence[int],
-    sampling: SamplingConfig,
-    csd: CSDConfig,
-) -> Generation:
-    """One batch with the sampler a mode names."""
-    if mode == "csd":
-        return speculative_generate(target, draft, labels, seeds, sampling, csd)
-    if mode == "target":
-        return generate(target, labels, seeds, sampling)
-    if mode == "draft":
-        return generate(draft, labels, seeds, sampling, Maker.DRAFT)
-    if mode == "target-fewer-steps":
-        return generate(target, labels, seeds, fewer_steps(sampling, csd, target))
-    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+def mode_method(mode: str, csd: CSDConfig) -> Method:
+    """What a mode runs: CSD at ``csd``, the draft alone, or the target alone (at fewer steps, "target-fewer-steps":
+    :func:`mode_sampling`)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return {"csd": Method.speculative(csd), "draft": Method.draft()}.get(mode, Method.target())
+
+
+def mode_sampling(mode: str, sampling: SamplingConfig, csd: CSDConfig, target) -> SamplingConfig:
+    """The setting a mode runs at: :func:`fewer_steps` for "target-fewer-steps", else ``sampling``."""
+    return fewer_steps(sampling, csd, target) if mode == "target-fewer-steps" else sampling
 
 
 def image_stats(trace: Trace) -> np.ndarray:
@@ -173,11 +164,26 @@ def generate_images(
     csd: CSDConfig,
     batch_size: int,
 ) -> tuple[Tensor, np.ndarray]:
-    """Images (n, 3, H, W) in [-1, 1] on the CPU and their per-image stats, in batches."""
+    """Images (n, 3, H, W) in [-1, 1] on the CPU and their per-image stats, in batches, with the sampler a mode
+    names (:func:`mode_method`, at :func:`mode_sampling`)."""
+    method, at = mode_method(mode, csd), mode_sampling(mode, sampling, csd, target)
+    return method_images(method, target, draft, labels, seeds, at, batch_size)
+
+
+def method_images(
+    method: Method,
+    target,
+    draft,
+    labels: Sequence[int],
+    seeds: Sequence[int],
+    sampling: SamplingConfig,
+    batch_size: int,
+) -> tuple[Tensor, np.ndarray]:
+    """:func:`generate_images` with the sampler ``method`` names, at ``sampling``."""
     tokenizer = image_tokenizer(target)
     images, stats = [], []
     for i in range(0, len(seeds), batch_size):
-        out = run_mode(mode, target, draft, labels[i : i + batch_size], seeds[i : i + batch_size], sampling, csd)
+        out = method.run(target, draft, labels[i : i + batch_size], seeds[i : i + batch_size], sampling)
         images.append(tokenizer.decode(out.tokens))
         stats.append(image_stats(out.trace))
     return torch.cat(images), np.concatenate(stats)
@@ -320,9 +326,7 @@ def evaluate(
             "world_size": world,
             "settings": {
                 "eval": asdict(config),
-                "sampling": asdict(
-                    fewer_steps(sampling, csd, target) if config.mode == "target-fewer-steps" else sampling
-                ),
+                "sampling": asdict(mode_sampling(config.mode, sampling, csd, target)),
                 "csd": asdict(csd) if config.mode in ("csd", "target-fewer-steps") else None,
             },
         }

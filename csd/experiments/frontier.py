@@ -18,17 +18,15 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from csd.config import CSDConfig, SamplingConfig
+from csd.config import SamplingConfig
 from csd.decoding import Generation
-from csd.experiments.evaluate import eval_labels_seeds, generate_images, quality
+from csd.dispatch import Method
+from csd.experiments.evaluate import eval_labels_seeds, method_images, quality
 from csd.experiments.grid import Point, points_of
 from csd.experiments.timing import alternate
 from csd.records.cost import BACKBONE_PHASES, CHAIN_PHASES, WORK_KEYS, PassCosts, fit_chain, fit_pass, phase_totals
 from csd.records.verdict import mark_fronts, result_metrics, verdict
-from csd.sampling import generate
 from csd.shapes.metrics import frechet_distance
-from csd.speculative import speculative_generate
-from csd.trace import Maker
 
 BOOTSTRAP = 20  # resamples for the Frechet distance's standard error
 TIMED_IMAGES = 8  # images per timed unit at batches up to 8 ...
@@ -80,9 +78,8 @@ def time_points(target, draft, points: list[Point], batch: int, repeats: int, ex
     chunks = [(labels[i * batch : (i + 1) * batch], seeds[i * batch : (i + 1) * batch]) for i in range(units)]
 
     def runner(p: Point):
-        if p.csd is None:
-            return lambda lab, sd: generate(target, lab, sd, p.sampling)
-        return lambda lab, sd: speculative_generate(target, draft, lab, sd, p.sampling, p.csd)
+        method = p.runner
+        return lambda lab, sd: method.run(target, draft, lab, sd, p.sampling)
 
     makers = {p.name: runner(p) for p in points} | dict(extra or {})
     runs = {name: (lambda f=f: [f(lab, sd) for lab, sd in chunks]) for name, f in makers.items()}
@@ -102,7 +99,8 @@ def draft_runs(target, draft, sampling: SamplingConfig, fewest: int | None) -> d
     settings = {"draft-only": base}
     if fewest is not None:
         settings[f"draft-only, {fewest} AR steps"] = replace(base, num_steps=fewest)
-    return {name: (lambda lab, sd, s=s: generate(draft, lab, sd, s, Maker.DRAFT)) for name, s in settings.items()}
+    only = Method.draft()
+    return {name: (lambda lab, sd, s=s: only.run(target, draft, lab, sd, s)) for name, s in settings.items()}
 
 
 def pass_costs(timed: dict[str, Timed], target_runs: Sequence[str], draft_runs_: Sequence[str]) -> PassCosts:
@@ -180,8 +178,7 @@ def score_points(target, draft, points: list[Point], classifier, ref_feats, n: i
     labels, seeds = eval_labels_seeds(n, 0, target.traits)
     scored = []
     for p in points:
-        mode = "target" if p.csd is None else "csd"
-        images, _ = generate_images(mode, target, draft, labels, seeds, p.sampling, p.csd or CSDConfig(), 8)
+        images, _ = method_images(p.runner, target, draft, labels, seeds, p.sampling, 8)
         scores, feats = quality(images, labels, ref_feats, classifier)
         acc = scores["accuracy"]
         scored.append(

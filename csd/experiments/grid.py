@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from csd.cli import changes
 from csd.config import FLOW_GRIDS, CSDConfig, SamplingConfig
 from csd.core.schedule import DISA_FLOOR
+from csd.dispatch import Method
 
 SAMPLER_METHODS = {"ddim": "target, DDIM", "euler": "target, Euler ODE", "heun": "target, Heun ODE"}
 FLOW_COUNTS = range(3, 13)  # the flow steps of xAR's ODE samplers and uniform grid on the frontier
@@ -42,7 +43,13 @@ class Point:
         return ",".join([kind[0], *changes(self.sampling, base), *kind[1:]])
 
     @property
+    def runner(self) -> Method:
+        """What runs at this point: target-only, or CSD at ``csd``."""
+        return Method.of(self.csd)
+
+    @property
     def method(self) -> str:
+        """Its method's name in the tables and charts ("CSD", "target, DiSA", ...)."""
         if self.csd is not None:
             return "CSD"
         s = self.sampling

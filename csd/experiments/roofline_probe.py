@@ -2,8 +2,9 @@
 
 Runs as a worker script (``python roofline_probe.py`` with ``PYTHONPATH`` set to the tree being measured), so
 it imports nothing of ``csd.experiments`` and only the public API every tree has had (``generate``,
-``speculative_generate``, the embedded pairs, the default setting): an older tree is measured by the same
-code as this one. Reads one JSON request per line on stdin and answers one JSON line:
+``speculative_generate``, the embedded pairs, the default setting), running them through ``csd.dispatch.Method``
+where the tree has it (:func:`method_run`): an older tree is measured by the same code as this one. Reads one
+JSON request per line on stdin and answers one JSON line:
 
 * ``{"op": "count", "case": C}``: a run under a dispatch mode that records every matrix product (its op,
   shapes, strides, dtype: the bound replays them) and counts every op, and a run under ``torch.profiler``
@@ -210,13 +211,30 @@ def op_class(name: str) -> str:
     return "other"
 
 
+def method_run(mode: str, csd):
+    """What a case's ``mode`` runs, as ``run(target, draft, conditions, seeds, sampling)``: target-only ("target")
+    or CSD at ``csd``, through the tree's :class:`csd.dispatch.Method`; a tree from before it has the samplers
+    called as that calls them."""
+    try:
+        from csd.dispatch import Method
+    except ImportError:  # an older tree: the same calls, written out
+        from csd.sampling import generate
+        from csd.speculative import speculative_generate
+
+        def run(target, draft, conditions, seeds, sampling):
+            if mode == "target":
+                return generate(target, conditions, seeds, sampling)
+            return speculative_generate(target, draft, conditions, seeds, sampling, csd)
+
+        return run
+    return (Method.target() if mode == "target" else Method.speculative(csd)).run
+
+
 class Case:
     """One setting of one pair: the app's default (the pair's fixed AR steps and CFG ramp on xAR)."""
 
     def __init__(self, store, case: dict):
         from csd.experiments import defaults
-        from csd.sampling import generate
-        from csd.speculative import speculative_generate
 
         self.pair = pair = store.get(case["pair"])
         traits = pair.traits
@@ -227,10 +245,8 @@ class Case:
         batch = case["batch"]
         conditions = list(pair.prompts[:1] or [0]) * batch
         seeds = list(range(batch))
-        if case["mode"] == "target":
-            self.run = lambda: generate(pair.target, conditions, seeds, sampling)
-        else:
-            self.run = lambda: speculative_generate(pair.target, pair.draft, conditions, seeds, sampling, defaults.CSD)
+        run = method_run(case["mode"], defaults.CSD)
+        self.run = lambda: run(pair.target, pair.draft, conditions, seeds, sampling)
         self._bound: Bound | None = None
 
     def count(self) -> dict:

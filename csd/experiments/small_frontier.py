@@ -14,7 +14,7 @@ import numpy as np
 from csd.config import CSDConfig, SamplingConfig
 from csd.core.checks import check_int
 from csd.decoding import Generation, StepCallback
-from csd.experiments.analysis import image_conditions, run_csd, run_single
+from csd.experiments.analysis import image_conditions, run_method
 from csd.experiments.grid import Point
 from csd.models.tokenizer import PixelTokenizer
 from csd.records.verdict import mark_fronts
@@ -83,12 +83,7 @@ class SmallFrontier:
         for i, p in enumerate(order):
             label = p.name if i < len(self.points) else f"{p.name}, timed again"
             yield RunStart(i, len(order), label)
-            callback = on_step(label)
-            if p.csd is None:
-                run = run_single(self.pair, self.labels, self.seeds, p.sampling, on_step=callback)
-            else:
-                run = run_csd(self.pair, self.labels, self.seeds, p.sampling, p.csd, on_step=callback)
-            self._runs.append(run)
+            self._runs.append(run_method(self.pair, self.labels, self.seeds, p.sampling, p.runner, on_step(label)))
 
     def result(self) -> dict:
         if len(self._runs) != len(self):

@@ -38,9 +38,10 @@ def _canvas(values: np.ndarray, known: np.ndarray) -> np.ndarray:
 
 def replay_frames(tokens: Tensor, trace: Trace, target_tokens: Tensor, target_trace: Trace) -> list[Frame]:
     """Frames of a speculative run, in order; the last one is the final image. Needs the trace's
-    details (``speculative_generate(..., keep_details=True)``) for the draft's proposals."""
+    details (CSD run with ``keep_details=True``: ``Method.speculative(csd).run(..., keep_details=True)``,
+    :class:`csd.dispatch.Method`) for the draft's proposals."""
     if trace.details is None:
-        raise ValueError("replay needs the draft's proposals: run speculative_generate with keep_details=True")
+        raise ValueError("replay needs the draft's proposals: run CSD (csd.Method.speculative) with keep_details=True")
     final, target = tokens.numpy(), target_tokens.numpy()
     proposal = trace.details.draft_tokens
     committed = np.full(trace.maker.shape, UNKNOWN, dtype=np.int8)

@@ -120,7 +120,7 @@ def test_a_pair_is_timed_at_the_pages_default_setting(monkeypatch):
     each kind's share of time in its head chains comes from the runs' phase times."""
     from types import SimpleNamespace
 
-    import demo.estimate as estimate
+    import csd.dispatch as dispatch
 
     timed, made = [], SimpleNamespace(trace=SimpleNamespace(times={"target_backbone": 3.0, "target_head": 1.0}))
 
@@ -132,8 +132,8 @@ def test_a_pair_is_timed_at_the_pages_default_setting(monkeypatch):
         timed.append(("csd", len(seeds), sampling, config))
         return made
 
-    monkeypatch.setattr(estimate, "generate", single)
-    monkeypatch.setattr(estimate, "speculative_generate", csd)
+    monkeypatch.setattr(dispatch, "generate", single)  # the samplers as the calibration's Method values call them
+    monkeypatch.setattr(dispatch, "speculative_generate", csd)
     application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), Limits(max_steps=12))
     rates = application.rates(application.store.get(RANDOM_SOURCE.name))
     warm, one, many = timed[:3], timed[3:6], timed[6:]

@@ -12,7 +12,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from csd import CSDConfig, Maker, SamplingConfig, generate, speculative_generate
+from csd import CSDConfig, Method, SamplingConfig
 from csd.experiments.paper_scale.build import LoadedPair, conditions_for
 from csd.experiments.paper_scale.plan import Cell, GridConfig
 from csd.experiments.timing import Samples, alternate, cost_breakdown, measured_costs, ratio_spread
@@ -72,10 +72,10 @@ def time_cell(loaded: LoadedPair, cell: Cell, grid: GridConfig, device: torch.de
     official = loaded.weights == "official"
     conditions, seeds = conditions_for(target, cell.batch, grid.seed, prompt_tokens, official)
     csd = {g: grid.csd(g) for g in cell.gammas}
+    methods = {"target": Method.target(), "draft": Method.draft()}
+    methods |= {f"csd/{g}": Method.speculative(c) for g, c in csd.items()}
     fns: dict[str, Callable[[], object]] = {
-        "target": partial(generate, target, conditions, seeds, sampling),
-        "draft": partial(generate, draft, conditions, seeds, sampling, Maker.DRAFT),
-        **{f"csd/{g}": partial(speculative_generate, target, draft, conditions, seeds, sampling, csd[g]) for g in csd},
+        name: partial(method.run, target, draft, conditions, seeds, sampling) for name, method in methods.items()
     }
     peaks: dict[str, int] = {}
     autocast = partial(autocast_for, sampling, device, grid.heads)

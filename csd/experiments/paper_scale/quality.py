@@ -30,11 +30,10 @@ import torch
 from torch import Tensor
 
 from csd.config import CSDConfig, SamplingConfig
+from csd.dispatch import Method
 from csd.experiments.fid import inception_features, load_reference_stats
 from csd.experiments.paper_scale.plan import Cell
-from csd.sampling import generate
 from csd.shapes.metrics import frechet_from_stats, gaussian_stats
-from csd.speculative import speculative_generate
 from csd.trace import Maker
 
 # images (B, 3, H, W) in [-1, 1] -> pool features (B, D) and logits (B, K) or None
@@ -94,10 +93,7 @@ def _chunk(
     """One chunk's features, logits and acceptance counts: images i of ``indices`` (class i mod classes, seed i)."""
     classes = loaded.target.traits.num_classes
     labels = [i % classes for i in indices]
-    if csd is None:
-        out = generate(loaded.target, labels, indices, sampling)
-    else:
-        out = speculative_generate(loaded.target, loaded.draft, labels, indices, sampling, csd)
+    out = Method.of(csd).run(loaded.target, loaded.draft, labels, indices, sampling)
     with torch.inference_mode():
         images = tokenizer.decode(out.tokens.to(next(loaded.target.parameters()).device)).float().cpu()
     pool, logits = features(images)
