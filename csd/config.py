@@ -27,6 +27,7 @@ FALLBACKS = ("target", "zero")  # a token the resampler never accepts: the targe
 SCALE_SLOTS = ("std", "variance")  # what the published code's scale slots hold
 TRAJECTORY_TERMS = ("derived", "published", "none")
 ACCEPTANCE_UNITS = ("row", "token")
+BLOCKS = ("published", "context", "exact")
 # The head's samplers (SamplingConfig.head_sampler; a family's traits name those it takes): MAR's DDPM and
 # DDIM (masked families), xAR's Euler-Maruyama and the probability-flow ODE of the same guided velocity,
 # first order ("euler") or second ("heun": two velocity calls a step).
@@ -416,6 +417,15 @@ class CSDConfig:
         optional=True,
     )
     draft_ddim_eta: float = knob(0.0, "the draft's DDIM eta", "number", lo=0.0, hi=1.0)
+    block: str = knob(
+        "published",
+        "published: the target verifies every drafted step from the context before the block and the whole block "
+        "is committed (the paper's code); context: each step given the drafted steps before it, the whole block "
+        "committed; exact: so, and the block committed through its first step with a rejection (gamma 1's "
+        "distribution at any gamma)",
+        "choice",
+        choices=BLOCKS,
+    )
 
     def __post_init__(self) -> None:
         check_knobs(self)

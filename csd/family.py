@@ -64,7 +64,8 @@ class FamilyTraits:
     chain is the backbone, run over the block's cells at once) rather than one per drafted token.
     verifies_in_context: verification conditions each drafted row on the drafted rows before it (xAR),
     so it equals verifying the block step by step; a masked family verifies every drafted token from the
-    context before the block (one backbone pass), as published.
+    context before the block (one backbone pass), as published, or, under CSDConfig.block "context" or
+    "exact", each drafted step from a view of its own (one pass per step).
     tokens_per_row: tokens in one acceptance row (xAR: a cell's), for acceptance_unit "token".
     min_head_steps: the fewest chain transitions the head takes (a flow sampler needs two).
     row_name: what a drafted row is called ("tokens", "cells").
@@ -205,11 +206,14 @@ class ModelFamily(Protocol):
         config: SamplingConfig,
         steps: int,
         drafted: Tensor | None = None,
+        sizes: Sequence[int] | None = None,
     ) -> TokenChain:
         """The chains of a whole drafted block (``pos`` (B, k): all its AR steps' positions) from the
         context before the block, in one verification pass. ``drafted`` (B*k, d): the draft's tokens
         of the block, for a family whose later positions are conditioned on the earlier ones (xAR:
-        each drafted cell is verified given the cells drafted before it); MAR-like families ignore it."""
+        each drafted cell is verified given the cells drafted before it); MAR-like families ignore it,
+        unless ``sizes`` (the block's tokens per AR step) asks for the exact block: each step's chains
+        given the context plus the block's drafted steps before it."""
 
     def join(self, chains: Sequence[TokenChain], batch: int) -> TokenChain:
         """The chains of several AR steps of a block as one, rows image-major over the whole block."""

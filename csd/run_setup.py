@@ -264,6 +264,15 @@ def check_speculative(sampling: SamplingConfig, csd: CSDConfig, traits: FamilyTr
         )
     if csd.acceptance_unit == "token" and traits.tokens_per_row == 1:
         raise ValueError("acceptance_unit 'token' needs a family whose rows hold several tokens (xAR's cells)")
+    if csd.block != "published":
+        caches = {"cond_cache_start": sampling.cond_cache_start, "token_cache_keep": sampling.token_cache_keep}
+        for name, value in caches.items():
+            if value is not None:
+                raise SettingError(
+                    f"{name} must be None under block {csd.block!r} (LazyMAR's caches follow one context per pass; "
+                    f"this block verifies each drafted step on a context of its own), got {value}",
+                    name,
+                )
 
 
 def check_draft_head_steps(csd: CSDConfig, head_steps: list[int]) -> None:

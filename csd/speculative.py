@@ -5,6 +5,14 @@ at once (:meth:`csd.family.ModelFamily.verify`: a masked family's one backbone p
 before the block; xAR's flow chain over the block's cells, each given the cells drafted before it)
 -> run them (shared noise when aligned) -> accept or resample every drafted row -> commit the block }.
 The loop does not know the criterion: each one answers verdict, resample and rows alike.
+
+Under ``block="exact"`` the target sees each drafted step given the block's drafted steps before it (a
+masked family's views of the block, one pass each; ``block="context"`` stops there and commits the whole
+block), and the block is committed through its first AR step with a rejection in any image (its rejected
+tokens redrawn); the next block drafts from the step after it. Whether a step is committed depends only on
+the steps before it, and each committed step's tokens are accepted or redrawn given their own context, so
+every token follows the target given its context: a run at any gamma follows gamma 1's distribution (which
+images it makes depends on the batch, through the shared commit point).
 """
 
 from __future__ import annotations
@@ -57,7 +65,7 @@ def speculative_generate(
     if keep_details:
         run.trace.keep_details(max(run.steps_p + [run.csd.draft_head_steps or 0]), target.token_dim)
     s = run.prefill()  # 1. the target alone until a fraction csd.prefill of the tokens exists
-    for block_id, steps in enumerate(run.blocks(s)):
+    for block_id, steps in enumerate(run.blocks(s)):  # from the step after the last one committed
         block = run.draft_block(steps)  # 2. gamma AR steps of the draft, on its own tokens
         check = run.verify(block)  # 3. the target's chains for the whole block at once
         decision = run.accept_or_resample(block, check)  # 4. min(1, r), else a draw from max(0, p - q)
@@ -77,6 +85,13 @@ class _Block:
     chain_q: TokenChain
     t_p: int  # head steps of the target's chains for this block
     t_q: int  # and of the draft's (equal unless draft_head_steps says otherwise)
+    sizes: list[int]  # tokens (rows) per image of each of its AR steps
+    kept: int = 0  # AR steps committed, once decided (all of them under the published block)
+
+    @property
+    def kept_rows(self) -> int:
+        """Rows per image committed: those of the kept steps."""
+        return sum(self.sizes[: self.kept])
 
 
 @dataclass
@@ -126,6 +141,7 @@ class _Decoding:
     tokens: Tensor  # (B, N, d)
     mask: Tensor  # (B, N) True where not yet made
     report: StepCallback
+    committed: int = 0  # AR steps committed so far (where the next block starts)
 
     @classmethod
     def start(cls, target, draft, conditions, seeds, sampling, csd, on_step) -> _Decoding:
@@ -192,6 +208,7 @@ class _Decoding:
             made += self.plan.sizes[s]
             s += 1
             self.report(s, self.plan.num_steps, "pre-fill")
+        self.committed = s
         return s
 
     def _inspect(self, pos: Tensor, model: str, traj: Trajectory) -> None:
@@ -201,12 +218,13 @@ class _Decoding:
                 self.trace.record_chain(pos, model, traj)
 
     def blocks(self, start: int) -> Iterator[range]:
-        """The AR steps of each block: gamma (or the schedule's entry) at a time, from ``start``."""
-        s, block = start, 0
-        while s < self.plan.num_steps:
-            steps = range(s, min(s + self.csd.block_length(block), self.plan.num_steps))
-            yield steps
-            s, block = steps.stop, block + 1
+        """The AR steps of each block: gamma (or the schedule's entry) at a time, from ``start``, each block
+        from the step after the last one committed."""
+        self.committed, block = start, 0
+        while self.committed < self.plan.num_steps:
+            s = self.committed
+            yield range(s, min(s + self.csd.block_length(block), self.plan.num_steps))
+            block += 1
 
     def draft_block(self, steps: range) -> _Block:
         """The draft makes the block's AR steps one by one, feeding back its own tokens."""
@@ -227,19 +245,24 @@ class _Decoding:
         b = self.batch
         pos = torch.cat([self.plan.positions(j) for j in steps], dim=1)
         joined = (Trajectory.join(trajs, b), ChainNoise.join(noises, b), self.draft.join(chains, b))
-        block = _Block(steps, pos, *joined, t_p, t_q)
+        block = _Block(steps, pos, *joined, t_p, t_q, [self.plan.sizes[j] for j in steps])
         self._inspect(pos, "draft", block.draft)
         return block
 
     def verify(self, block: _Block) -> _Check:
-        """The target's chains for the whole block from one verification (one counted target pass); the
-        draft-target distances (both noise choices with ``counterfactual``) go to the trace."""
+        """The target's chains for the whole block from one verification (one counted target pass; a masked
+        family's views under the context or exact block, one per drafted step); the draft-target distances
+        (both noise choices with ``counterfactual``) go to the trace."""
+        sizes = None if self.csd.block == "published" else block.sizes
+        passes = 1 if sizes is None or self.target.traits.verifies_in_context else len(sizes)
+        self.timer.work["target_backbone"]["calls"] += passes - 1  # a masked family's views: a pass per step
         with self.timer("target_backbone"):
             cfg = self._cfg_rows(block.steps)
             chain_p = self.target.verify(
-                self.tokens, self.mask, self.conditions, block.pos, cfg, self.sampling, block.t_p, drafted=block.draft.x
+                self.tokens, self.mask, self.conditions, block.pos, cfg, self.sampling, block.t_p, block.draft.x, sizes
             )
-        self.trace.record_pass("target")
+        for _ in range(passes):
+            self.trace.record_pass("target")
         rows, aligned = block.pos.shape[1], self.csd.align
         with self.timer("target_head", tokens=block.pos.numel(), steps=block.t_p):
             target = chain_p.run(block.noise if aligned else self._noise("independent", rows, block.t_p))
@@ -260,8 +283,9 @@ class _Decoding:
             verdict, x = crit.verdict(proposal)
             uniforms = self.streams["accept"].rand(per_image).reshape(-1).to(self.tokens.dtype)
             accepted = accept(verdict, uniforms)
+            live = self._keep(block, accepted)
         with self.timer("resample"):
-            rejected = (~accepted).nonzero().squeeze(-1)
+            rejected = (~accepted & live).nonzero().squeeze(-1)
             resampled = None
             if rejected.numel():
                 draws = _RowDraws(self.streams["resample"], rejected, per_image, self.batch, self.tokens.dtype)
@@ -272,8 +296,22 @@ class _Decoding:
         self.trace.record_unit_acceptance(block.pos, decision.unit_accepted)
         return decision
 
+    def _keep(self, block: _Block, accepted: Tensor) -> Tensor:
+        """Decide the AR steps of the block to commit (``block.kept``): all of them, or under the exact block
+        those through its first step with a rejection in any image (one read on the host). Returns which
+        units (image-major, as ``accepted``) are committed: the resampler redraws only those."""
+        b, units = self.batch, self.criterion.units
+        block.kept = len(block.steps)
+        if self.csd.block == "exact" and block.kept > 1:
+            rejected = ~accepted.reshape(b, -1, units).all(-1)  # (B, rows per image)
+            per_step = torch.stack([part.any() for part in rejected.split(block.sizes, dim=1)])
+            block.kept = int(per_step.to(torch.int8).argmax()) + 1 if bool(per_step.any()) else block.kept
+        live = torch.zeros(b, sum(block.sizes), units, dtype=torch.bool, device=accepted.device)
+        live[:, : block.kept_rows] = True
+        return live.reshape(-1)
+
     def commit_block(self, block: _Block, block_id: int, decision: Decision) -> None:
-        commit(self.tokens, self.mask, block.pos, decision.x)
+        """Commit the kept steps of the block (:meth:`_keep`); the next block starts after them."""
         maker = torch.full_like(decision.accepted, int(Maker.ACCEPTED), dtype=torch.int8)
         tries = torch.zeros_like(decision.accepted, dtype=torch.int32)
         if decision.resampled is not None:
@@ -281,9 +319,15 @@ class _Decoding:
             cap = Maker.ZEROED if res.fallback == "zero" else Maker.CAPPED
             maker[decision.rejected] = torch.where(res.capped, int(cap), int(Maker.RESAMPLED)).to(torch.int8)
             tries[decision.rejected] = res.tries.to(torch.int32)
-        v = decision.verdict
-        self.trace.record_block(block.pos, block_id, maker, v.accept_prob, v.trajectory, v.final, tries)
-        self.report(block.steps.stop, self.plan.num_steps, "verify")
+        v, b, kept = decision.verdict, self.batch, block.kept_rows
+        rows = lambda t: t.reshape(b, -1, *t.shape[1:])[:, :kept].reshape(-1, *t.shape[1:])  # the kept rows
+        pos = block.pos[:, :kept]
+        commit(self.tokens, self.mask, pos, rows(decision.x))
+        values = (rows(maker), rows(v.accept_prob), rows(v.trajectory), rows(v.final), rows(tries))
+        self.trace.record_block(pos, block_id, *values)
+        self.trace.record_kept(block.kept, len(block.steps))
+        self.committed = block.steps.start + block.kept
+        self.report(self.committed, self.plan.num_steps, "verify")
 
     def finish(self) -> Generation:
         self.trace.record_times(self.timer.finish(), self.timer.work)

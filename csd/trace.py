@@ -93,6 +93,8 @@ class Trace:
     details: TokenDetails | None = None  # per-token inputs of every decision, when asked for
     # acceptance_unit "token": the fraction of each verified row's tokens accepted (an xAR cell's)
     unit_accepted: np.ndarray | None = None
+    # Per block: (AR steps committed, AR steps drafted); they differ only under the exact block.
+    block_steps: list[tuple[int, int]] = field(default_factory=list)
     # Writes not made yet (a deferred trace's: see :meth:`empty`), made by :meth:`flush`.
     pending: list | None = field(default=None, repr=False, compare=False)
 
@@ -206,6 +208,15 @@ class Trace:
         ):
             _put(arr, pos, values, self.pending)
 
+    def record_kept(self, kept: int, drafted: int) -> None:
+        """A block committed ``kept`` of its ``drafted`` AR steps."""
+        self.block_steps.append((kept, drafted))
+
+    @property
+    def steps_kept_per_block(self) -> float:
+        """Mean AR steps committed per drafted block; NaN when nothing was drafted."""
+        return float(np.mean([k for k, _ in self.block_steps])) if self.block_steps else float("nan")
+
     def record_unit_acceptance(self, pos: Tensor, fraction: Tensor | None) -> None:
         """Under acceptance_unit "token": the fraction of the tokens of each row at ``pos`` accepted (None: the
         rows were tested whole, nothing to record)."""
@@ -290,5 +301,6 @@ class Trace:
             else float("nan"),
             "target_passes": self.target_passes,
             "draft_passes": self.draft_passes,
+            "steps_kept_per_block": self.steps_kept_per_block,
             "time_total": float(sum(self.times.values())),
         }

@@ -52,6 +52,13 @@ KNOB_CONTROLS: dict[str, AppControl] = {
         advanced=True,
     ),
     "max_tries": AppControl("Resampler cap", 1, 1000, 1, advanced=True),
+    "block": AppControl(
+        "Block",
+        info="published: every drafted step verified from the context before the block, the whole block kept; "
+        "context: each step given the drafted steps before it; exact: so, and the block kept through its first "
+        "step with a rejection (gamma 1's quality; the Method tab measures all three)",
+        advanced=True,
+    ),
 }
 
 

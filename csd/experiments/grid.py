@@ -25,6 +25,7 @@ DDIM_ETA = 0.5  # DDIM's stochastic variant on the frontier (eta 0 is the determ
 GTR_RATIO = (24, 6, 2)  # GtR's MAR stages (K = 3): AR steps at its rates 2.67, 10.67, 64 of 256 tokens
 FAST = {"gamma": 4, "tau_v": 5.0}  # CSD's short drafts under a strict test: the grid composes it with the rest
 FAST_NAME = "CSD, gamma 4, tau_v 5"
+EXACT_GAMMAS = {True: (4,), False: (4, 8)}  # the exact block's draft lengths: the quick grid's, the full grid's
 FINAL_ONLY = {"align": False, "criterion": "aligned", "trajectory_term": "none"}  # a draft of other chains
 
 
@@ -302,7 +303,8 @@ def target_points(s: SamplingConfig, t: int, cheaper: Cheaper, quick: bool, fixe
 
 def csd_points(s: SamplingConfig, c: CSDConfig, cheaper: Cheaper, quick: bool) -> list[Point]:
     """CSD at three draft lengths (two quick) and two tests, with a halved head, a pre-fill, an
-    independent-noise draft head, and (the full grid) a halved head at gamma 8 and DiSA."""
+    independent-noise draft head, the exact block (at gamma 4; and 8 in the full grid), and (the full grid) a
+    halved head at gamma 8 and DiSA."""
     head, few = cheaper.head, cheaper.few
     points = [
         Point(f"CSD, gamma {g}, tau_v {tau:g}", s, replace(c, gamma=g, tau_v=tau))
@@ -318,6 +320,9 @@ def csd_points(s: SamplingConfig, c: CSDConfig, cheaper: Cheaper, quick: bool) -
             replace(c, draft_head_steps=few["head_steps"], **FINAL_ONLY),
         ),
     ]
+    # The exact block (each drafted step verified given those before it, committed through the first rejection)
+    exact = lambda g: Point(f"CSD, gamma {g}, exact block", s, replace(c, gamma=g, block="exact"))
+    points += [exact(g) for g in EXACT_GAMMAS[quick]]
     if not quick:
         points.append(Point(f"CSD, gamma 8, {head} {few['head_steps']}", replace(s, **few), replace(c, gamma=8)))
         points.append(fast_point(cheaper.disa_name, replace(s, **cheaper.disa), c))

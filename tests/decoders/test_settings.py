@@ -186,6 +186,17 @@ OFFERED = {
         "",
     ),
     "max_tries": ("Resampler cap", 1, 1000, 1, "", True, ""),
+    "block": (
+        "Block",
+        None,
+        None,
+        None,
+        "published: every drafted step verified from the context before the block, the whole block kept; "
+        "context: each step given the drafted steps before it; exact: so, and the block kept through its first "
+        "step with a rejection (gamma 1's quality; the Method tab measures all three)",
+        True,
+        "",
+    ),
 }
 
 
@@ -212,7 +223,8 @@ def test_each_control_is_made_from_its_knob_and_its_app_declaration():
     assert made["prefill"].options["step"] == 0.01 and made["prefill"].field == "csd.prefill"
     assert made["align"].kind is gr.Checkbox
     assert made["criterion"].options["choices"] == list(knobs(CSDConfig)["criterion"].choices)
-    assert [f for f, c in made.items() if c.advanced] == ["tau_v", "trajectory_term", "resample_widening", "max_tries"]
+    advanced = ["tau_v", "trajectory_term", "resample_widening", "max_tries", "block"]
+    assert [f for f, c in made.items() if c.advanced] == advanced
 
 
 def test_the_library_declares_no_app_control():

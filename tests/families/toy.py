@@ -141,7 +141,7 @@ class ToyAR(nn.Module):
         )
         return HeadChain(self.head.chain(steps), cond, config.temperature)
 
-    def verify(self, tokens, mask, conditions, pos, cfg, config, steps: int, drafted=None) -> HeadChain:
+    def verify(self, tokens, mask, conditions, pos, cfg, config, steps: int, drafted=None, sizes=None) -> HeadChain:
         """One pass with the drafted tokens (B*k, d) in place: each is verified given those drafted before it."""
         if drafted is not None:
             tokens = tokens.scatter(1, pos[..., None].expand(-1, -1, self.token_dim), drafted.reshape(*pos.shape, -1))

@@ -70,6 +70,24 @@ def guidance_cache(model, conditions) -> GuidanceCache:
     return _CACHES[key]
 
 
+def block_views(tokens: Tensor, mask: Tensor, pos: Tensor, drafted: Tensor, sizes: Sequence[int]):
+    """The exact block's views of the canvas: view k (of len(sizes)) holds the context plus the block's drafted
+    AR steps before step k. ``pos`` (B, k): the block's positions, step by step; ``drafted`` (B*k, d) rows
+    image-major. Returns tokens (V*B, N, d) and mask (V*B, N), view-major."""
+    b, d, views = tokens.shape[0], tokens.shape[-1], len(sizes)
+    view_tokens, view_mask = tokens.repeat(views, 1, 1), mask.repeat(views, 1)
+    drafted = drafted.reshape(b, -1, d).to(tokens.dtype)
+    start = 0
+    for k, size in enumerate(sizes[:-1]):  # step k joins the context of every view after it
+        at, values = pos[:, start : start + size], drafted[:, start : start + size]
+        for view in range(k + 1, views):
+            rows = slice(view * b, (view + 1) * b)
+            view_tokens[rows] = view_tokens[rows].scatter(1, at.unsqueeze(-1).expand(-1, -1, d), values)
+            view_mask[rows] = view_mask[rows].scatter(1, at, False)
+        start += size
+    return view_tokens, view_mask
+
+
 class MaskedARFamily:
     """:class:`csd.family.ModelFamily` for masked AR models with a diffusion head (see the module doc)."""
 
@@ -140,10 +158,28 @@ class MaskedARFamily:
             return self.head.chain(steps)
         return self.head.chain(steps, config.head_sampler, config.ddim_eta)
 
-    def verify(self, tokens, mask, conditions, pos, cfg, config, steps: int, drafted=None) -> HeadChain:
-        """One pass over the context before a block gives every position's condition: verifying a block
-        is predicting all of its positions at once (the drafted tokens play no part)."""
-        return self.predict(tokens, mask, conditions, pos, cfg, config, steps)
+    def verify(self, tokens, mask, conditions, pos, cfg, config, steps: int, drafted=None, sizes=None) -> HeadChain:
+        """The published block (``sizes`` None): one pass over the context before the block gives every
+        position's condition, so verifying a block is predicting all of its positions at once (the drafted
+        tokens play no part). The exact block (``sizes``: the block's tokens per AR step): each step's
+        conditions from the context plus the block's drafted steps before it (``drafted`` (B*k, d), rows
+        image-major), one backbone pass per step (the encoder keeps the known tokens of every row of a pass,
+        as many in each: the views, which know more tokens step by step, cannot share one)."""
+        if sizes is None or len(sizes) == 1:
+            return self.predict(tokens, mask, conditions, pos, cfg, config, steps)
+        b = tokens.shape[0]
+        view_tokens, view_mask = block_views(tokens, mask, pos, drafted, sizes)
+        conds, start, cfg = [], 0, cfg.reshape(b, -1)
+        for k, size in enumerate(sizes):  # step k's rows from view k
+            at, rows = pos[:, start : start + size], slice(k * b, (k + 1) * b)
+            z, z_uncond = self.guided_conditions(view_tokens[rows], view_mask[rows], conditions, config)
+            if z_uncond is None:
+                conds.append(HeadCondition(gather_rows(z, at)))
+            else:
+                step_cfg = cfg[:, start : start + size].reshape(-1)
+                conds.append(HeadCondition(gather_rows(z, at), gather_rows(z_uncond, at), step_cfg))
+            start += size
+        return HeadChain(self._head_chain(steps, config), HeadCondition.join(conds, b), config.temperature)
 
     def check_draft(self, draft) -> None:
         """Nothing beyond the shared layout (:func:`csd.run_setup.check_pair`) for class labels."""

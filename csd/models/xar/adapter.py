@@ -45,9 +45,10 @@ class XARFamily:
             raise ValueError("xAR predicts one cell per AR step, the same for every image")
         return self._chain(tokens[:, :cell], conditions, cell, 1, cfg, config, steps)
 
-    def verify(self, tokens, mask, conditions, pos, cfg, config, steps, drafted=None) -> CellChain:
+    def verify(self, tokens, mask, conditions, pos, cfg, config, steps, drafted=None, sizes=None) -> CellChain:
         """The chains of a drafted block of consecutive cells in one pass per flow step: each drafted
-        cell conditioned on the clean cells before it, the context's and the drafted ones."""
+        cell conditioned on the clean cells before it, the context's and the drafted ones (what the exact
+        block asks for, ``sizes`` given or not)."""
         first, k = int(pos[0, 0]), pos.shape[1]
         expected = torch.arange(first, first + k, device=pos.device)
         if bool((pos != expected).any()):
