@@ -24,8 +24,10 @@ from visualize.frontier_chart import cost_chart, frontier_chart
 from visualize.render import save_png
 from visualize.tables import (
     bench_markdown,
+    blocks_markdown,
     docs_prefix,
     family_docs,
+    family_label,
     frontier_markdown,
     headline_markdown,
     prompts_markdown,
@@ -39,7 +41,10 @@ def write_tables(path: Path) -> Path:
     """A result's Markdown beside its JSON: bench.md for a benchmark, frontier_b8.md for frontier_b8.json."""
     path = Path(path)
     result = json.loads(path.read_text())
-    if result.get("kind") == "decide":  # csd.experiments.decide
+    if result.get("kind") == "blocks":  # csd.experiments.blocks
+        out = path.with_suffix(".md")
+        out.write_text(f"# What a block costs: {family_label(result.get('family'))}\n\n" + blocks_markdown(result))
+    elif result.get("kind") == "decide":  # csd.experiments.decide
         out = path.with_suffix(".md")
         out.write_text(decide_markdown(result))
     elif result.get("kind") == "prompts":  # csd.experiments.prompts
@@ -113,6 +118,10 @@ def report(path: Path, root: Path = ROOT) -> str:
     table = write_tables(path)
     if result.get("kind") == "decide":  # its table only: the docs take its numbers by hand
         return f"wrote {table}"
+    if result.get("kind") == "blocks":  # its block in the Method tab's text (docs/how_it_works.md)
+        page = root / "docs" / "how_it_works.md"
+        paste_block(page, f"{docs_prefix(result)}blocks", blocks_markdown(result))
+        return f"wrote {table}; pasted {path} into {page.relative_to(root)}"
     if result.get("kind") == "prompts":  # the text pair's: its block in docs/results.md
         paste_block(root / "docs" / "results.md", "text-prompts", prompts_markdown(result))
         return f"wrote {table}; pasted {path} into docs/results.md"

@@ -363,3 +363,47 @@ def prompts_markdown(result: dict) -> str:
     means = " | ".join(cell(result["modes"][m]["examples_mean"]) for m in modes)
     lines.append(f"| mean | {means} |")
     return "\n".join(lines) + "\n"
+
+
+# --- what a block costs (csd.experiments.blocks) -----------------------------------------------------------
+
+
+def _paired(cmp: dict | None) -> str:
+    """Paired differences (accuracy; FD) and their standard errors, "+0.010 (0.020); -1.2 (0.8)"."""
+    if not cmp:
+        return ""
+    acc, fd = cmp["accuracy"], cmp["fd"]
+    return f"{acc['diff']:+.3f} ({acc['se']:.3f}); {fd['diff']:+.1f} ({fd['se']:.1f})"
+
+
+def blocks_markdown(result: dict) -> str:
+    """The table of a blocks run: per setting its quality, its paired differences from target-only (and, for the
+    exact block, from CSD at gamma 1), its CPU time and predicted GPU time against target-only's, target passes
+    per batch and AR steps kept per drafted block."""
+    rows, text = result["rows"], "colour_accuracy" in result["rows"][0]
+    extra = " colour | background |" if text else ""
+    head = (
+        f"| setting | accuracy | FD |{extra} vs target-only: accuracy, FD | vs gamma 1: accuracy, FD | CPU time "
+        "| GPU time (predicted) | target passes | steps kept per block | acceptance |"
+    )
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for r in rows:
+        scores = f" {_f(r['colour_accuracy'])} | {_f(r['background_accuracy'])} |" if text else ""
+        kept = "" if r["steps_kept_per_block"] is None else _f(r["steps_kept_per_block"])
+        acceptance = "" if r["acceptance"] is None else _f(r["acceptance"])
+        lines.append(
+            f"| {r['name']} | {_f(r['accuracy'], 3)} | {_f(r['fd'], 1)} |{scores} {_paired(r.get('vs_target'))} | "
+            f"{_paired(r.get('vs_gamma1'))} | {_f(r['cpu_time'])} | {_f(r['gpu_time_predicted'])} | "
+            f"{_f(r['target_passes'], 1)} | {kept} | {acceptance} |"
+        )
+    gpu = result["gpu_costs"]
+    n, batch = result["settings"]["n"], result["batch"]
+    lines.append(
+        f"\n{n} images per setting at batch {batch} (image i: label i, seed i, the same for every setting); paired "
+        "differences with their standard errors (FD: a paired bootstrap; accuracy: per-image differences). CPU "
+        f"time: wall time against target-only's, the settings taking turns batch by batch ({result['threads']} "
+        f"thread). GPU time: the cost model at the per-pass costs of {gpu['pair']} on an H200 (batch "
+        f"{gpu['batch']}, {gpu['file']}) applied to each setting's backbone passes and head-chain transitions. "
+        "Target passes per batch of images."
+    )
+    return "\n".join(lines) + "\n"
