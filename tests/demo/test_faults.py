@@ -245,6 +245,12 @@ def test_a_model_run_that_raises_mid_stream_on_the_cpu_is_named(cpu_served, case
         np.testing.assert_array_equal(a, b)
 
 
+def test_the_analysis_still_completes_after_a_fault_on_the_cpu(cpu_served):
+    application, client, _ = cpu_served
+    status, *_ = request(client, application, "analyze")
+    assert "Recomputed" in status
+
+
 # --- the messages and the release, alone -----------------------------------------------------------------------
 
 
