@@ -67,8 +67,8 @@ def speculative_generate(
     s = run.prefill()  # 1. the target alone until a fraction csd.prefill of the tokens exists
     for block_id, steps in enumerate(run.blocks(s)):  # from the step after the last one committed
         block = run.draft_block(steps)  # 2. gamma AR steps of the draft, on its own tokens
-        check = run.verify(block)  # 3. the target's chains for the whole block at once
-        decision = run.accept_or_resample(block, check)  # 4. min(1, r), else a draw from max(0, p - q)
+        proposal = run.verify(block)  # 3. the target's chains for the whole block at once
+        decision = run.accept_or_resample(block, proposal)  # 4. min(1, r), else a draw from max(0, p - q)
         run.commit_block(block, block_id, decision)  # 5. the block's tokens join the context
     return run.finish()
 
@@ -92,14 +92,6 @@ class _Block:
     def kept_rows(self) -> int:
         """Rows per image committed: those of the kept steps."""
         return sum(self.sizes[: self.kept])
-
-
-@dataclass
-class _Check:
-    """The target's side of a block: its chains and their trajectory (shared noise when aligned)."""
-
-    chain_p: TokenChain
-    target: Trajectory
 
 
 @dataclass(frozen=True)
@@ -249,8 +241,9 @@ class _Decoding:
         self._inspect(pos, "draft", block.draft)
         return block
 
-    def verify(self, block: _Block) -> _Check:
-        """The target's chains for the whole block from one verification (one counted target pass; a masked
+    def verify(self, block: _Block) -> Proposal:
+        """What the criterion reads: the draft's side of the block and the target's chains for it from one
+        verification (one counted target pass; a masked
         family's views under the context or exact block, one per drafted step); the draft-target distances
         (both noise choices with ``counterfactual``) go to the trace."""
         sizes = None if self.csd.block == "published" else block.sizes
@@ -272,13 +265,12 @@ class _Decoding:
             with self.timer("counterfactual"):
                 other = chain_p.run(self._noise("independent", rows, block.t_p) if aligned else block.noise)
             self.trace.record_distance(block.pos, (block.draft.x - other.x).norm(dim=-1), not aligned)
-        return _Check(chain_p, target)
+        return Proposal(block.draft, target, block.chain_q, chain_p)
 
-    def accept_or_resample(self, block: _Block, check: _Check) -> Decision:
+    def accept_or_resample(self, block: _Block, proposal: Proposal) -> Decision:
         """The criterion's test for every unit it tests (a row, or each token of it); rejected ones are redrawn
         from max(0, p - q); the decision per row goes to the trace."""
         crit, per_image = self.criterion, block.pos.shape[1] * self.criterion.units
-        proposal = Proposal(block.draft, check.target, block.chain_q, check.chain_p)
         with self.timer("verify"):
             verdict, x = crit.verdict(proposal)
             uniforms = self.streams["accept"].rand(per_image).reshape(-1).to(self.tokens.dtype)
