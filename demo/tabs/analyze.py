@@ -199,6 +199,8 @@ class AnalysisTab:
     def analyze(self, n_images: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
         """For API clients (after the validator): a refusal is an error."""
         self.app.check_client(request)
+        for line in self.app.await_rates(controls.get("pair_name"), progress):  # a pair being timed: in the queue
+            yield {self.status: line}
         work = analysis_panels(self.app, n_images, progress, self.a_components, **controls)
         panels = yield from self._statuses(work, self.status)
         figures = dict(zip(self.plots, analysis_figures(panels), strict=True))
@@ -215,6 +217,8 @@ class AnalysisTab:
         place."""
         batch = regime_batch(regime)
         self.app.check_client(request)
+        for line in self.app.await_rates(controls.get("pair_name"), progress):  # a pair being timed: in the queue
+            yield {self.f_status: line}
         work = frontier_result(self.app, n_images, progress, self.f_components, **controls)
         result = yield from self._statuses(work, self.f_status)
         committed = self.app.committed_front(result.get("pair"), batch)
