@@ -73,16 +73,21 @@ def build(app: App) -> gr.Blocks:
             "# Continuous speculative decoding\nA small *draft* model proposes image tokens, a large *target* "
             "model verifies them in one pass. Same seed, same noise: compare target-only and CSD side by side."
         )
-        generate, page = GenerateTab(app), Page(queue)
-        tabs: list[Tab] = [generate, InspectTab(app), AnalysisTab(app), MethodTab(app)]  # in page order
+        generate, analysis, page = GenerateTab(app), AnalysisTab(app), Page(queue)
+        tabs: list[Tab] = [generate, InspectTab(app), analysis, MethodTab(app)]  # in page order
         with gr.Tabs(overflow_behavior="wrap"):  # on a phone every tab stays in sight, none behind "..."
             for tab in tabs:
                 with gr.Tab(tab.title):
                     tab.build(page)
         quick = {"api_visibility": "private", "queue": False}
         controls = page.controls
-        demo.load(generate.from_link, None, [*controls.values(), *generate.panes], **quick).then(
+        loaded = demo.load(generate.from_link, None, [*controls.values(), *generate.panes], **quick).then(
             generate.estimate, inputs_kwargs=controls, outputs=generate.estimate_md, **quick
+        )
+        # The pairs are timed once the page is served: each visit starts Images (n) at what the rates now fit.
+        pair = controls["pair_name"]
+        loaded.then(analysis.analysis_images, pair, analysis.n_images, **quick).then(
+            analysis.frontier_images, pair, analysis.f_n_images, **quick
         )
     demo.csd_app = app  # serve() links the guard's stream count to the app
     return demo

@@ -272,7 +272,7 @@ class AnalysisTab:
         with gr.Row():
             lim = app.limits
             n_images = slider("Images (n)", default_images(app, check_analysis), 1, lim.max_images)
-            n_images = n_images.component()
+            n_images = self.n_images = n_images.component()
             recompute = gr.Button("Recompute for current controls", variant="primary")
             stop = gr.Button("Stop")
         quick = {"api_visibility": "private", "queue": False}
@@ -331,6 +331,7 @@ class AnalysisTab:
             n_default = default_images(app, check_frontier)
             n_images = slider("Images (n) for the frontier", n_default, 1, lim.max_images).component()
             n_images.elem_id = "frontier-n"
+            self.f_n_images = n_images
             quick = {"api_visibility": "private", "queue": False}
             controls["pair_name"].change(self.frontier_images, controls["pair_name"], n_images, **quick)
             recompute = gr.Button("Recompute frontier", variant="primary")
