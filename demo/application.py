@@ -173,13 +173,19 @@ class App:
         since = self._timing_since.get(pair_name, time.monotonic())
         return max(1.0, expected - (time.monotonic() - since))
 
-    def await_rates(self, pair_name: str, progress=None, poll: float = WAIT_SECONDS) -> Iterator[str]:
+    def await_rates(
+        self, pair_name: str, progress=None, check: Callable[[], object] | None = None, poll: float = WAIT_SECONDS
+    ) -> Iterator[str]:
         """Wait for the pair's rates, in the handler of a visitor's request: a status line (:func:`waiting_line`,
         also to ``progress``) every ``poll`` seconds while the pair is being timed (as the server starts); a pair
-        nobody is timing is timed here (a line says so first). Returns at once when they are known, or when
-        ``pair_name`` is not a served pair (the request's own check refuses it)."""
-        if not isinstance(pair_name, str) or pair_name not in self.store.names:
+        nobody is timing is timed here (a line says so first). ``check``: the request's checks that need no
+        rates (its validator's), run first, so that a value out of range is refused before any wait. Returns at
+        once when the rates are known, or when ``pair_name`` is not a served pair (the request's check refuses it)."""
+        if not isinstance(pair_name, str) or pair_name not in self.store.names or pair_name in self._rates:
             return
+        if check is not None:
+            self.store.get(pair_name)  # loaded (as the request's own check would): the validator's check is whole
+            check()
         while pair_name not in self._rates:
             lock = self._rates_lock(pair_name)
             if lock.acquire(timeout=poll):  # nobody is timing it (or its timing has just ended)

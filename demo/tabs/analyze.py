@@ -199,7 +199,8 @@ class AnalysisTab:
     def analyze(self, n_images: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
         """For API clients (after the validator): a refusal is an error."""
         self.app.check_client(request)
-        for line in self.app.await_rates(controls.get("pair_name"), progress):  # a pair being timed: in the queue
+        at_once = lambda: check_analysis(self.app, n_images, self.a_components, False, **controls)
+        for line in self.app.await_rates(controls.get("pair_name"), progress, at_once):  # a pair being timed
             yield {self.status: line}
         work = analysis_panels(self.app, n_images, progress, self.a_components, **controls)
         panels = yield from self._statuses(work, self.status)
@@ -217,7 +218,8 @@ class AnalysisTab:
         place."""
         batch = regime_batch(regime)
         self.app.check_client(request)
-        for line in self.app.await_rates(controls.get("pair_name"), progress):  # a pair being timed: in the queue
+        at_once = lambda: check_frontier(self.app, n_images, self.f_components, False, **controls)
+        for line in self.app.await_rates(controls.get("pair_name"), progress, at_once):  # a pair being timed
             yield {self.f_status: line}
         work = frontier_result(self.app, n_images, progress, self.f_components, **controls)
         result = yield from self._statuses(work, self.f_status)

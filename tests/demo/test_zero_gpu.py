@@ -217,7 +217,8 @@ def test_while_a_pair_is_timed_the_others_are_served_and_its_own_requests_wait_f
     """The start-up timing of one pair (a slow GPU call) holds nothing else: another pair's rates, its
     validators' checks and its handlers' runs come at once. A validator on the pair being timed answers at once
     and does not refuse (its time check waits for the rates, as for a pair not timed yet); a Generate on it
-    waits for the timing, saying so, and runs once the timing is in, without timing the pair a second time."""
+    refuses a value out of range at once, else waits for the timing, saying so, and runs once the timing is in,
+    without timing the pair a second time."""
     monkeypatch.setattr(
         demo.application, "calibrate", lambda *args: QUICK
     )  # the timing's result (its GPU call is held)
@@ -245,6 +246,8 @@ def test_while_a_pair_is_timed_the_others_are_served_and_its_own_requests_wait_f
             assert within(1.0, check_analysis, application, 1, None, load, **analysis) is not None
         assert within(1.0, check_generate, application, None, False, **slow_values) is not None  # not refused
         assert within(1.0, check_analysis, application, 1, None, False, **(analysis | {"pair_name": slow.name}))
+        with pytest.raises(gr.Error, match="Batch size must be"):  # a value out of range: refused before any wait
+            within(1.0, next, tab.generate(None, **(slow_values | {"batch_size": 3})))
         line = within(1.0, next, application.await_rates(slow.name))
         assert re.fullmatch(WAITING, line), line
         waiting.start()  # a Generate on the pair being timed: waits in its handler
