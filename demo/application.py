@@ -36,6 +36,7 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PROGRESS_SECONDS = 0.25
 PRECISION = "bfloat16" if DEVICE.type == "cuda" else "float32"  # backbone precision; heads stay float32
 DECODE_SECONDS = 2.0  # what a decode call asks for, before the margin (an estimate: KL-16 on 8 images)
+WAIT_SECONDS = 0.5  # how often a request waiting for its pair's timing hears how long it should still wait
 
 
 def fixed_controls(traits: FamilyTraits) -> dict:
@@ -95,8 +96,10 @@ class App:
         self._rates: dict[str, Rates] = {}  # per pair, measured the first time it is served
         self._sides: dict[str, int] = {}  # per pair, its images' side in pixels
         # One lock per pair, held while that pair is timed: known rates are read without any lock, and a
-        # request never waits for another pair's timing (nor for its own: it is refused at once, still_timing).
+        # request never waits for another pair's timing (for its own pair's, it waits: await_rates).
         self._rates_locks: dict[str, threading.Lock] = {}
+        self._timing_since: dict[str, float] = {}  # per pair, when its timing started (time.monotonic)
+        self._timing_took: dict[str, float] = {}  # per pair, the seconds its timing took
         self._locks_lock = threading.Lock()  # held only to make a pair's lock
         self.streams: Counter = Counter()  # open result streams per session (demo.guard.Guard counts them)
         self.gone = 0  # requests not run because their client had gone
@@ -146,24 +149,58 @@ class App:
         with self._locks_lock:
             return self._rates_locks.setdefault(pair_name, threading.Lock())
 
-    def rates(self, pair: ModelPair, wait: bool = True) -> Rates:
+    def rates(self, pair: ModelPair) -> Rates:
         """The pair's rates (:mod:`demo.estimate`), timed at its default setting in a GPU call the first time
-        they are asked for (the server asks for every pair's as it starts) and kept here. Known rates are read
-        at once, whatever pair is being timed; a pair is timed once however many ask. ``wait=False`` (a
-        visitor's request): refused at once (:func:`still_timing`) while the pair is being timed."""
+        they are asked for (the server asks for every pair's once it serves) and kept here. Known rates are read
+        at once, whatever pair is being timed; a pair is timed once however many ask: the others wait for it
+        (a visitor's request through :meth:`await_rates`, which says so)."""
         known = self._rates.get(pair.name)
         if known is not None:
             return known
-        lock = self._rates_lock(pair.name)
-        if not lock.acquire(blocking=wait):
-            raise still_timing(pair.name)
-        try:
+        with self._rates_lock(pair.name):
             if pair.name not in self._rates:
+                t0 = self._timing_since[pair.name] = time.monotonic()
                 events = self.gpu.call("calibrate", {"pair_name": pair.name}, CALIBRATION_SECONDS)
                 self._rates[pair.name] = run_to_end(events)
+                self._timing_took[pair.name] = time.monotonic() - t0
             return self._rates[pair.name]
-        finally:
-            lock.release()
+
+    def timing_left(self, pair_name: str) -> float:
+        """Seconds the pair's timing under way should still take: the longest timing of a pair on this server
+        so far (each pair is timed at its own default), else :data:`~demo.estimate.CALIBRATION_SECONDS`,
+        less the time it has run (at least 1 s)."""
+        expected = max(self._timing_took.values(), default=CALIBRATION_SECONDS)
+        since = self._timing_since.get(pair_name, time.monotonic())
+        return max(1.0, expected - (time.monotonic() - since))
+
+    def await_rates(
+        self, pair_name: str, progress=None, check: Callable[[], object] | None = None, poll: float = WAIT_SECONDS
+    ) -> Iterator[str]:
+        """Wait for the pair's rates, in the handler of a visitor's request: a status line (:func:`waiting_line`,
+        also to ``progress``) every ``poll`` seconds while the pair is being timed (as the server starts); a pair
+        nobody is timing is timed here (a line says so first). ``check``: the request's checks that need no
+        rates (its validator's), run first, so that a value out of range is refused before any wait. Returns at
+        once when the rates are known, or when ``pair_name`` is not a served pair (the request's check refuses it)."""
+        if not isinstance(pair_name, str) or pair_name not in self.store.names or pair_name in self._rates:
+            return
+        if check is not None:
+            self.store.get(pair_name)  # loaded (as the request's own check would): the validator's check is whole
+            check()
+        while pair_name not in self._rates:
+            lock = self._rates_lock(pair_name)
+            if lock.acquire(timeout=poll):  # nobody is timing it (or its timing has just ended)
+                lock.release()
+                if pair_name not in self._rates:
+                    line = f"Timing the {pair_name} pair (its first use on this server) ..."
+                    if progress is not None:
+                        progress(None, desc=line)
+                    yield line
+                    self.rates(self.store.get(pair_name))  # waits for a timing that started meanwhile
+                return
+            line = waiting_line(pair_name, self.timing_left(pair_name))
+            if progress is not None:
+                progress(None, desc=line)
+            yield line
 
     def decode(self, pair_name: str, tokens: torch.Tensor) -> np.ndarray:
         """Tokens (B, N, d) of a served pair -> images (B, H, W, 3) uint8: arithmetic here for pixel tokens, in
@@ -189,12 +226,11 @@ class App:
     def estimate_runs(self, r: Request, planned: list[tuple], images: int | None = None, measure: bool = True) -> float:
         """As :meth:`estimate`, for runs at settings of their own: (sampling, csd) or (sampling, csd, kind),
         csd None for target-only (an analysis's sweeps, a frontier's points), each over ``images`` images.
-        Never waits for a timing: a pair being timed right now is refused at once (:func:`still_timing`)."""
-        if self.timing(r.pair.name):
-            raise still_timing(r.pair.name)
+        ``measure=False`` (a validator) never waits: 0 while the pair's rates are not in, being timed or not;
+        ``measure=True`` (a handler, after :meth:`await_rates`) waits for them."""
         if not measure and r.pair.name not in self._rates:
             return 0.0
-        rates, images = self.rates(r.pair, wait=False), images or len(r.seeds)
+        rates, images = self.rates(r.pair), images or len(r.seeds)
         seconds = 0.0
         for sampling, csd, *kind in planned:
             kind = kind[0] if kind else "target" if csd is None else "csd"
@@ -330,13 +366,9 @@ def steps_job(runs, finish) -> Callable:
     return work
 
 
-def still_timing(pair_name: str) -> Exception:
-    """The app's error for a request on a pair being timed right now (as the server starts, or by another
-    request): answered at once rather than after the timing."""
-    return refuse(
-        f"The {pair_name} pair is still being timed as the server starts; try again in a few seconds.",
-        control="pair_name",
-    )
+def waiting_line(pair_name: str, seconds_left: float) -> str:
+    """What a request on a pair being timed shows while it waits for the timing, in the queue."""
+    return f"Waiting for the {pair_name} pair's timing as the server starts ({words(seconds_left)}) ..."
 
 
 def ended(event: Ended, load: Load | None = None) -> Exception:

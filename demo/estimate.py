@@ -1,6 +1,6 @@
 """How long a request will take on this server, known before it runs.
 
-Each pair is timed once, before the server serves (:func:`calibrate`, from :func:`demo.server.warm_up`; a
+Each pair is timed once, as the server starts, once it serves (:func:`calibrate`, from :func:`demo.server.warm_up`; a
 pair first used otherwise is timed then): target-only, draft-only and CSD at the page's default setting on
 that pair, at one image and at :data:`CALIBRATION_BATCH` images. A request's estimate is its AR steps times
 the per-step cost of each run it makes, at its batch: linear in the batch between the two measured batches,

@@ -73,16 +73,21 @@ def build(app: App) -> gr.Blocks:
             "# Continuous speculative decoding\nA small *draft* model proposes image tokens, a large *target* "
             "model verifies them in one pass. Same seed, same noise: compare target-only and CSD side by side."
         )
-        generate, page = GenerateTab(app), Page(queue)
-        tabs: list[Tab] = [generate, InspectTab(app), AnalysisTab(app), MethodTab(app)]  # in page order
+        generate, analysis, page = GenerateTab(app), AnalysisTab(app), Page(queue)
+        tabs: list[Tab] = [generate, InspectTab(app), analysis, MethodTab(app)]  # in page order
         with gr.Tabs(overflow_behavior="wrap"):  # on a phone every tab stays in sight, none behind "..."
             for tab in tabs:
                 with gr.Tab(tab.title):
                     tab.build(page)
         quick = {"api_visibility": "private", "queue": False}
         controls = page.controls
-        demo.load(generate.from_link, None, [*controls.values(), *generate.panes], **quick).then(
+        loaded = demo.load(generate.from_link, None, [*controls.values(), *generate.panes], **quick).then(
             generate.estimate, inputs_kwargs=controls, outputs=generate.estimate_md, **quick
+        )
+        # The pairs are timed once the page is served: each visit starts Images (n) at what the rates now fit.
+        pair = controls["pair_name"]
+        loaded.then(analysis.analysis_images, pair, analysis.n_images, **quick).then(
+            analysis.frontier_images, pair, analysis.f_n_images, **quick
         )
     demo.csd_app = app  # serve() links the guard's stream count to the app
     return demo
@@ -174,7 +179,7 @@ def make_app(checkpoints: Path | None, limits: Limits, hub_repo: str | None = No
 def warm_up(app: App, log=lambda line: None) -> None:
     """Time every pair at its default setting for the page's estimates (each in a GPU call; the page's
     defaults are sized from them), then run the default comparison once, so the first visitor's timings do
-    not include one-time costs. ``log``: a line per pair timed."""
+    not include one-time costs. :func:`main` calls it once the page is served. ``log``: a line per pair timed."""
     for name in app.store.names:
         t0 = time.perf_counter()
         app.rates(app.store.get(name))
@@ -238,14 +243,11 @@ def main(argv: list[str] | None = None) -> None:
     limits = limits_module.from_args(args)
     app = make_app(args.checkpoints, limits, args.hub_repo)
     log = lambda line: print(line, flush=True)
-    if not zero_gpu():  # no visitor waits for a pair's timing: it comes before the page
-        log(f"Pairs: {app.store.names}; device {DEVICE}; timing each pair ...")
-        warm_up(app, log)
-        serve(build(app), limits, args.host, args.port, args.share, gradio_env=args.gradio_env)
-        return
-    # ZeroGPU: GPU calls are granted once the Space is up (docs/space.md); the page says "measured when this pair
-    # is first used" until each pair's timing is in.
-    log(f"Pairs: {app.store.names}; ZeroGPU (GPU calls of at most {limits.gpu_seconds:.0f} s); serving, then timing")
+    # The page first, then each pair's timing (each in a GPU call: on ZeroGPU they are granted once the Space is
+    # up, docs/space.md): a request on a pair being timed waits for it in the queue and says so, one on a pair
+    # timed already runs at once; the page says "measured when this pair is first used" until it is in.
+    where = f"ZeroGPU (GPU calls of at most {limits.gpu_seconds:.0f} s)" if zero_gpu() else f"device {DEVICE}"
+    log(f"Pairs: {app.store.names}; {where}; serving, then timing each pair")
     demo = build(app)
     serve(demo, limits, args.host, args.port, args.share, block=False, gradio_env=args.gradio_env)
     warm_up(app, log)

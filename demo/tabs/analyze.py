@@ -199,6 +199,9 @@ class AnalysisTab:
     def analyze(self, n_images: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
         """For API clients (after the validator): a refusal is an error."""
         self.app.check_client(request)
+        at_once = lambda: check_analysis(self.app, n_images, self.a_components, False, **controls)
+        for line in self.app.await_rates(controls.get("pair_name"), progress, at_once):  # a pair being timed
+            yield {self.status: line}
         work = analysis_panels(self.app, n_images, progress, self.a_components, **controls)
         panels = yield from self._statuses(work, self.status)
         figures = dict(zip(self.plots, analysis_figures(panels), strict=True))
@@ -215,6 +218,9 @@ class AnalysisTab:
         place."""
         batch = regime_batch(regime)
         self.app.check_client(request)
+        at_once = lambda: check_frontier(self.app, n_images, self.f_components, False, **controls)
+        for line in self.app.await_rates(controls.get("pair_name"), progress, at_once):  # a pair being timed
+            yield {self.f_status: line}
         work = frontier_result(self.app, n_images, progress, self.f_components, **controls)
         result = yield from self._statuses(work, self.f_status)
         committed = self.app.committed_front(result.get("pair"), batch)
@@ -268,7 +274,7 @@ class AnalysisTab:
         with gr.Row():
             lim = app.limits
             n_images = slider("Images (n)", default_images(app, check_analysis), 1, lim.max_images)
-            n_images = n_images.component()
+            n_images = self.n_images = n_images.component()
             recompute = gr.Button("Recompute for current controls", variant="primary")
             stop = gr.Button("Stop")
         quick = {"api_visibility": "private", "queue": False}
@@ -327,6 +333,7 @@ class AnalysisTab:
             n_default = default_images(app, check_frontier)
             n_images = slider("Images (n) for the frontier", n_default, 1, lim.max_images).component()
             n_images.elem_id = "frontier-n"
+            self.f_n_images = n_images
             quick = {"api_visibility": "private", "queue": False}
             controls["pair_name"].change(self.frontier_images, controls["pair_name"], n_images, **quick)
             recompute = gr.Button("Recompute frontier", variant="primary")

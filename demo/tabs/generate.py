@@ -163,6 +163,9 @@ class GenerateTab:
     def generate(self, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008 (Gradio's pattern)
         """Each image as it is ready, a status line per AR step; the last message carries every output."""
         self.app.check_client(request)
+        at_once = lambda: check_generate(self.app, None, False, **controls)  # a bad value: refused before any wait
+        for line in self.app.await_rates(controls.get("pair_name"), progress, at_once):  # a pair being timed
+            yield {self.stats: line}
         events = compare(self.app, progress, **controls)  # a refusal comes here, before anything is cleared
         # Clear the outputs of any earlier run first: what is on screen is always from this run.
         yield {**dict.fromkeys(self.outputs), self.stats: "Starting ..."}

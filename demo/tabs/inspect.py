@@ -200,6 +200,8 @@ class InspectTab:
 
     def inspect_api(self, image: int, row: int, column: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
         self.app.check_client(request)
+        at_once = lambda: check_inspect(self.app, image, row, column, self.p_components, False, **controls)
+        drain(self.app.await_rates(controls.get("pair_name"), progress, at_once))  # a pair being timed: waits
         return inspect_run(self.app, image, row, column, progress, self.p_components, **controls)
 
     def build(self, page: Page) -> None:

@@ -66,7 +66,7 @@ def served():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as `python app.py --threads 1`: on a shared CPU, more threads can be 10x slower
     application = server.make_app(None, limits)  # what `python app.py` serves, models and panels included
-    server.warm_up(application)  # as `python app.py`: the default pair timed before the page is built
+    server.warm_up(application)  # the pairs timed before the page is built (`python app.py` times them after)
     demo = server.build(application)
     yield application, server.serve(demo, limits, "127.0.0.1", None, block=False)
     demo.close()

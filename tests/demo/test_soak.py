@@ -24,7 +24,7 @@ MARGIN_MIB = 80
 def test_resident_memory_levels_off_over_ten_times_the_sessions_kept():
     limits = Limits(max_batch=2, max_steps=8, max_images=2, sessions=16)
     application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), limits)
-    application.rates(application.store.get(RANDOM_SOURCE.name))  # timed before serving, as the server's warm-up does
+    application.rates(application.store.get(RANDOM_SOURCE.name))  # timed first, as the server's warm-up does
     demo = server.build(application)
     url = server.serve(demo, limits, "127.0.0.1", None, block=False).rstrip("/")
     try:
