@@ -70,4 +70,4 @@ echo "== request times of every default and preset, beside the page's estimates"
 python -m scripts.request_times
 
 echo "== app screenshots (headless Chromium)"
-CSD_SCREENSHOT_DIR=assets python -m pytest -q tests/demo/test_app_browser.py  # screenshot_generate, _inspect, _prompt, _red_star, _xar, _phone and screenshot.png
+CSD_SCREENSHOT_DIR=assets python -m pytest -q tests/demo/test_app_browser.py  # screenshot_generate, _first_sight, _inspect, _prompt, _red_star, _xar, _phone and screenshot.png
