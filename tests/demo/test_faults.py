@@ -125,6 +125,16 @@ def rates():
     return application.rates(application.store.get(RANDOM_SOURCE.name))
 
 
+def serving(application: App):
+    """Serve ``application``; yield it, a client and its images before any fault; close it after."""
+    demo = server.build(application)
+    client = Client(server.serve(demo, LIMITS, "127.0.0.1", None, block=False), verbose=False)
+    try:
+        yield application, client, images(client, application)
+    finally:
+        demo.close()
+
+
 def timed_app(rates) -> App:
     application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), LIMITS)
     application._rates[RANDOM_SOURCE.name] = rates
@@ -139,14 +149,7 @@ def zero_gpu_served(rates):
         mp.setattr(gpu, "import_spaces", lambda: stub)
         mp.setattr(stub, "HOLD", [])
         mp.setattr(stub, "FAULTS", [])
-        application = timed_app(rates)
-        demo = server.build(application)
-        url = server.serve(demo, LIMITS, "127.0.0.1", None, block=False)
-        client = Client(url, verbose=False)
-        try:
-            yield application, client, images(client, application)
-        finally:
-            demo.close()
+        yield from serving(timed_app(rates))
 
 
 @pytest.fixture
@@ -200,14 +203,7 @@ def test_the_analysis_still_completes_after_the_faults(zero_gpu_served):
 def cpu_served(rates):
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv(gpu.ZERO_GPU_FLAG, raising=False)
-        application = timed_app(rates)
-        demo = server.build(application)
-        url = server.serve(demo, LIMITS, "127.0.0.1", None, block=False)
-        client = Client(url, verbose=False)
-        try:
-            yield application, client, images(client, application)
-        finally:
-            demo.close()
+        yield from serving(timed_app(rates))
 
 
 CPU_FAULTS = {
