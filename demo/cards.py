@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from csd.models.checkpoint import file_digest
 from csd.models.registry import FAMILIES
 from csd.serving.pairs import EMBEDDED_DIR, PairSource, pair_specs
 
@@ -23,6 +24,11 @@ BENCH = {
     "shapes_xar_target": "bench/results/xar",
 }
 PAPER = "https://arxiv.org/abs/2411.11925"
+# The facts of the shipped models, keyed by the digest of each model's weights and JSON (`python -m demo.cards`
+# writes it): building a model on the meta device to count its parameters imports its framework (Harmon's:
+# transformers, seconds), which the page would otherwise wait for. A file whose digest is not there is built;
+# tests/demo/test_cards.py keeps the committed facts equal to the built ones.
+FACTS_FILE = ROOT / "assets" / "models" / "facts.json"
 
 
 @dataclass(frozen=True)
@@ -34,8 +40,8 @@ class Facts:
     words: int  # caption vocabulary of a text model (0: class-conditional)
 
 
-@cache
-def _facts(path: str) -> Facts | None:
+def built_facts(path: str) -> Facts | None:
+    """The facts of a project file's model, built on the meta device from its JSON (no weights read)."""
     json_path = Path(path).with_suffix(".json")
     try:
         meta = json.loads(json_path.read_text())
@@ -49,6 +55,37 @@ def _facts(path: str) -> Facts | None:
         return Facts(sum(p.numel() for p in model.parameters()), side, words)
     except (OSError, KeyError, ValueError, TypeError):
         return None
+
+
+@cache
+def _committed_facts() -> dict[str, dict]:
+    try:
+        return json.loads(FACTS_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@cache
+def _facts(path: str) -> Facts | None:
+    """The facts of a project file's model: the committed ones where the file is a shipped one (by digest),
+    else :func:`built_facts`."""
+    try:
+        known = _committed_facts().get(_digest(Path(path)))
+    except OSError:
+        known = None
+    return Facts(**known) if known is not None else built_facts(path)
+
+
+def _digest(path: Path) -> str:
+    """The digest of a project file's weights and JSON: what its facts are read from."""
+    return file_digest(path, path.with_suffix(".json"))
+
+
+def write_facts(paths: list[Path]) -> dict[str, dict]:
+    """Build the facts of ``paths`` and write them to :data:`FACTS_FILE`, keyed by file digest."""
+    facts = {_digest(p): vars(built_facts(str(p))) for p in sorted(paths)}
+    FACTS_FILE.write_text(json.dumps(facts, indent=1, sort_keys=True) + "\n")
+    return facts
 
 
 @cache
@@ -118,3 +155,7 @@ def card_markdown(sources: list[PairSource]) -> str:
         f"classifier trained on the same generator. Speed figures are a CPU's{timed} and say nothing of a GPU.",
     ]
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # regenerate the shipped models' facts (scripts/regenerate_assets.sh does)
+    print(json.dumps(write_facts(sorted(EMBEDDED_DIR.glob("*.safetensors"))), indent=1))

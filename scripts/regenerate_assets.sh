@@ -63,6 +63,9 @@ if [[ $# -ge 1 ]]; then
   python -m csd.shapes.probe "$1" "$M/shapes_target.safetensors" --n 200
 fi
 
+echo "== the shipped models' facts for the model cards (assets/models/facts.json)"
+python -m demo.cards
+
 echo "== the page's precomputed comparisons (first sight and gallery)"
 python -m demo.precompute
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+import demo.cards as cards
 from csd.models.registry import load_model
 from csd.serving.pairs import discover, pair_specs
-from demo.cards import BENCH, card_markdown, model_line
+from demo.cards import BENCH, FACTS_FILE, built_facts, card_markdown, model_line
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,3 +55,26 @@ def test_the_card_names_every_pair_the_paper_and_the_limits(sources):
     card = card_markdown(list(sources.values()))
     assert "arxiv.org/abs/2411.11925" in card and "Known limits" in card
     assert all(f"**{name}**" in card for name in sources)
+
+
+def test_the_committed_facts_are_the_built_ones_of_every_shipped_file():
+    """The page reads the shipped models' facts from assets/models/facts.json (no framework import): each entry
+    is the facts of a model built from its file, and every shipped file has one (python -m demo.cards)."""
+    committed = json.loads(FACTS_FILE.read_text())
+    shipped = sorted((ROOT / "assets" / "models").glob("*.safetensors"))
+    assert len(committed) == len(shipped) == 6
+    for path in shipped:
+        assert committed[cards._digest(path)] == vars(built_facts(str(path))), path.name
+
+
+def test_a_file_without_committed_facts_is_built(tmp_path):
+    """An operator's checkpoint (not a shipped file) gets its facts from its own files, and a changed JSON
+    is a new file: the committed entry of the shipped one no longer applies."""
+    source = ROOT / "assets" / "models" / "shapes_draft"
+    for suffix in (".safetensors", ".json"):
+        (tmp_path / f"mine{suffix}").write_bytes(source.with_suffix(suffix).read_bytes())
+    meta = json.loads((tmp_path / "mine.json").read_text())
+    meta["config"]["img_size"] = 64  # a different model from the same weights file
+    (tmp_path / "mine.json").write_text(json.dumps(meta))
+    assert cards._digest(tmp_path / "mine.safetensors") not in json.loads(FACTS_FILE.read_text())
+    assert cards._facts(str(tmp_path / "mine.safetensors")).image_side == 64
