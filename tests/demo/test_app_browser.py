@@ -195,16 +195,18 @@ def drawn_bars(page) -> int:
 
 
 @pytest.mark.browser
-def test_the_first_sight_has_a_drawn_speed_chart_before_any_click_and_after_a_pair_switch(served, tmp_path):
-    """A fresh page at 1280x900: the Speedup chart shows the first precomputed comparison's time split, with
-    nothing clicked; another pair's first sight has its own."""
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_the_first_sight_has_a_drawn_speed_chart_before_any_click_and_after_a_pair_switch(served, viewport, tmp_path):
+    """A fresh page (1280x900, and a phone's): the Speedup chart shows the first precomputed comparison's time
+    split, with nothing clicked; another pair's first sight has its own."""
     application, url = served
-    with open_page(url) as page:
+    with open_page(url, viewport) as page:
         page.locator("#speed-plot .js-plotly-plot .barlayer .point path").first.wait_for(state="visible")
         assert drawn_bars(page) >= 2  # a stacked bar per run at least (target-only and CSD)
         first = page.locator("#speed-plot").inner_text()
         assert "Speedup" in first and "where the time goes" in first
-        page.screenshot(path=screenshots(tmp_path) / "screenshot_first_sight.png", full_page=True)
+        if viewport is DESKTOP:
+            page.screenshot(path=screenshots(tmp_path) / "screenshot_first_sight.png", full_page=True)
         other = next(n for n in application.store.names[1:] if application.store.source(n).is_text)
         page.get_by_label("Model pair").first.click()
         page.get_by_role("option", name=other).click()
