@@ -6,6 +6,7 @@ Parameter names follow the official checkpoints (``diffloss.net.*``) so they loa
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 
 import torch
@@ -509,12 +510,16 @@ class ChainGraphs:
     replay launches the whole chain in one call, so the CPU no longer paces the GPU.
 
     The inputs (conditions, cfg, noise) are copied into the graph's own tensors before each replay (zeros in
-    the padding rows) and the real rows of the trajectory copied out after, so callers keep what they get.
-    The head's weights must not change while its graphs are kept (:meth:`DiffusionHead.use_kernels` makes
-    new ones)."""
+    the padding rows) and the real rows of the trajectory copied out after, so callers keep what they get;
+    one caller at a time (a lock: a graph's tensors are shared by its replays). The head's weights must not
+    change while its graphs are kept (:meth:`DiffusionHead.use_kernels` makes new ones)."""
 
     def __init__(self):
         self.graphs: dict[tuple, tuple] = {}
+        self.lock = threading.Lock()
+
+    def __reduce__(self):
+        return ChainGraphs, ()  # a copy (of a head, for other weights) starts with no graphs
 
     def run(
         self,
@@ -526,19 +531,19 @@ class ChainGraphs:
         products: torch.dtype | None,
     ) -> Trajectory:
         key = graph_key(chain, cond, noise, temperature, kernels, products)
-        values = (cond.z, cond.z_uncond, cond.cfg, noise.xi, noise.eps)
-        if key not in self.graphs:
-            inputs = graph_inputs(values, key[2])
-            self.graphs[key] = (inputs, *self.capture(chain, inputs, temperature, kernels.compiled, products))
-        inputs, out, graph = self.graphs[key]
-        for static, value, dim in zip(inputs, values, DIMS, strict=True):
-            if static is not None:
-                copy_padded(static, value, dim)
-        graph.replay()
-        n = cond.rows
-        return Trajectory(
-            take_rows(out.x, n), take_rows(out.states, n, 1), take_rows(out.mean, n, 1), take_rows(out.std, n, 1)
-        )
+        values, n = (cond.z, cond.z_uncond, cond.cfg, noise.xi, noise.eps), cond.rows
+        with self.lock:
+            if key not in self.graphs:
+                inputs = graph_inputs(values, key[2])
+                self.graphs[key] = (inputs, *self.capture(chain, inputs, temperature, kernels.compiled, products))
+            inputs, out, graph = self.graphs[key]
+            for static, value, dim in zip(inputs, values, DIMS, strict=True):
+                if static is not None:
+                    copy_padded(static, value, dim)
+            graph.replay()
+            return Trajectory(
+                take_rows(out.x, n), take_rows(out.states, n, 1), take_rows(out.mean, n, 1), take_rows(out.std, n, 1)
+            )
 
     @staticmethod
     def capture(

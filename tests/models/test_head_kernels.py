@@ -144,6 +144,16 @@ def test_a_padded_chains_real_rows_are_the_chain_run_alone():
         torch.testing.assert_close(take_rows(getattr(padded, name), 5, 1), getattr(alone, name), rtol=1e-12, atol=0)
 
 
+def test_a_copied_head_starts_with_graphs_of_its_own():
+    """A copy (a float64 model for a float64 run) has other weights: it shares no graph with its original."""
+    import copy
+
+    head = _head()
+    head.graphs.graphs["a key"] = ("inputs", "out", "graph")
+    other = copy.deepcopy(head)
+    assert other.graphs is not head.graphs and other.graphs.graphs == {}
+
+
 def test_on_the_cpu_a_head_samples_with_the_eager_fused_sampler():
     head = _head()
     cond, noise = _inputs(5)
