@@ -103,8 +103,16 @@ def copy_padded(static: Tensor, value: Tensor, dim: int = 0) -> None:
 # --- compiled step functions ----------------------------------------------------------------------------
 
 
+# Graphs one compiled function may keep: one per structure it meets (depth, guided or not, the last step or not,
+# dtype, products, clip, autocast), which a server with a pair at two precisions multiplies past dynamo's 8.
+RECOMPILE_LIMIT = 64
+
+
 @functools.cache
 def compiled(fn: Callable) -> Callable:
     """``fn`` through torch.compile (inductor) in one graph (a break raises), shapes specialised until one
-    changes, then dynamic; made once per function."""
+    changes, then dynamic; made once per function (and dynamo's recompile limit raised to at least
+    :data:`RECOMPILE_LIMIT`: under ``fullgraph`` reaching it is an error)."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(fn, fullgraph=True)
