@@ -108,11 +108,15 @@ def copy_padded(static: Tensor, value: Tensor, dim: int = 0) -> None:
 RECOMPILE_LIMIT = 64
 
 
-@functools.cache
 def compiled(fn: Callable) -> Callable:
     """``fn`` through torch.compile (inductor) in one graph (a break raises), shapes specialised until one
-    changes, then dynamic; made once per function (and dynamo's recompile limit raised to at least
-    :data:`RECOMPILE_LIMIT`: under ``fullgraph`` reaching it is an error)."""
+    changes, then dynamic; made once per function, dynamo's recompile limit raised to at least
+    :data:`RECOMPILE_LIMIT` (under ``fullgraph`` reaching it is an error)."""
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    return _compiled(fn)
+
+
+@functools.cache
+def _compiled(fn: Callable) -> Callable:
     return torch.compile(fn, fullgraph=True)

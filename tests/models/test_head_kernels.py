@@ -71,10 +71,10 @@ def test_head_kernels_reject_a_rows_floor_below_one():
         HeadKernels(least_rows=0)
 
 
-def test_compiling_raises_dynamos_recompile_limit_to_the_structures_a_server_meets(monkeypatch):
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    kernels.compiled(lambda x: x + 1)
-    assert torch._dynamo.config.recompile_limit == kernels.RECOMPILE_LIMIT > 8
+def test_compiling_raises_dynamos_recompile_limit_to_the_structures_a_server_meets():
+    with torch._dynamo.config.patch(recompile_limit=8):
+        kernels.compiled(lambda x: x + 1)
+        assert torch._dynamo.config.recompile_limit == kernels.RECOMPILE_LIMIT > 8
 
 
 # --- rows buckets, padding, keys --------------------------------------------------------------------------
