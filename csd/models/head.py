@@ -395,7 +395,7 @@ class FusedSampler:
         log_std = self.log_std_layers(temperature)
         step = None
         if self.compiled:
-            step, rows = compiled(ddpm_step), self.chain.schedule.step_coefficients(xi.dtype, xi.device)
+            step, coefs = compiled(ddpm_step), self.chain.schedule.step_coefficients(xi.dtype, xi.device)
             guide = xi.new_ones(n, 1) if isinstance(guide, float) else guide
         for chunk in self.chunks():
             mods = [m.unbind() for m in self.modulations(chunk)]
@@ -405,7 +405,7 @@ class FusedSampler:
                     outs = (mean[k], std[k], None if last else state[k + 1])
                     noise_k = None if last else eps_noise[k]
                     layer = (log_std[0][k], log_std[1][k])
-                    step(self.network, state[k], [m[i] for m in mods], rows[k], clip, guide, layer, noise_k, outs)
+                    step(self.network, state[k], [m[i] for m in mods], coefs[k], clip, guide, layer, noise_k, outs)
                     continue
                 y = state[k]
                 eps, x = self.network(y, [m[i] for m in mods])
