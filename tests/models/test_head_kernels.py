@@ -150,6 +150,55 @@ def test_a_padded_chains_real_rows_are_the_chain_run_alone():
         torch.testing.assert_close(take_rows(getattr(padded, name), 5, 1), getattr(alone, name), rtol=1e-12, atol=0)
 
 
+class _Replay:
+    """A CPU stand-in for a captured CUDA graph: a replay runs the chain again on the graph's input tensors and
+    writes the trajectory into its output tensors, as a CUDA graph's replay does."""
+
+    def __init__(self, run, out):
+        self.run, self.out = run, out
+
+    def replay(self) -> None:
+        new = self.run()
+        for name in ("x", "states", "mean", "std"):
+            getattr(self.out, name).copy_(getattr(new, name))
+
+
+def test_the_graph_cache_captures_once_per_bucket_and_gives_each_call_its_own_rows(monkeypatch):
+    """ChainGraphs.run with the capture replaced by a CPU stand-in: chains of 5 and 7 rows share one capture
+    (bucket 8), 9 rows make another (16); each call gets its rows' trajectory, the chain's own numbers
+    (float64), in tensors of its own (the next replay leaves them as they are)."""
+    from csd.models.head import ChainGraphs
+
+    captures = []
+
+    def capture(chain, inputs, temperature, compiled, products):
+        z, zu, cfg, xi, eps = inputs
+        run = lambda: FusedSampler(chain, HeadCondition(z, zu, cfg), compiled, products).run(
+            ChainNoise(xi, eps), temperature
+        )
+        captures.append(xi.shape[0])
+        out = run()
+        return out, _Replay(run, out)
+
+    monkeypatch.setattr(ChainGraphs, "capture", staticmethod(capture))
+    head, graphs = _head().double(), ChainGraphs()
+    chain, eager = head.chain(), HeadKernels(compiled=False)
+    got, alone = {}, {}
+    with torch.inference_mode():
+        for n in (5, 7, 9, 5):
+            cond, noise = _inputs(n, seed=n, dtype=torch.float64)
+            got[n] = graphs.run(chain, cond, noise, 0.8, eager, None)
+            alone[n] = FusedSampler(chain, _fresh(cond)).run(noise, 0.8)
+        first = graphs.run(chain, *_inputs(7, seed=70, dtype=torch.float64), 0.8, eager, None)
+        kept = first.x.clone()
+        graphs.run(chain, *_inputs(7, seed=71, dtype=torch.float64), 0.8, eager, None)
+    assert captures == [8, 16]
+    for n, traj in got.items():
+        for name in ("x", "states", "mean", "std"):
+            torch.testing.assert_close(getattr(traj, name), getattr(alone[n], name), rtol=1e-12, atol=1e-12)
+    assert torch.equal(first.x, kept)
+
+
 def test_a_copied_head_starts_with_graphs_of_its_own():
     """A copy (a float64 model for a float64 run) has other weights: it shares no graph with its original."""
     import copy
