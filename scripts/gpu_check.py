@@ -12,8 +12,9 @@
 5. one paper-scale cell timed (``python -m csd.experiments.paper_scale``, MAR-L / MAR-B, batch 8, gamma 8);
 6. host synchronisations: target-only and CSD on each family's untrained pair under
    ``torch.cuda.set_sync_debug_mode("warn")``, counted before, inside and after the AR loop (per AR step);
-7. the head chain as CUDA graphs (``DiffusionHead.use_cuda_graphs``) against the fused sampler, a MAR-L-size
-   head (random weights, 100 steps, guided) at batch 1 and 256 (4 tokens per AR step): milliseconds per chain;
+7. the head chain eager, compiled and compiled with CUDA graphs (``DiffusionHead.use_kernels``,
+   csd/models/kernels.py), a MAR-L-size head (random weights, 100 steps, guided) at batch 1 and 256 (4 tokens
+   per AR step): milliseconds per chain (on a CPU eager and compiled only);
 8. ``DIR/gpu_check.json``, ``DIR/gpu_check.md`` and ``DIR/screenshot.png`` (the page in Chromium where
    Playwright and Chromium are installed, else the images ``/generate`` returned, side by side).
 
@@ -244,12 +245,15 @@ def _family_syncs(device: torch.device, family: str, pair) -> dict:
     return result
 
 
-def head_graphs(device: torch.device, tiny: bool) -> dict:
-    """A MAR-L-size diffusion head (random weights) run as the fused sampler and as CUDA graphs, batch 1 and
-    256 (4 tokens per AR step, guided): milliseconds per chain (median of 10 after 3 warm-ups) and the largest
-    difference of their tokens."""
+def head_chain(device: torch.device, tiny: bool) -> dict:
+    """A MAR-L-size diffusion head (random weights, 100 steps, guided) at batch 1 and 256 (4 tokens per AR step)
+    run eager (the fused sampler op by op, float32), compiled (torch.compile of each step; bfloat16 products
+    on CUDA, as a bfloat16 run's head) and, on CUDA, compiled with each chain one CUDA graph: milliseconds per
+    chain (median of 10 after 3 warm-ups) and the largest difference of each row's tokens from eager's, relative
+    to the largest eager token (an untrained, unclipped head's tokens reach ~1e4)."""
     from csd.core.chain import HeadCondition, standard_noise
     from csd.models.head import DiffusionHead
+    from csd.models.kernels import EAGER, HeadKernels
 
     width, depth, z_dim, steps = (64, 2, 32, 10) if tiny else (1280, 8, 1024, 100)
     head = DiffusionHead(16, z_dim, width, depth, sampling_steps=steps).to(device).eval()
@@ -257,37 +261,48 @@ def head_graphs(device: torch.device, tiny: bool) -> dict:
     with torch.no_grad():
         for p in head.parameters():
             p.copy_(0.02 * torch.randn(p.shape, generator=gen, device=device))
+    cuda = device.type == "cuda"
+    products = torch.bfloat16 if cuda else None
+    runs = {"eager": (EAGER, None), "compiled": (HeadKernels(graphs=False), products)}
+    if cuda:
+        runs["compiled + graphs"] = (HeadKernels(), products)
     result = {}
     for batch in (1, 256):
         n = 4 * batch
         z, zu = (torch.randn(n, z_dim, generator=gen, device=device) for _ in range(2))
         cond = HeadCondition(z, zu, torch.full((n,), 3.0, device=device))
         noise = standard_noise(n, 16, steps, gen, device, torch.float32)
-        times, outs = {}, {}
-        for name, graphs in (("fused", False), ("cuda graphs", True)):
-            head.use_cuda_graphs(graphs)
-            chain = head.chain(steps)
-            samples = []
-            with torch.inference_mode():
-                for rep in range(13):
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    t0 = time.perf_counter()
-                    out = chain.sample(HeadCondition(cond.z, cond.z_uncond, cond.cfg), noise)
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    if rep >= 3:
-                        samples.append(time.perf_counter() - t0)
-            times[name], outs[name] = float(np.median(samples)) * 1e3, out.x
-        head.use_cuda_graphs(False)
-        result[f"batch {batch}"] = {
-            "rows": 2 * n,
-            "fused_ms": round(times["fused"], 3),
-            "graphs_ms": round(times["cuda graphs"], 3),
-            "speedup": round(times["fused"] / times["cuda graphs"], 2),
-            "max_token_diff": float((outs["fused"] - outs["cuda graphs"]).abs().max()),
-        }
+        row = {"rows": 2 * n}
+        for name, (kernels, autocast) in runs.items():
+            head.use_kernels(kernels)
+            ms, out = _time_chain(head.chain(steps, autocast=autocast), cond, noise, device)
+            row[f"{name} ms"] = round(ms, 3)
+            if name == "eager":
+                eager = out
+            else:
+                row[f"{name} token diff"] = float((out - eager).abs().max() / eager.abs().max())
+        head.use_kernels(None)
+        result[f"batch {batch}"] = row
     return result
+
+
+def _time_chain(chain, cond, noise, device: torch.device) -> tuple[float, torch.Tensor]:
+    """Milliseconds per chain (median of 10 after 3 warm-ups, the first of which compiles and captures) and the
+    last run's tokens."""
+    from csd.core.chain import HeadCondition
+
+    samples = []
+    with torch.inference_mode():
+        for rep in range(13):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            out = chain.sample(HeadCondition(cond.z, cond.z_uncond, cond.cfg), noise)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if rep >= 3:
+                samples.append(time.perf_counter() - t0)
+    return float(np.median(samples)) * 1e3, out.x
 
 
 def machine(device: torch.device) -> dict:
@@ -332,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_tests:
         _step(record, "cuda tests", lambda: cuda_tests(args.out))
     _step(record, "host syncs", lambda: sync_counts(device, args.tiny))
-    _step(record, "head cuda graphs", lambda: head_graphs(device, args.tiny))
+    _step(record, "head chain", lambda: head_chain(device, args.tiny))
     with ExitStack() as stack:
         serve = lambda: serve_official(stack, args.tiny, device)
         served = None if args.skip_serve else _step(record, "serve", serve, lambda out: out[2])

@@ -1,7 +1,8 @@
 """A run's precision (:attr:`csd.config.SamplingConfig.precision`) and the models it runs on.
 
 * "float32" (the default): weights, canvas, chains and every density in float32.
-* "bfloat16" / "float16": the backbones under autocast; heads and densities stay in float32.
+* "bfloat16" / "float16": the backbones under autocast; heads and densities stay in float32, but for a
+  compiled head's products (the default on CUDA, csd/models/kernels.py), which take the autocast dtype.
 * "float64": every part in float64, the models' weights too (:func:`at_precision` makes a float64 copy):
   the exact reference. The random numbers are the float32 runs' own (drawn in float32, then widened), so
   a float64 run is the float32 run without its rounding: what is a matter of logic (per-image streams,

@@ -103,6 +103,16 @@ class Schedule:
             self._scalars[key] = torch.tensor(rows, dtype=torch.float64).to(device=device, dtype=dtype)
         return self._scalars[key]
 
+    def step_coefficients(self, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """(T, 4): DDPM's (a, b, c1, c2) of :attr:`ddpm_coefficients` by transition (k = T-1-t), in ``dtype`` on
+        ``device``, made once per (dtype, device): a compiled step reads its row as a tensor (one graph for
+        every step, where Python floats would make one per step)."""
+        key = ("step", dtype, device)
+        if key not in self._scalars:  # a benign race: both writers store equal tensors
+            rows = [c[:4] for c in reversed(self.ddpm_coefficients)]
+            self._scalars[key] = torch.tensor(rows, dtype=torch.float64).to(device=device, dtype=dtype)
+        return self._scalars[key]
+
     def scalars(self, name: str, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
         """Coefficient ``name`` cast to ``dtype`` on ``device``, one 0-dim tensor per step: cast once, since a
         chain reads them at every transition (the same numbers as casting ``coef[t]`` each time)."""

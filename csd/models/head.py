@@ -6,6 +6,8 @@ Parameter names follow the official checkpoints (``diffloss.net.*``) so they loa
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -13,6 +15,15 @@ from torch import Tensor, nn
 from csd.core.chain import ChainNoise, HeadCondition, Trajectory
 from csd.core.checks import check_choice, check_int
 from csd.models import diffusion as gd
+from csd.models.kernels import (
+    HeadKernels,
+    compiled,
+    copy_padded,
+    kernels_for,
+    product_dtype,
+    rows_bucket,
+    take_rows,
+)
 
 
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
@@ -154,17 +165,21 @@ class DiffusionHead(nn.Module):
         self.train_schedule = gd.Schedule.cosine(train_steps)
         self._schedules: dict[int, gd.Schedule] = {}
         self._step_embeddings = StepEmbeddings(self.net.time_embed)  # shared by every chain of this head
-        self.cuda_graphs: CUDAGraphs | None = None  # opt-in: see use_cuda_graphs
+        self.kernels: HeadKernels | None = None  # None: the device's default (csd.models.kernels.kernels_for)
+        self.graphs = ChainGraphs()
 
-    def use_cuda_graphs(self, enabled: bool = True) -> None:
-        """Opt in (or out) to running this head's DDPM chains on CUDA as captured CUDA graphs, one per shape
-        (:class:`CUDAGraphs`): the first chain of a shape pays a capture, every later one replays it. The same
-        numbers as the fused sampler; nothing changes on a CPU."""
-        self.cuda_graphs = CUDAGraphs() if enabled else None
+    def use_kernels(self, kernels: HeadKernels | None) -> None:
+        """Run this head's DDPM chains with ``kernels`` (:class:`csd.models.kernels.HeadKernels`: compiled steps,
+        CUDA graphs; :data:`csd.models.kernels.EAGER` op by op) on every device, or None: the device's
+        default. Drops the graphs captured so far (made again for new weights)."""
+        self.kernels, self.graphs = kernels, ChainGraphs()
 
-    def chain(self, steps: int | None = None, sampler: str = "ddpm", eta: float = 0.0) -> DiffusionChain:
+    def chain(
+        self, steps: int | None = None, sampler: str = "ddpm", eta: float = 0.0, autocast: torch.dtype | None = None
+    ) -> DiffusionChain:
         """The head at ``steps`` sampling steps (None: its default) with ``sampler`` "ddpm" (the trained
-        one) or "ddim" (with ``eta``)."""
+        one) or "ddim" (with ``eta``); ``autocast``: the run's autocast dtype, which a compiled head's products
+        take (:func:`csd.models.kernels.product_dtype`)."""
         steps = self.sampling_steps if steps is None else steps
         check_int("head_steps", steps, 1, self.train_steps)
         check_choice("head_sampler (a diffusion head's)", sampler, ("ddpm", "ddim"))
@@ -172,7 +187,7 @@ class DiffusionHead(nn.Module):
             self._schedules[steps] = gd.Schedule.cosine(self.train_steps, steps)
         eta = None if sampler == "ddpm" else eta
         chain = DiffusionChain(self.net, self._schedules[steps], self.clip_x0, eta, self._step_embeddings)
-        chain.cuda_graphs = self.cuda_graphs
+        chain.kernels, chain.graphs, chain.autocast = self.kernels, self.graphs, autocast
         return chain
 
     # --- training ------------------------------------------------------------------------------
@@ -220,7 +235,9 @@ class DiffusionChain:
         self.net, self.schedule, self.clip_x0, self.ddim_eta = net, schedule, clip_x0, ddim_eta
         self.token_dim = net.token_dim
         self.step_embeddings = step_embeddings or StepEmbeddings(net.time_embed)
-        self.cuda_graphs: CUDAGraphs | None = None
+        self.kernels: HeadKernels | None = None  # None: the device's default
+        self.graphs = ChainGraphs()  # its CUDA graphs (a head's chains share the head's)
+        self.autocast: torch.dtype | None = None  # the run's autocast dtype
 
     def num_steps(self) -> int:
         return self.schedule.num_steps
@@ -250,13 +267,16 @@ class DiffusionChain:
 
     def sample(self, cond: HeadCondition, noise: ChainNoise, temperature: float = 1.0) -> Trajectory | None:
         """The whole chain of ``cond``'s rows in one call: the numbers of :func:`csd.core.chain.run_chain` (up to
-        float rounding) at a fraction of its op calls (:class:`FusedSampler`); None for DDIM and where autograd
-        records (it writes into buffers), which the transition-by-transition loop runs."""
+        float rounding) at a fraction of its op calls (:class:`FusedSampler`), its steps compiled and the
+        chain one CUDA graph where the device's kernels say so (:func:`csd.models.kernels.kernels_for`); None
+        for DDIM and where autograd records (it writes into buffers), which the transition loop runs."""
         if self.ddim_eta is not None or torch.is_grad_enabled():
             return None
-        if self.cuda_graphs is not None and noise.xi.is_cuda:
-            return self.cuda_graphs.run(self, cond, noise, temperature)
-        return FusedSampler(self, cond).run(noise, temperature)
+        kernels = kernels_for(noise.xi.device, self.kernels)
+        products = product_dtype(self.autocast, kernels)
+        if kernels.graphs:
+            return self.graphs.run(self, cond, noise, temperature, kernels, products)
+        return FusedSampler(self, cond, kernels.compiled, products).run(noise, temperature)
 
     def transition(self, y: Tensor, step: int | Tensor, cond: HeadCondition) -> tuple[Tensor, Tensor]:
         t = self.num_steps() - 1 - step  # transition k runs at diffusion index T-1-k
@@ -287,24 +307,42 @@ class FusedSampler:
     the trajectory's (T, n, d) buffers. Only the conditional half's variance is computed (the only one read).
 
     The same arithmetic as the loop up to reassociation: float64 runs agree to ~1e-15, float32 runs within
-    float32 rounding (``tests/models/test_fast_paths.py``)."""
+    float32 rounding (``tests/models/test_fast_paths.py``).
 
-    def __init__(self, chain: DiffusionChain, cond: HeadCondition):
+    ``compiled``: each transition is :func:`ddpm_step` through torch.compile (its coefficients a row of a
+    tensor, so one graph serves every step), the network's element-wise ops fused around its products;
+    ``products``: the dtype of the network's and the modulations' products (None: the weights'), their
+    weights cast once per chain, every other op in the weights' dtype."""
+
+    def __init__(
+        self, chain: DiffusionChain, cond: HeadCondition, compiled: bool = False, products: torch.dtype | None = None
+    ):
         net = chain.net
-        self.chain, self.cond, self.net = chain, cond, net
+        self.chain, self.cond, self.net, self.compiled = chain, cond, net, compiled
         self.groups = 1 if cond.z_uncond is None else 2  # G: conditional rows, then unconditional ones
         self.rows = cond.rows  # n per group
         d, width = net.token_dim, net.input_proj.out_features
-        self.width = width
-        self.input = (net.input_proj.bias, net.input_proj.weight.t())
+        self.width, self.dtype = width, net.input_proj.weight.dtype
+        self.products = None if products == self.dtype else products
+        self.mm = torch.addmm if self.products is None else self._low_addmm
+        low = self._low
+        self.input = low(net.input_proj.bias, net.input_proj.weight.t())
         self.blocks = [
-            (b.in_ln, (b.mlp[0].bias, b.mlp[0].weight.t()), (b.mlp[2].bias, b.mlp[2].weight.t()))
+            (b.in_ln, low(b.mlp[0].bias, b.mlp[0].weight.t()), low(b.mlp[2].bias, b.mlp[2].weight.t()))
             for b in net.res_blocks
         ]
         final = net.final_layer.linear
-        self.eps_out = (final.bias[:d], final.weight[:d].t())
+        self.eps_out = low(final.bias[:d], final.weight[:d].t())
         self.var_out = (final.bias[d:], final.weight[d:].t())
         self.eps_ln = net.final_layer.norm_final.eps
+
+    def _low(self, bias: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+        """A layer's (bias, weight) in the products' dtype."""
+        return (bias, weight) if self.products is None else (bias.to(self.products), weight.to(self.products))
+
+    def _low_addmm(self, bias: Tensor, x: Tensor, weight: Tensor) -> Tensor:
+        """``bias + x @ weight`` in the products' dtype (bias and weight already in it), back in the weights'."""
+        return torch.addmm(bias, x.to(self.products), weight).to(self.dtype)
 
     def modulations(self, steps: range) -> list[Tensor]:
         """For transitions ``steps``: per block its shift and scale (LayerNorm affine folded in) and gate, then
@@ -322,13 +360,15 @@ class FusedSampler:
         for j, block in enumerate(net.res_blocks):
             lin = block.adaLN_modulation[1]
             shape = (len(steps), self.groups, self.rows, -1) if j == 0 else (len(steps), r, -1)
-            shift, scale, gate = torch.addmm(lin.bias, flat, lin.weight.t()).reshape(shape).chunk(3, dim=-1)
+            bias, weight = self._low(lin.bias, lin.weight.t())
+            shift, scale, gate = self.mm(bias, flat, weight).reshape(shape).chunk(3, dim=-1)
             one_scale = scale + 1.0
             ln = block.in_ln
             shift = torch.addcmul(shift, ln.bias, one_scale)  # before one_scale takes the LayerNorm's gain
             out += [shift, one_scale.mul_(ln.weight), gate.contiguous()]
         lin = net.final_layer.adaLN_modulation[1]
-        shift, scale = torch.addmm(lin.bias, flat, lin.weight.t()).reshape(len(steps), r, -1).chunk(2, dim=-1)
+        bias, weight = self._low(lin.bias, lin.weight.t())
+        shift, scale = self.mm(bias, flat, weight).reshape(len(steps), r, -1).chunk(2, dim=-1)
         return out + [shift.contiguous(), scale.add(1.0)]
 
     def chunks(self) -> list[range]:
@@ -353,9 +393,20 @@ class FusedSampler:
         clip, coefficients = self.chain.clip_x0, self.chain.schedule.ddpm_coefficients
         state, mean, std, eps_noise = states.unbind(), means.unbind(), stds.unbind(), noise.eps.unbind()
         log_std = self.log_std_layers(temperature)
+        step = None
+        if self.compiled:
+            step, coefs = compiled(ddpm_step), self.chain.schedule.step_coefficients(xi.dtype, xi.device)
+            guide = xi.new_ones(n, 1) if isinstance(guide, float) else guide
         for chunk in self.chunks():
             mods = [m.unbind() for m in self.modulations(chunk)]
             for i, k in enumerate(chunk):
+                if step is not None:
+                    last = k == steps - 1
+                    outs = (mean[k], std[k], None if last else state[k + 1])
+                    noise_k = None if last else eps_noise[k]
+                    layer = (log_std[0][k], log_std[1][k])
+                    step(self.network, state[k], [m[i] for m in mods], coefs[k], clip, guide, layer, noise_k, outs)
+                    continue
                 y = state[k]
                 eps, x = self.network(y, [m[i] for m in mods])
                 if guide is not None:
@@ -385,13 +436,14 @@ class FusedSampler:
         """The head network at states y (n, d) under one step's modulations: eps (G n, d) and the final layer's
         input (G n, W), whose conditional half the variance layer reads."""
         g, n, width = self.groups, self.rows, self.width
-        h = torch.addmm(self.input[0], y, self.input[1])  # (n, W): both groups read the same state
+        mm = self.mm
+        h = mm(self.input[0], y, self.input[1])  # (n, W): both groups read the same state
         for j, (ln, (b1, w1), (b2, w2)) in enumerate(self.blocks):
             shift, scale, gate = mods[3 * j : 3 * j + 3]  # (G, n, W) in the first block, else (G n, W)
             x = nn.functional.layer_norm(h, (width,), None, None, ln.eps)
             x = torch.addcmul(shift, x, scale)
-            u = nn.functional.silu(torch.addmm(b1, x.view(g * n, width) if j == 0 else x, w1), inplace=True)
-            u = torch.addmm(b2, u, w2)
+            u = nn.functional.silu(mm(b1, x.view(g * n, width) if j == 0 else x, w1), inplace=True)
+            u = mm(b2, u, w2)
             if j == 0:  # the state's rows, shared by the groups, become each group's own
                 h = torch.addcmul(h, gate, u.view(g, n, width)).view(g * n, width)
             else:
@@ -399,47 +451,124 @@ class FusedSampler:
         shift, one_scale = mods[-2:]
         x = nn.functional.layer_norm(h, (width,), None, None, self.eps_ln)
         x = torch.addcmul(shift, x, one_scale)
-        return torch.addmm(self.eps_out[0], x, self.eps_out[1]), x
+        return mm(self.eps_out[0], x, self.eps_out[1]), x
 
 
-class CUDAGraphs:
-    """A diffusion head's fused chains as CUDA graphs, captured once per shape and replayed after: a replay
-    launches the whole chain (hundreds of small kernels) in one call, so the CPU no longer paces the GPU.
+def ddpm_step(
+    network: Callable[[Tensor, list[Tensor]], tuple[Tensor, Tensor]],
+    y: Tensor,
+    mods: list[Tensor],
+    coefficients: Tensor,
+    clip: float | None,
+    guide: Tensor | None,
+    log_std_layer: tuple[Tensor, Tensor],
+    noise: Tensor | None,
+    out: tuple[Tensor, Tensor, Tensor | None],
+) -> None:
+    """One DDPM transition of a :class:`FusedSampler`, written into ``out`` = (mean, std, next state): the
+    network at states y (n, d) under one step's modulations, guidance as a lerp by ``guide`` (n, 1) (None:
+    unguided), x0 = a y - b eps (clipped), mean = c1 x0 + c2 y with ``coefficients`` = (a, b, c1, c2) a (4,)
+    tensor, std = exp(x W + c) by the folded variance layer ``log_std_layer`` = (W (width, d), c (d,)), and
+    the next state mean + std noise (None: the last transition). Tensors only, so one compiled graph serves
+    every step of every chain of a shape."""
+    mean, std, state = out
+    n = y.shape[0]
+    eps, x = network(y, mods)
+    if guide is not None:
+        eps = torch.lerp(eps[n:], eps[:n], guide)
+    a, b, c1, c2 = coefficients.unbind()
+    x0 = y * a - eps * b
+    if clip is not None:
+        x0 = x0.clamp(-clip, clip)
+    mean.copy_(x0 * c1 + y * c2)
+    weight, bias = log_std_layer
+    std.copy_(torch.addmm(bias, x[:n], weight).exp())
+    if noise is not None:
+        state.copy_(torch.addcmul(mean, std, noise))
 
-    Keyed by the chain's steps, rows, guidance, dtype, device and temperature; the inputs (conditions, cfg,
-    noise) are copied into the captured graph's own tensors before each replay and the trajectory is copied
-    out after, so callers keep what they get. The head's weights must not change while its graphs are kept
-    (:meth:`DiffusionHead.use_cuda_graphs` again makes new ones)."""
+
+def graph_key(
+    chain: DiffusionChain,
+    cond: HeadCondition,
+    noise: ChainNoise,
+    temperature: float,
+    kernels: HeadKernels,
+    products: torch.dtype | None,
+) -> tuple:
+    """What a captured chain is made for: its steps and schedule, its rows' bucket, guidance (and whether the
+    scale is per row), the noise's dtype and device, the temperature (folded into the graph), compiled
+    steps, products' dtype and clip. Chains whose keys are equal replay one graph."""
+    guided, scaled = cond.z_uncond is not None, cond.cfg is not None
+    bucket = rows_bucket(cond.rows, kernels.least_rows)
+    shape = (chain.num_steps(), id(chain.schedule), bucket, guided, scaled, noise.xi.dtype, noise.xi.device)
+    return (*shape, temperature, kernels.compiled, products, chain.clip_x0)
+
+
+class ChainGraphs:
+    """A diffusion head's fused chains as CUDA graphs, one per :func:`graph_key` (rows padded up to their
+    bucket, the padding rows' results dropped), captured at the first chain of a key and replayed after: a
+    replay launches the whole chain in one call, so the CPU no longer paces the GPU.
+
+    The inputs (conditions, cfg, noise) are copied into the graph's own tensors before each replay (zeros in
+    the padding rows) and the real rows of the trajectory copied out after, so callers keep what they get;
+    one caller at a time (a lock: a graph's tensors are shared by its replays). The head's weights must not
+    change while its graphs are kept (:meth:`DiffusionHead.use_kernels` makes new ones)."""
 
     def __init__(self):
         self.graphs: dict[tuple, tuple] = {}
+        self.lock = threading.Lock()
 
-    def run(self, chain: DiffusionChain, cond: HeadCondition, noise: ChainNoise, temperature: float) -> Trajectory:
-        guided, scaled = cond.z_uncond is not None, cond.cfg is not None
-        key = (chain.num_steps(), id(chain.schedule), cond.rows, guided, scaled, noise.xi.dtype, noise.xi.device)
-        key += (temperature,)
-        if key not in self.graphs:
-            self.graphs[key] = self.capture(chain, cond, noise, temperature)
-        inputs, out, graph = self.graphs[key]
-        for static, value in zip(inputs, (cond.z, cond.z_uncond, cond.cfg, noise.xi, noise.eps), strict=True):
-            if static is not None:
-                static.copy_(value)
-        graph.replay()
-        return Trajectory(out.x.clone(), out.states.clone(), out.mean.clone(), out.std.clone())
+    def __reduce__(self):
+        return ChainGraphs, ()  # a copy (of a head, for other weights) starts with no graphs
+
+    def run(
+        self,
+        chain: DiffusionChain,
+        cond: HeadCondition,
+        noise: ChainNoise,
+        temperature: float,
+        kernels: HeadKernels,
+        products: torch.dtype | None,
+    ) -> Trajectory:
+        key = graph_key(chain, cond, noise, temperature, kernels, products)
+        values, n = (cond.z, cond.z_uncond, cond.cfg, noise.xi, noise.eps), cond.rows
+        with self.lock:
+            if key not in self.graphs:
+                inputs = graph_inputs(values, key[2])
+                self.graphs[key] = (inputs, *self.capture(chain, inputs, temperature, kernels.compiled, products))
+            inputs, out, graph = self.graphs[key]
+            for static, value, dim in zip(inputs, values, DIMS, strict=True):
+                if static is not None:
+                    copy_padded(static, value, dim)
+            graph.replay()
+            return Trajectory(
+                take_rows(out.x, n), take_rows(out.states, n, 1), take_rows(out.mean, n, 1), take_rows(out.std, n, 1)
+            )
 
     @staticmethod
-    def capture(chain: DiffusionChain, cond: HeadCondition, noise: ChainNoise, temperature: float) -> tuple:
-        inputs = [None if t is None else t.clone() for t in (cond.z, cond.z_uncond, cond.cfg, noise.xi, noise.eps)]
+    def capture(
+        chain: DiffusionChain, inputs: list, temperature: float, compiled: bool, products: torch.dtype | None
+    ) -> tuple[Trajectory, torch.cuda.CUDAGraph]:
         z, z_uncond, cfg, xi, eps = inputs
         static = lambda: (HeadCondition(z, z_uncond, cfg), ChainNoise(xi, eps))  # a fresh condition: no kept embedding
+        run = lambda: FusedSampler(chain, static()[0], compiled, products).run(static()[1], temperature)
         stream = torch.cuda.Stream(device=xi.device)
         stream.wait_stream(torch.cuda.current_stream(xi.device))
-        with torch.cuda.stream(stream):  # warm-up: the step embeddings and coefficients are made and kept here
+        with torch.cuda.stream(stream):  # warm-up: compiles, and makes and keeps the step embeddings and coefficients
             for _ in range(2):
-                FusedSampler(chain, static()[0]).run(static()[1], temperature)
+                run()
         torch.cuda.current_stream(xi.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            c, n = static()
-            out = FusedSampler(chain, c).run(n, temperature)
-        return inputs, out, graph
+            out = run()
+        return out, graph
+
+
+DIMS = (0, 0, 0, 0, 1)  # the rows' dim of z, z_uncond, cfg, xi and eps
+
+
+def graph_inputs(values: tuple[Tensor | None, ...], rows: int) -> list[Tensor | None]:
+    """A graph's own input tensors for (z, z_uncond, cfg, xi, eps) ``values``: zeros like each, with ``rows``
+    rows along its rows' dim (:data:`DIMS`); None where a value is None."""
+    shaped = lambda x, dim: (*x.shape[:dim], rows, *x.shape[dim + 1 :])
+    return [None if v is None else v.new_zeros(shaped(v, dim)) for v, dim in zip(values, DIMS, strict=True)]

@@ -1,6 +1,6 @@
 """What only a GPU can show, run by the device check (``python -m scripts.gpu_check``, which runs
 ``pytest -m cuda``): the samplers on CUDA keep their logic (float64 batch invariance), a float32 CUDA run
-stays within float32's rounding of the CPU's float64 reference, bfloat16 backbones keep heads in float32,
+stays within float32's rounding of the CPU's float64 reference, bfloat16 runs keep the heads' tokens in float32,
 timed phases synchronise the device, and the app serves a pair on CUDA through its GPU calls. Skipped where
 there is no CUDA (every CI machine)."""
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from csd.config import CSDConfig, SamplingConfig
+from csd.models.kernels import EAGER, HeadKernels
 from csd.sampling import generate
 from csd.serving.pairs import RANDOM_SOURCE, PairStore, random_pair
 from csd.speculative import speculative_generate
@@ -72,25 +73,30 @@ def test_timed_phases_are_the_devices_read_once_the_run_ends(pair_gpu):
     assert sum(out.trace.times.values()) <= wall * 1.01
 
 
-def test_cuda_graph_chains_make_the_fused_chains_tokens(pair_gpu):
-    """The opt-in CUDA-graph head replays the fused sampler's kernels: the same tokens, target-only and CSD."""
+def test_compiled_and_graphed_chains_make_the_eager_chains_tokens(pair_gpu):
+    """The head kernels on CUDA (csd/models/kernels.py: compiled steps; each chain one CUDA graph over rows padded
+    to their bucket, over eager or compiled steps) against the eager fused sampler: the same tokens within
+    float32's bound, target-only and CSD (float32 products at precision float32); a replay repeats its capture."""
     s, csd = SamplingConfig(num_steps=8, cfg_scale=2.0), CSDConfig(gamma=3)
+    heads = [pair_gpu.target.head, pair_gpu.draft.head]
     runs = lambda: (
         generate(pair_gpu.target, [1, 2], [3, 4], s).tokens,
         speculative_generate(pair_gpu.target, pair_gpu.draft, [1, 2], [3, 4], s, csd).tokens,
     )
-    plain = runs()
-    heads = [pair_gpu.target.head, pair_gpu.draft.head]
+    got = {}
     try:
-        for head in heads:
-            head.use_cuda_graphs()
-        graphed, again = runs(), runs()  # captured, then replayed
+        for kernels in (EAGER, HeadKernels(graphs=False), HeadKernels(compiled=False), HeadKernels()):
+            for head in heads:
+                head.use_kernels(kernels)
+            got[kernels] = (runs(), runs())  # captured (where graphed), then replayed
     finally:
         for head in heads:
-            head.use_cuda_graphs(False)
-    for a, b, c in zip(plain, graphed, again, strict=True):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
-        assert torch.equal(b, c)
+            head.use_kernels(None)
+    eager = got.pop(EAGER)[0]
+    for kernels, (first, again) in got.items():
+        for a, b, c in zip(eager, first, again, strict=True):
+            assert float((b - a).abs().max()) < F32_ATOL, kernels
+            assert torch.equal(b, c), kernels
 
 
 def test_the_app_serves_a_pair_on_cuda_through_its_gpu_calls():

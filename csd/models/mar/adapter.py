@@ -22,6 +22,7 @@ from csd.core.chain import HeadChain, HeadCondition
 from csd.core.rng import ImageStreams
 from csd.core.schedule import step_cfg_scales, step_sizes
 from csd.family import Plan
+from csd.models.head import DiffusionHead
 from csd.models.mar.gtr import DetailChains, detail_rows, frequency_score, grid_side, gtr_plan, stage_of
 from csd.models.mar.token_cache import DecoderPass, decoder_pass
 
@@ -153,10 +154,12 @@ class MaskedARFamily:
         )
 
     def _head_chain(self, steps: int, config):
-        """The head's chain at ``steps`` on the config's sampler (the head's own when None)."""
-        if config.head_sampler is None:
-            return self.head.chain(steps)
-        return self.head.chain(steps, config.head_sampler, config.ddim_eta)
+        """The head's chain at ``steps`` on the config's sampler (the head's own when None); a diffusion head's
+        compiled products in the precision's autocast dtype (:mod:`csd.models.kernels`)."""
+        sampler = () if config.head_sampler is None else (config.head_sampler, config.ddim_eta)
+        if not isinstance(self.head, DiffusionHead):
+            return self.head.chain(steps, *sampler)
+        return self.head.chain(steps, *sampler, autocast=PRECISIONS[config.precision])
 
     def verify(self, tokens, mask, conditions, pos, cfg, config, steps: int, drafted=None, sizes=None) -> HeadChain:
         """The published block (``sizes`` None): one pass over the context before the block gives every

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from csd.config import FLOW_GRIDS
 from csd.core.chain import ChainNoise, Trajectory, run_chain
 from csd.core.checks import check_choice
+from csd.models.kernels import compiled, kernels_for
 
 FLOW_SAMPLERS = ("euler-maruyama", "euler", "heun")
 
@@ -81,7 +82,10 @@ class CellFlow:
     t = 0.04 on the official grid) as the final token's width. sigma does not depend on the model.
     Several cells per image advance together, one backbone pass per velocity call (block verification).
     States are float64 (as the official sampler's); the network runs in its dtype, under autocast when
-    ``precision`` (a lower backbone precision, :data:`csd.config.PRECISIONS`) is given."""
+    ``precision`` (a lower backbone precision, :data:`csd.config.PRECISIONS`) is given, and compiled
+    (:func:`flow_network` through torch.compile: each block's RMSNorm, modulation, gate and residual fused
+    around its products) where the model's kernels say so (:func:`csd.models.kernels.kernels_for`: by
+    default on CUDA)."""
 
     def __init__(
         self,
@@ -97,6 +101,8 @@ class CellFlow:
         self.token_dim, self.precision, self.sampler = model.token_dim, precision, sampler
         # the chains' tokens and statistics come out in the run's dtype: float64 for a float64 model
         self.out_dtype = torch.float64 if model.z_proj.weight.dtype == torch.float64 else torch.float32
+        kernels = kernels_for(model.z_proj.weight.device, getattr(model, "kernels", None))
+        self.network = compiled(flow_network) if kernels.compiled else flow_network
 
     def num_steps(self) -> int:
         return len(self.times) - 1
@@ -111,7 +117,9 @@ class CellFlow:
         def net(xx: Tensor, labels: Tensor) -> Tensor:
             with torch.autocast(dev.type, dtype=self.precision or torch.float32, enabled=self.precision is not None):
                 times = xx.new_full((xx.shape[0], k), t, dtype=dtype)
-                return m._network(xx.to(dtype), labels, times, positions, mask, cond.cache).to(torch.float64)
+                tokens = m.cell_conditions(labels, times).repeat_interleave(c.cell_len, dim=1)  # (B, L, D)
+                v = self.network(m, xx.to(dtype), tokens, positions.start, positions.stop, mask, cond.cache)
+                return v.to(torch.float64)
 
         if cond.cfg is None:
             return net(x, cond.labels)
@@ -137,6 +145,16 @@ class CellFlow:
         # width the acceptance test's final-step term and the resampler give the final token.
         stochastic = self.sampler == "euler-maruyama" or step == self.num_steps() - 1
         return mu, torch.full_like(mu, math.sqrt(2.0 * t * abs(dt)) if stochastic else 0.0)
+
+
+def flow_network(
+    model: nn.Module, x: Tensor, cond: Tensor, start: int, stop: int, mask: Tensor | None, cache
+) -> Tensor:
+    """xAR's encoder-decoder (``model._trunk``) on tokens x at the cells ``[start, stop)`` of the cell order,
+    under every token's cell condition ``cond`` (B, L, D): the step function a compiled flow chain runs (ints,
+    not a slice, so that the position can vary in one graph; the condition's float32 time embedding made
+    outside, as the eager run makes it)."""
+    return model._trunk(x, cond, slice(start, stop), mask, cache)
 
 
 @dataclass(frozen=True)

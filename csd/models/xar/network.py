@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from csd.family import FamilyTraits
 from csd.models.head import TimestepEmbedder
+from csd.models.kernels import HeadKernels
 from csd.models.spec import SerialConfig
 from csd.models.tokenizer import cell_order
 from csd.models.xar.adapter import XARFamily
@@ -265,7 +266,13 @@ class XAR(XARFamily, nn.Module):
         self.decoder_norm = RMSNorm(d, weight=True)
         self.pred = nn.Linear(d, c.token_dim)
         self.register_buffer("mask", block_causal_mask(c.cells, c.cell_len))
+        self.kernels: HeadKernels | None = None  # how its flow chains run; None: the device's default
         self._init_weights()
+
+    def use_kernels(self, kernels: HeadKernels | None) -> None:
+        """Run this model's flow chains with ``kernels`` (compiled velocity calls or not) on every device, or
+        None: the device's default (:func:`csd.models.kernels.kernels_for`)."""
+        self.kernels = kernels
 
     def _init_weights(self) -> None:
         for p in (self.class_emb.weight, self.encoder_pos_embed_learned, self.decoder_pos_embed_learned):
@@ -303,8 +310,11 @@ class XAR(XARFamily, nn.Module):
 
     def _network(self, x, labels, t, positions, mask, pasts=None, record=None) -> Tensor:
         """The encoder-decoder on tokens x at ``positions`` (a slice of the cell order), cells at times t (B, K)."""
-        c = self.config
-        cond = self.cell_conditions(labels, t).repeat_interleave(c.cell_len, dim=1)  # (B, L, D)
+        cond = self.cell_conditions(labels, t).repeat_interleave(self.config.cell_len, dim=1)  # (B, L, D)
+        return self._trunk(x, cond, positions, mask, pasts, record)
+
+    def _trunk(self, x, cond, positions, mask, pasts=None, record=None) -> Tensor:
+        """The encoder-decoder on tokens x at ``positions`` under every token's cell condition ``cond`` (B, L, D)."""
         blocks = [*self.encoder_blocks, *self.decoder_blocks]
         pasts = pasts or [None] * len(blocks)
         h = self.z_proj_ln(self.z_proj(x) + self.encoder_pos_embed_learned[:, positions])
