@@ -56,6 +56,18 @@ def test_reads_per_step_cancels_set_up_and_stops_before_teardown(per_step):
     assert reads_until(_loop(per_step, 5), 4) == (4, {"_local_scalar_dense": 5 + 4 * per_step})
 
 
+def test_what_a_first_run_does_once_is_not_counted_as_the_loops():
+    done = []
+
+    def run(on_step):
+        if not done:  # a cache filled by the first run only
+            done.append(torch.ones(4).tolist())
+        for s in range(12):
+            on_step(s + 1, 12, "target")
+
+    assert reads_per_step(run, 4, 8) == (0.0, {})
+
+
 def test_drafted_steps_do_not_stop_the_count_and_a_short_run_is_named():
     def run(on_step):
         for s in range(8):
