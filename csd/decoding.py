@@ -10,7 +10,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -19,7 +18,7 @@ from torch import Tensor
 from csd.config import SamplingConfig
 from csd.core.chain import ChainNoise, Trajectory
 from csd.core.rng import ImageStreams
-from csd.family import ModelFamily, TokenChain
+from csd.family import ModelFamily, ModelState, TokenChain
 from csd.trace import Trace
 
 StepCallback = Callable[[int, int, str], None]
@@ -117,11 +116,12 @@ def draw_chain_noise(
 
 @dataclass(frozen=True)
 class StepInput:
-    """What one AR step of one model reads beside the canvas: the batch's conditions (in the family's form),
-    the positions it makes (B, k), its guidance scale, its chains' noise, the sampler settings and head
-    steps it runs them with, and the phase its time is counted under ("target", "draft", "prefill")."""
+    """What one AR step of one model reads beside the canvas: the model's state of the generation (its
+    conditions and caches, :meth:`csd.family.ModelFamily.start`), the positions it makes (B, k), its guidance
+    scale, its chains' noise, the sampler settings and head steps it runs them with, and the phase its time
+    is counted under ("target", "draft", "prefill")."""
 
-    conditions: Any
+    state: ModelState
     pos: Tensor
     cfg: float
     noise: ChainNoise
@@ -138,7 +138,7 @@ def predict_step(
     pos, config = step.pos, step.config
     with timer(f"{step.phase}_backbone"):
         cfg = torch.full((pos.numel(),), step.cfg, device=pos.device, dtype=config.dtype)
-        chain = model.predict(tokens, mask, step.conditions, pos, cfg, config, step.steps)
+        chain = model.predict(step.state, tokens, mask, pos, cfg, step.steps)
     with timer(f"{step.phase}_head", tokens=pos.numel(), steps=config.head_calls(step.steps)):  # Heun: two calls
         traj = chain.run(step.noise)
     return traj, chain

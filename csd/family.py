@@ -3,13 +3,16 @@
 A family makes an image in AR steps. Each step, the backbone reads the tokens made so far (the
 *context*) and the image's *condition* (a class label, a prompt, ...), and a Gaussian chain turns
 explicit noise into the step's tokens (or cells), one Gaussian transition at a time. The samplers
-see five things (and the small helpers :meth:`~ModelFamily.head_steps`, :meth:`~ModelFamily.join`
+see six things (and the small helpers :meth:`~ModelFamily.head_steps`, :meth:`~ModelFamily.join`
 and :meth:`~ModelFamily.check_draft`):
 
 * :attr:`ModelFamily.traits`: the typed facts about the family that decoders and experiments read
   (:class:`FamilyTraits`: conditions, fixed AR steps, what a row is, what verification costs);
 * :meth:`ModelFamily.plan`: which positions each AR step makes, for given seeds;
 * :meth:`ModelFamily.check_conditions`: the batch's conditions, validated, in the family's form;
+* :meth:`ModelFamily.start`: one model's state for one generation (:class:`ModelState`: the conditions,
+  the sampler settings and whatever the model keeps between its passes: caches of keys and values, ...),
+  passed to every :meth:`~ModelFamily.predict` and :meth:`~ModelFamily.verify` of that generation;
 * :meth:`ModelFamily.predict`: one AR step from a context, as chains bound to their conditions;
 * :meth:`ModelFamily.verify`: the target's chains for a whole drafted block at once (MAR: one
   backbone pass over the context before the block; xAR: one pass per flow step with a block-causal
@@ -144,6 +147,17 @@ class Plan:
         return self.orders[:, before - self.sizes[step] : before]
 
 
+@dataclass
+class ModelState:
+    """One model's state over one generation (:meth:`ModelFamily.start`): the batch's conditions in the
+    family's form and the sampler settings the model runs with. A family that keeps something between the
+    passes of a generation (caches of keys and values, the last pass's rows, ...) extends it; nothing of a
+    generation outlives its state, so two generations, or the two models of one, never share a cache."""
+
+    conditions: Any
+    config: SamplingConfig
+
+
 class TokenChain(Protocol):
     """The Gaussian chains of ``rows`` tokens (or cells), bound to their conditions and temperature.
     Rows are image-major: the k tokens of image 0, then those of image 1, ..."""
@@ -183,27 +197,23 @@ class ModelFamily(Protocol):
     def head_steps(self, steps: int | None) -> int:
         """Transitions of this model's chain for a requested number (None: the model's default)."""
 
+    def start(self, conditions: Any, config: SamplingConfig) -> ModelState:
+        """This model's state for a new generation of the batch's ``conditions`` (as :meth:`check_conditions`
+        returns them) under ``config``: every :meth:`predict` and :meth:`verify` of the generation takes it."""
+
     def predict(
-        self,
-        tokens: Tensor,
-        mask: Tensor,
-        conditions: Any,
-        pos: Tensor,
-        cfg: Tensor,
-        config: SamplingConfig,
-        steps: int,
+        self, state: ModelState, tokens: Tensor, mask: Tensor, pos: Tensor, cfg: Tensor, steps: int
     ) -> TokenChain:
         """One AR step: read the context (``tokens`` (B, N, d) where ``~mask``) and return the chains of
-        the tokens at ``pos`` (B, k), guided per row by ``cfg`` (B*k,)."""
+        the tokens at ``pos`` (B, k), guided per row by ``cfg`` (B*k,), of ``steps`` transitions."""
 
     def verify(
         self,
+        state: ModelState,
         tokens: Tensor,
         mask: Tensor,
-        conditions: Any,
         pos: Tensor,
         cfg: Tensor,
-        config: SamplingConfig,
         steps: int,
         drafted: Tensor | None = None,
         sizes: Sequence[int] | None = None,

@@ -54,10 +54,11 @@ def generate(
     trace = Trace.empty(batch, n, plan.sizes, settings, trace_dtype(config), defer=device.type == "cuda")
 
     tokens, mask = new_canvas(batch, n, d, config, device)
+    state = model.start(run.conditions, config)
     for s, k in enumerate(plan.sizes):
         pos, steps = plan.positions(s), run.head_steps[s]
         noise = draw_chain_noise(run.streams["chain"], k, steps, d, config.dtype)
-        step = StepInput(run.conditions, pos, plan.cfg[s], noise, config, steps, phase)
+        step = StepInput(state, pos, plan.cfg[s], noise, config, steps, phase)
         traj, _ = predict_step(model, tokens, mask, step, timer)
         commit(tokens, mask, pos, traj.x)
         trace.record_made(pos, s, maker)

@@ -39,7 +39,7 @@ from csd.decoding import (
     predict_step,
     trace_dtype,
 )
-from csd.family import ModelFamily, Plan, TokenChain
+from csd.family import ModelFamily, ModelState, Plan, TokenChain
 from csd.run_setup import set_up_run
 from csd.trace import Maker, Trace
 
@@ -120,7 +120,8 @@ class _Decoding:
 
     target: ModelFamily
     draft: ModelFamily
-    conditions: object
+    target_state: ModelState  # each model's state of the generation (its conditions and caches)
+    draft_state: ModelState
     sampling: SamplingConfig
     csd: CSDConfig
     draft_sampling: SamplingConfig  # the draft's: the target's, on draft_head_sampler where one is set
@@ -143,7 +144,8 @@ class _Decoding:
         return cls(
             target=target,
             draft=draft,
-            conditions=run.conditions,
+            target_state=target.start(run.conditions, run.sampling),
+            draft_state=draft.start(run.conditions, run.draft_sampling),
             sampling=run.sampling,
             csd=csd,
             draft_sampling=run.draft_sampling,
@@ -182,8 +184,9 @@ class _Decoding:
 
     def _step(self, model, tokens, mask, s: int, phase: str, steps: int) -> tuple[Trajectory, ChainNoise, TokenChain]:
         pos, noise = self.plan.positions(s), self._noise("chain", self.plan.sizes[s], steps)
-        config = self.draft_sampling if phase == "draft" else self.sampling
-        step = StepInput(self.conditions, pos, self.plan.cfg[s], noise, config, steps, phase)
+        draft = phase == "draft"
+        config, state = (self.draft_sampling, self.draft_state) if draft else (self.sampling, self.target_state)
+        step = StepInput(state, pos, self.plan.cfg[s], noise, config, steps, phase)
         traj, chain = predict_step(model, tokens, mask, step, self.timer)
         return traj, noise, chain
 
@@ -252,7 +255,7 @@ class _Decoding:
         with self.timer("target_backbone"):
             cfg = self._cfg_rows(block.steps)
             chain_p = self.target.verify(
-                self.tokens, self.mask, self.conditions, block.pos, cfg, self.sampling, block.t_p, block.draft.x, sizes
+                self.target_state, self.tokens, self.mask, block.pos, cfg, block.t_p, block.draft.x, sizes
             )
         for _ in range(passes):
             self.trace.record_pass("target")

@@ -1,7 +1,7 @@
 """How close decoding runs to the machine's limit: each run against its own matrix products timed alone.
 
     python -m csd.experiments.roofline [--pairs mar xar harmon] [--batches 1 8] [--modes target csd] \\
-        [--threads 1] [--repeats 5] [--before TREE] [--out bench/results/roofline]
+        [--threads 1] [--repeats 5] [--before TREE] [--no-profile] [--out bench/results/roofline]
 
 For every embedded pair, target-only and CSD at the app's default setting (the pair's fixed AR steps and
 CFG ramp on xAR), in a worker process per tree (:mod:`csd.experiments.roofline_probe`, ``threads`` torch
@@ -9,7 +9,8 @@ threads):
 
 * **flops**: the run's floating-point operations, counted from the shapes of every matrix product it makes
   (backbone passes, head-chain steps, both guidance halves, verification; attention as its two products);
-* **op calls per AR step**: aten ops at every nesting level as ``torch.profiler`` counts them;
+* **op calls per AR step**: aten ops at every nesting level as ``torch.profiler`` counts them (not with
+  ``--no-profile``, which skips the profiled run: minutes for xAR at batch 8);
 * **wall**: the run's seconds; **bound**: the same matrix products (same shapes, strides and dtypes, the same
   number of times, in the run's order) timed alone in the same process, right after it;
 * **efficiency** = bound / wall (the median of the paired ratios), and the achieved GFLOP/s.
@@ -90,10 +91,10 @@ def measure(workers: dict[str, Worker], cases: list[dict], repeats: int, log=pri
             row["trees"][tree] = {
                 "flops": c["flops"],
                 "ar_steps": c["ar_steps"],
-                "op_calls": c["op_calls"],
-                "op_calls_per_step": c["op_calls_per_step"],
-                "profile_s": c["profile_s"],
-                "top_ops": c["top_ops"],
+                "op_calls": c.get("op_calls"),
+                "op_calls_per_step": c.get("op_calls_per_step"),
+                "profile_s": c.get("profile_s", {}),
+                "top_ops": c.get("top_ops", []),
                 "wall_s": wall,
                 "bound_s": bound,
                 "efficiency": median(s["bound"] / s["wall"] for s in samples),
@@ -128,12 +129,14 @@ def markdown(result: dict) -> str:
         for tree, r in row["trees"].items():
             cells = [c["family"], str(c["batch"]), c["mode"], tree, f"{r['flops'] / 1e9:.2f}", f"{r['wall_s']:.3f}"]
             cells += [f"{r['bound_s']:.3f}", f"{r['efficiency']:.0%}", f"{r['gflops']:.1f}"]
-            cells += [f"{r['op_calls_per_step']:.0f}"]
+            cells += ["" if r["op_calls_per_step"] is None else f"{r['op_calls_per_step']:.0f}"]
             if "speedup" in row:
                 last = tree == "after"
                 cells += [f"{row['speedup']:.2f}x" if last else "", f"{row['max_token_diff']:.1e}" if last else ""]
                 cells += [("yes" if row["same_decisions"] else "**no**") if last else ""]
             lines.append("| " + " | ".join(cells) + " |")
+    if not any(r["profile_s"] for row in result["rows"] for r in row["trees"].values()):
+        return "\n".join(lines) + "\n"
     lines += ["", "Self time by op class (torch.profiler, one run; the profiler's own overhead included):", ""]
     lines += ["| pair | batch | run | tree | " + " | ".join(CLASSES) + " |", "|---" * (4 + len(CLASSES)) + "|"]
     for row in result["rows"]:
@@ -163,6 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--num-steps", type=int, default=None, help="AR steps (default: the app's; xAR keeps its own)")
     ap.add_argument("--before", type=Path, default=None, help="an older tree to compare with (git worktree add)")
     ap.add_argument("--after", type=Path, default=ROOT, help="the tree measured (default: this one)")
+    ap.add_argument("--no-profile", action="store_true", help="skip the profiled run (op calls, time by op class)")
     ap.add_argument("--out", type=Path, default=None, help="folder for roofline.json and roofline.md")
     args = ap.parse_args(argv)
     counts = [("--threads", args.threads), ("--repeats", args.repeats), *(("--batches", b) for b in args.batches)]
@@ -179,7 +183,9 @@ def main(argv: list[str] | None = None) -> dict:
 
         names = {s.family: s.name for s in pair_specs("embedded")}
         cases = [
-            {"pair": names[f], "family": f, "batch": b, "mode": m} | ({"num_steps": n} if (n := args.num_steps) else {})
+            {"pair": names[f], "family": f, "batch": b, "mode": m}
+            | ({"num_steps": n} if (n := args.num_steps) else {})
+            | ({"profile": False} if args.no_profile else {})
             for f in args.pairs
             for b in args.batches
             for m in args.modes

@@ -11,7 +11,8 @@ JSON request per line on stdin and answers one JSON line:
   (op calls at every nesting level, as the profiler shows them, and self time by op class);
 * ``{"op": "time", "case": C}``: one timed run, then the bound: the same matrix products, the same number of
   times, in the run's order, timed alone on tensors of the same shapes and strides;
-* a case: ``{"pair": name, "batch": B, "mode": "target" | "csd"}`` at the app's default setting.
+* a case: ``{"pair": name, "batch": B, "mode": "target" | "csd"}`` at the app's default setting, with
+  ``"profile": false`` to count without the profiled run (no op calls, no self time by op class).
 """
 
 from __future__ import annotations
@@ -248,12 +249,15 @@ class Case:
         run = method_run(case["mode"], defaults.CSD)
         self.run = lambda: run(pair.target, pair.draft, conditions, seeds, sampling)
         self._bound: Bound | None = None
+        self.profile = case.get("profile", True)  # False: no profiled run (no op calls, no time by op class)
 
     def count(self) -> dict:
         with MatmulRecorder() as rec:
             out = self.run()
         self._bound = Bound(rec.products, self.pair.device)
         total_flops = sum(f for *_, f in rec.products)
+        if not self.profile:
+            return {"ar_steps": self.steps, "flops": total_flops, "products": len(rec.products), "tokens": digest(out)}
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             self.run()
         events = [e for e in prof.key_averages() if e.key.startswith("aten::")]

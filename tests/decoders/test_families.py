@@ -136,8 +136,9 @@ def test_verifying_a_one_step_block_equals_predicting_that_step(pair64):
     tokens.scatter_(1, first[..., None].expand(-1, -1, model.token_dim), draw(*first.shape, model.token_dim))
     pos, steps = plan.positions(1), model.head_steps(s.head_steps)
     cfg = torch.full((pos.numel(),), plan.cfg[1], dtype=torch.float64)
-    predicted = model.predict(tokens, mask, cond, pos, cfg, s, steps)
-    verified = model.verify(tokens, mask, cond, pos, cfg, s, steps, drafted=draw(pos.numel(), model.token_dim))
+    predicted = model.predict(model.start(cond, s), tokens, mask, pos, cfg, steps)
+    drafted = draw(pos.numel(), model.token_dim)
+    verified = model.verify(model.start(cond, s), tokens, mask, pos, cfg, steps, drafted=drafted)
     noise = ChainNoise(draw(pos.numel(), model.token_dim), draw(steps - 1, pos.numel(), model.token_dim))
     a, b = predicted.run(noise), verified.run(noise)
     assert_same64(a.x, b.x, "tokens")
@@ -161,19 +162,21 @@ def test_block_verification_reads_the_context_the_family_claims(pair64):
     g = torch.Generator().manual_seed(0)
     draw = lambda *shape: torch.randn(*shape, generator=g).double()
     trajs, noises, positions = [], [], []
+    state = model.start(cond, s)  # the steps' predictions share one generation's state
     for j in (0, 1):
         pos = plan.positions(j)
         k = pos.numel()
         noise = ChainNoise(draw(k, model.token_dim), draw(steps - 1, k, model.token_dim))
         context = (tokens, mask) if in_context else (before[0].clone(), before[1].clone())
         cfg = torch.full((k,), plan.cfg[j], dtype=torch.float64)
-        traj = model.predict(*context, cond, pos, cfg, s, steps).run(noise)
+        traj = model.predict(state, *context, pos, cfg, steps).run(noise)
         commit(tokens, mask, pos, traj.x)
         trajs, noises, positions = trajs + [traj], noises + [noise], positions + [pos]
     pos = torch.cat(positions, dim=1)
     cfg = cat_rows([torch.full((p.numel(),), plan.cfg[j], dtype=torch.float64) for j, p in enumerate(positions)], 2)
     expected = Trajectory.join(trajs, 2)
-    verified = model.verify(*before, cond, pos, cfg, s, steps, drafted=expected.x).run(ChainNoise.join(noises, 2))
+    chain = model.verify(model.start(cond, s), *before, pos, cfg, steps, drafted=expected.x)
+    verified = chain.run(ChainNoise.join(noises, 2))
     assert_same64(verified.x, expected.x, "tokens")
     assert_same64(verified.mean, expected.mean, "means")
 

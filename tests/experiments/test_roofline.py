@@ -62,6 +62,17 @@ def test_the_command_compares_two_trees_on_the_same_tokens(tmp_path):
     assert "| mar | 1 | target | after |" in (out / "roofline.md").read_text()
 
 
+@pytest.mark.slow
+def test_without_the_profile_the_rows_keep_flops_and_times_and_leave_op_calls_out(tmp_path):
+    argv = ["--pairs", "mar", "--batches", "1", "--modes", "target", "--repeats", "1", "--num-steps", "2"]
+    result = roofline.main([*argv, "--no-profile", "--out", str(tmp_path)])
+    (row,) = result["rows"]
+    after = row["trees"]["after"]
+    assert after["flops"] > 0 and after["wall_s"] > 0 and after["op_calls"] is None and after["profile_s"] == {}
+    table = (tmp_path / "roofline.md").read_text()
+    assert "| mar | 1 | target | after |" in table and "Self time by op class" not in table
+
+
 def test_bad_counts_are_refused_by_name():
     with pytest.raises(SystemExit):
         roofline.main(["--repeats", "0"])

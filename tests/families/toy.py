@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from csd.config import PRECISIONS
 from csd.core.chain import HeadChain, HeadCondition
 from csd.core.schedule import step_cfg_scales
-from csd.family import FamilyTraits, Plan
+from csd.family import FamilyTraits, ModelState, Plan
 from csd.models.head import DiffusionHead
 from csd.models.mar import check_labels, gather_rows
 from csd.models.spec import TINY_WIDTHS, CostShape, Family, PaperScale, SerialConfig, stack
@@ -132,8 +132,13 @@ class ToyAR(nn.Module):
     def head_steps(self, steps: int | None) -> int:
         return self.head.chain(steps).num_steps()
 
-    def predict(self, tokens, mask, conditions, pos, cfg, config, steps: int) -> HeadChain:
-        z, z_uncond = self.conditions(tokens, conditions, config)
+    def start(self, conditions, config) -> ModelState:
+        """Nothing is kept between passes: the state is the conditions and the settings."""
+        return ModelState(conditions, config)
+
+    def predict(self, state: ModelState, tokens, mask, pos, cfg, steps: int) -> HeadChain:
+        config = state.config
+        z, z_uncond = self.conditions(tokens, state.conditions, config)
         cond = (
             HeadCondition(gather_rows(z, pos))
             if z_uncond is None
@@ -141,11 +146,11 @@ class ToyAR(nn.Module):
         )
         return HeadChain(self.head.chain(steps), cond, config.temperature)
 
-    def verify(self, tokens, mask, conditions, pos, cfg, config, steps: int, drafted=None, sizes=None) -> HeadChain:
+    def verify(self, state: ModelState, tokens, mask, pos, cfg, steps: int, drafted=None, sizes=None) -> HeadChain:
         """One pass with the drafted tokens (B*k, d) in place: each is verified given those drafted before it."""
         if drafted is not None:
             tokens = tokens.scatter(1, pos[..., None].expand(-1, -1, self.token_dim), drafted.reshape(*pos.shape, -1))
-        return self.predict(tokens, mask, conditions, pos, cfg, config, steps)
+        return self.predict(state, tokens, mask, pos, cfg, steps)
 
     def join(self, chains: Sequence[HeadChain], batch: int) -> HeadChain:
         first = chains[0]

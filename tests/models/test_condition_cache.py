@@ -33,9 +33,9 @@ def count_guided(model, calls: list):
     """Record the ``guided`` flag of every backbone pass the model makes."""
     inner = model.conditions
 
-    def recording(tokens, mask, labels, guided):
+    def recording(tokens, mask, labels, guided, **generation):  # a text model's prompt caches
         calls.append(guided)
-        return inner(tokens, mask, labels, guided)
+        return inner(tokens, mask, labels, guided, **generation)
 
     model.conditions = recording
     return inner

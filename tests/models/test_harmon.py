@@ -100,8 +100,9 @@ def test_generation_is_seeded_and_batch_invariant(pair64):
     assert_differ64(other.tokens[0], both.tokens[0], "another prompt", by=1e-2)  # the prompt conditions the image
 
 
-def _recomputed(model, tokens, mask, prompts, guided):
-    """What Harmon.conditions computes, with the prompt run again in the pass (no KV cache)."""
+def _recomputed(model, tokens, mask, prompts, guided, prompt_kv=None):
+    """What Harmon.conditions computes, with the prompt run again in the pass (``prompt_kv``, the generation's
+    prompt caches, left unread)."""
     b = tokens.shape[0]
     if not guided:
         return model.backbone(tokens, mask, prompts.ids, prompts.attn), None
@@ -117,17 +118,18 @@ def test_the_prompt_kv_cache_gives_the_numbers_of_running_the_prompt_again(pair6
     """In float64: the same numbers up to float64 rounding."""
     model = pair64[0]
     prompts = model.check_conditions(["a red star", PROMPTS[1]], 2, torch.device("cpu"))  # padded: unequal lengths
+    kv: dict = {}  # a generation's prompt caches (its state's prompt_kv)
     g = torch.Generator().manual_seed(0)
     for step in range(3):  # the cache is made at the first step and read, cropped back, at the others
         tokens = torch.randn(2, model.seq_len, model.token_dim, generator=g).double()
         order = torch.stack([torch.randperm(model.seq_len, generator=g) for _ in range(2)])
         mask = order < model.seq_len - 4 * (step + 1)  # as many unknown per image, fewer each step
-        z, z_uncond = model.conditions(tokens, mask, prompts, guided)
+        z, z_uncond = model.conditions(tokens, mask, prompts, guided, prompt_kv=kv)
         ref, ref_uncond = _recomputed(model, tokens, mask, prompts, guided)
         assert_same64(z, ref, f"step {step}")
         if guided:
             assert_same64(z_uncond, ref_uncond, f"step {step}, unconditional")
-        (cache,) = prompts.kv.values()
+        (cache,) = kv.values()
         width = prompts.both(model.tokenizer.pad_token_id)[0].shape[1] if guided else prompts.ids.shape[1]
         assert cache.get_seq_length() == width  # back to the prompt after every pass
 

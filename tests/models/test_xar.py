@@ -144,13 +144,14 @@ def test_a_whole_guided_run_replays_the_official_sampler(model, model64, precisi
     tokens = torch.zeros(b, net.seq_len, net.token_dim, dtype=dtype)
     mask = torch.ones(b, net.seq_len, dtype=torch.bool)
     draws = iter(run["draws"])
+    state = net.start(labels, config)  # one generation: its KV cache grows by a cell per step, as the official's
     for s in range(4):
         pos = plan.positions(s)
         assert pos.tolist() == [[s], [s]]  # raster order of cells
         xi = next(draws).reshape(b, -1).double()
         eps = torch.stack([next(draws).reshape(b, -1) for _ in range(steps - 1)])
         with torch.no_grad():
-            chain = net.predict(tokens, mask, labels, pos, torch.full((b,), plan.cfg[s], dtype=dtype), config, steps)
+            chain = net.predict(state, tokens, mask, pos, torch.full((b,), plan.cfg[s], dtype=dtype), steps)
             x = chain.run(ChainNoise(xi, eps)).x
         assert x.dtype == dtype
         tokens[:, s], mask[:, s] = x, False
@@ -225,12 +226,13 @@ def test_one_pass_block_verification_equals_verifying_the_cells_one_by_one(xar_p
     noise = ChainNoise(draw(b * k, target.token_dim), draw(steps - 1, b * k, target.token_dim))
     pos = torch.arange(first, first + k).expand(b, -1)
     with torch.no_grad():
-        joint = target.verify(tokens, mask, labels, pos, cfg, config, steps, drafted=drafted).run(noise)
+        joint = target.verify(target.start(labels, config), tokens, mask, pos, cfg, steps, drafted=drafted).run(noise)
         rows = lambda a, j: a.reshape(*a.shape[:-2], b, k, -1)[..., j, :]
+        state = target.start(labels, config)  # one state for the cells one by one: each call reuses the last's
         for j in range(k):
             context = tokens.clone()
             context[:, first : first + j] = drafted.reshape(b, k, -1)[:, :j]
-            one = target.predict(context, mask, labels, pos[:, j : j + 1], rows(cfg[:, None], j)[:, 0], config, steps)
+            one = target.predict(state, context, mask, pos[:, j : j + 1], rows(cfg[:, None], j)[:, 0], steps)
             single = one.run(ChainNoise(rows(noise.xi, j), rows(noise.eps, j)))
             assert_same64(single.x, rows(joint.x, j), f"cell {first + j}'s tokens")
             assert_same64(single.mean, rows(joint.mean, j), f"cell {first + j}'s means")
@@ -259,6 +261,67 @@ def test_csd_on_an_xar_pair_verifies_blocks_of_cells(xar_pair):
     assert (alone.trace.maker[0] == t.maker[1]).all()
     same = speculative_generate(target, target, [1, 2], [5, 6], s, c)  # the target drafting for itself
     assert same.trace.acceptance_rate == 1.0
+
+
+def _encoded_cells(model: XAR, monkeypatch) -> list[int]:
+    """The number of clean cells each context_cache call of ``model`` encodes, recorded from now on."""
+    calls, inner = [], model.context_cache
+
+    def recording(clean, labels, past=None):
+        calls.append(clean.shape[1] // model.config.cell_len)
+        return inner(clean, labels, past)
+
+    monkeypatch.setattr(model, "context_cache", recording)
+    return calls
+
+
+@pytest.mark.kernels
+def test_a_generation_encodes_each_clean_cell_once(xar_pair, monkeypatch):
+    """The KV cache of a generation grows by one cell per AR step, as the official sampler's: 15 cells encoded
+    for 16 (re-encoding the context at every step would be 120). With the target drafting for itself, every
+    drafted cell is committed as drafted, and each model again encodes each clean cell once: 15 + 15."""
+    from csd.config import CSDConfig
+    from csd.sampling import generate
+    from csd.speculative import speculative_generate
+
+    target, _ = xar_pair
+    s = sampling64(num_steps=16, cfg_scale=2.0, cfg_schedule="linear", head_steps=4)
+    calls = _encoded_cells(target, monkeypatch)
+    generate(target, [1, 2], [5, 6], s)
+    assert calls == [1] * 15
+    calls.clear()
+    same = speculative_generate(target, target, [1, 2], [5, 6], s, CSDConfig(gamma=5, prefill=0.1))
+    assert same.trace.acceptance_rate == 1.0 and sum(calls) == 2 * 15
+
+
+@pytest.mark.kernels
+def test_a_redrawn_cell_is_encoded_again_from_where_the_context_changed(xar_pair, monkeypatch):
+    """A state reused after a cell of its context changed (a drafted cell rejected and redrawn) encodes that
+    cell and the ones after it again: the same chains as a fresh state's, up to float64 rounding; a chain made
+    before keeps its own context."""
+    from csd.core.chain import ChainNoise
+
+    target, _ = xar_pair
+    b, steps, config = 2, 4, sampling64(num_steps=16, cfg_scale=2.0, cfg_schedule="linear")
+    g = torch.Generator().manual_seed(5)
+    draw = lambda *shape: torch.randn(*shape, generator=g).double()
+    tokens, labels = draw(b, target.seq_len, target.token_dim), torch.tensor([2, 8])
+    mask = torch.ones(b, target.seq_len, dtype=torch.bool)
+    noise = ChainNoise(draw(b, target.token_dim), draw(steps - 1, b, target.token_dim))
+    at = lambda cell: torch.full((b, 1), cell)
+    cfg = torch.full((b,), 1.5, dtype=torch.float64)
+    state, calls = target.start(labels, config), _encoded_cells(target, monkeypatch)
+    with torch.no_grad():
+        first = target.predict(state, tokens, mask, at(6), cfg, steps)
+        before = first.run(noise)
+        redrawn = tokens.clone()
+        redrawn[1, 3] = draw(target.token_dim)  # image 1's cell 3
+        again = target.predict(state, redrawn, mask, at(8), cfg, steps).run(noise)
+        assert calls == [6, 5]  # cells 0-5, then 3-7
+        fresh = target.predict(target.start(labels, config), redrawn, mask, at(8), cfg, steps).run(noise)
+        assert_same64(again.x, fresh.x, "tokens")
+        assert_same64(again.mean, fresh.mean, "means")
+        assert torch.equal(first.run(noise).x, before.x)
 
 
 def test_cells_of_pixel_patches_round_trip_and_decode_to_the_image():
@@ -405,7 +468,7 @@ def test_selected_rows_of_a_block_equal_those_rows_run_alone(xar_pair):
     noise = ChainNoise(draw(b * k, target.token_dim), draw(steps - 1, b * k, target.token_dim))
     rows = torch.tensor([4, 1])
     with torch.no_grad():
-        chain_p = target.verify(tokens, mask, labels, pos, cfg, config, steps, drafted=drafted)
+        chain_p = target.verify(target.start(labels, config), tokens, mask, pos, cfg, steps, drafted=drafted)
         full = chain_p.run(noise)
         part = chain_p.select(rows).run(noise.select(rows))
         assert_same64(part.x, full.x[rows], "selected rows' tokens")
@@ -417,13 +480,11 @@ def test_selected_rows_of_a_block_equal_those_rows_run_alone(xar_pair):
         assert_same64(std, full.std[:, rows], "standard deviations")
 
         # The draft's block: one chain per cell, joined image-major.
-        per_cell = []
+        per_cell, state = [], draft.start(labels, config)
         for j in range(k):
             context = tokens.clone()
             context[:, first : first + j] = drafted.reshape(b, k, -1)[:, :j]
-            per_cell.append(
-                draft.predict(context, mask, labels, pos[:, j : j + 1], cfg.reshape(b, k)[:, j], config, steps)
-            )
+            per_cell.append(draft.predict(state, context, mask, pos[:, j : j + 1], cfg.reshape(b, k)[:, j], steps))
         joined = draft.join(per_cell, b)
         whole = joined.run(noise)
         assert joined.rows == b * k and joined.num_steps() == steps

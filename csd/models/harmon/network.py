@@ -10,8 +10,8 @@ and the DiffLoss head follow, unchanged. The module tree (``llm.model.*``, ``llm
 ``harmon_1.5b.pth`` load strictly (:func:`csd.models.harmon.official.load_official_harmon`).
 
 The LLM is ``transformers``' Qwen2. As the official sampler does, the prompt runs once into a KV
-cache (kept on the :class:`~csd.models.harmon.prompt_batch.Prompts` of a generation) and every AR step
-runs the image rows on top of it, cropping the cache back after (tests/models/test_harmon.py: the same
+cache (kept in the model's state of a generation, :class:`~csd.models.mar.adapter.MaskedState`) and every
+AR step runs the image rows on top of it, cropping the cache back after (tests/models/test_harmon.py: the same
 numbers as running the prompt again in each pass, which training does).
 
 Conditions are prompts: :meth:`Harmon.check_conditions` tokenises them (and the null prompt for
@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from csd.family import FamilyTraits, check_prompt
 from csd.models.harmon.prompt_batch import QWEN_NULL_PROMPT, QWEN_PREFIX, QWEN_TEMPLATE, Prompts, pad_ids
 from csd.models.head import DiffusionHead
-from csd.models.mar.adapter import MaskedARFamily
+from csd.models.mar.adapter import MaskedARFamily, MaskedState
 from csd.models.mar.network import MAR, MAR_CONFIGS, MARConfig, training_mask
 from csd.models.mar.token_cache import DecoderPass
 from csd.models.spec import SerialConfig
@@ -167,6 +167,11 @@ class Harmon(MaskedARFamily, nn.Module):
         null_ids, null_attn = pad_ids([null] * batch, self.tokenizer.pad_token_id, device)
         return Prompts(texts, ids, attn, null_ids, null_attn)
 
+    def start(self, conditions: Prompts, config) -> MaskedState:
+        """A generation's state: its prompts and settings, LazyMAR's caches and the prompts' keys and values
+        empty (each made at the first pass that needs it)."""
+        return MaskedState(conditions, config, prompt_kv={})
+
     def check_draft(self, draft: Harmon) -> None:
         """A draft must read prompts as this model does: the same tokenizer, template and null prompt."""
         if self.tokenizer.to_dict() != draft.tokenizer.to_dict():
@@ -224,11 +229,18 @@ class Harmon(MaskedARFamily, nn.Module):
         return out.cache
 
     def conditions(
-        self, tokens: Tensor, mask: Tensor, prompts: Prompts, guided: bool, decoder: DecoderPass | None = None
+        self,
+        tokens: Tensor,
+        mask: Tensor,
+        prompts: Prompts,
+        guided: bool,
+        decoder: DecoderPass | None = None,
+        prompt_kv: dict[bool, DynamicCache] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Conditional z and, when ``guided``, the null prompt's z from one doubled-batch pass. The
-        prompts' keys and values are computed at the first step and kept on ``prompts`` (one cache per
-        model and guidance), so later steps run the image rows only."""
+        """Conditional z and, when ``guided``, the null prompt's z from one doubled-batch pass.
+        ``prompt_kv``: a generation's prompt keys and values per guidance (its state's): made at the first
+        pass of each guidance and read by the later ones, which run the image rows only; without it the
+        prompts run in the pass."""
         b = tokens.shape[0]
         if guided:
             ids, attn, null_ids, null_attn = prompts.both(self.tokenizer.pad_token_id)
@@ -236,10 +248,12 @@ class Harmon(MaskedARFamily, nn.Module):
             tokens, mask = torch.cat([tokens, tokens]), torch.cat([mask, mask])
         else:
             ids, attn = prompts.ids, prompts.attn
-        key = (id(self), guided)
-        if key not in prompts.kv:
-            prompts.kv[key] = self.prompt_cache(ids, attn)
-        z = self.backbone(tokens, mask, ids, attn, prompts.kv[key], decoder)
+        cache = None
+        if prompt_kv is not None:
+            if guided not in prompt_kv:
+                prompt_kv[guided] = self.prompt_cache(ids, attn)
+            cache = prompt_kv[guided]
+        z = self.backbone(tokens, mask, ids, attn, cache, decoder)
         return (z[:b], z[b:]) if guided else (z, None)
 
     # --- training -----------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -106,8 +106,6 @@ class Prompts:
     attn: Tensor
     null_ids: Tensor
     null_attn: Tensor
-    # LLM keys and values of these prompts per (id(model), guided), filled by Harmon.conditions
-    kv: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.text)

@@ -5,14 +5,17 @@ diffusion head.
 A model mixes in :class:`MaskedARFamily` and provides ``seq_len``, ``token_dim``, ``traits``,
 ``head`` (``head.chain(steps)`` -> a :class:`~csd.core.chain.GaussianChain`) and
 ``conditions(tokens, mask, labels, guided)``. Class labels are its conditions; a text-conditioned
-model overrides :meth:`MaskedARFamily.check_conditions` (prompts) and ``conditions``.
+model overrides :meth:`MaskedARFamily.check_conditions` (prompts), :meth:`MaskedARFamily.start` (its
+prompts' keys and values, kept for the generation) and ``conditions``.
+
+A generation's state (:class:`MaskedState`) holds what LazyMAR's caches keep between the model's passes.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,10 +24,10 @@ from csd.config import PRECISIONS
 from csd.core.chain import HeadChain, HeadCondition
 from csd.core.rng import ImageStreams
 from csd.core.schedule import step_cfg_scales, step_sizes
-from csd.family import Plan
+from csd.family import ModelState, Plan
 from csd.models.head import DiffusionHead
 from csd.models.mar.gtr import DetailChains, detail_rows, frequency_score, grid_side, gtr_plan, stage_of
-from csd.models.mar.token_cache import DecoderPass, decoder_pass
+from csd.models.mar.token_cache import DecoderPass, TokenCache, decoder_pass
 
 
 def check_labels(labels: Sequence[int] | Tensor, num_classes: int, batch: int, device: torch.device) -> Tensor:
@@ -51,24 +54,22 @@ def masked_plan(seeds: Sequence[int], num_tokens: int, num_steps: int, cfg: floa
 
 @dataclass
 class GuidanceCache:
-    """LazyMAR's condition cache of one model over one generation: its backbone passes so far and the
-    last full pass's z_uncond - z (B, N, dec)."""
+    """LazyMAR's condition cache of one model over one generation (in its :class:`MaskedState`): its
+    backbone passes so far and the last full pass's z_uncond - z (B, N, dec)."""
 
     passes: int = 0
     difference: Tensor | None = None
 
 
-_CACHES: dict[tuple[int, int], GuidanceCache] = {}
+@dataclass
+class MaskedState(ModelState):
+    """A masked model's state over one generation: beside its conditions and settings, LazyMAR's condition
+    cache (``guidance``) and token cache (``decoder``), and a text model's prompt keys and values per
+    guidance (``prompt_kv``: ``{guided: cache}``, filled at the first pass of each; None for class labels)."""
 
-
-def guidance_cache(model, conditions) -> GuidanceCache:
-    """The cache of ``model`` for one generation, known by its conditions object (each generation checks
-    its own); it goes when that object does, so concurrent generations never share one."""
-    key = (id(model), id(conditions))
-    if key not in _CACHES:
-        _CACHES[key] = GuidanceCache()
-        weakref.finalize(conditions, _CACHES.pop, key, None)
-    return _CACHES[key]
+    guidance: GuidanceCache = field(default_factory=GuidanceCache)
+    decoder: TokenCache = field(default_factory=TokenCache)
+    prompt_kv: dict[bool, Any] | None = None
 
 
 def block_views(tokens: Tensor, mask: Tensor, pos: Tensor, drafted: Tensor, sizes: Sequence[int]):
@@ -104,42 +105,51 @@ class MaskedARFamily:
     def head_steps(self, steps: int | None) -> int:
         return self.head.chain(steps).num_steps()
 
+    def start(self, conditions, config) -> MaskedState:
+        """A generation's state: its conditions and settings, LazyMAR's caches empty."""
+        return MaskedState(conditions, config)
+
     def guided_conditions(
-        self, tokens: Tensor, mask: Tensor, labels, config, pos: Tensor | None = None
+        self, state: MaskedState, tokens: Tensor, mask: Tensor, pos: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
         """One backbone pass, under autocast when a reduced precision is asked; z comes back in float32.
         With the condition cache (``config.cond_cache_start``) a guided pass that is not a full one runs
         the conditional half only and takes z_uncond = z + the last full pass's difference. With the
         token cache (``config.token_cache_keep``) the decoder recomputes part of its rows at most passes,
-        always those at ``pos`` (B, k), the positions the pass is for."""
-        decoder = decoder_pass(self, labels, config, pos)
+        always those at ``pos`` (B, k), the positions the pass is for. Both caches are the generation's
+        (``state``)."""
+        config = state.config
+        decoder = decoder_pass(state.decoder, config, pos)
         if not (config.guided and config.cond_cache_start is not None):
-            return self._conditions(tokens, mask, labels, config, config.guided, decoder)
-        cache = guidance_cache(self, labels)
+            return self._conditions(state, tokens, mask, config.guided, decoder)
+        cache = state.guidance
         full, cache.passes = config.full_guidance_pass(cache.passes), cache.passes + 1
         if not full and cache.difference is not None:
-            z, _ = self._conditions(tokens, mask, labels, config, False, decoder)
+            z, _ = self._conditions(state, tokens, mask, False, decoder)
             return z, z + cache.difference
-        z, z_uncond = self._conditions(tokens, mask, labels, config, True, decoder)
+        z, z_uncond = self._conditions(state, tokens, mask, True, decoder)
         cache.difference = z_uncond - z
         return z, z_uncond
 
     def _conditions(
-        self, tokens: Tensor, mask: Tensor, labels, config, guided: bool, decoder: DecoderPass | None = None
+        self, state: MaskedState, tokens: Tensor, mask: Tensor, guided: bool, decoder: DecoderPass | None = None
     ) -> tuple[Tensor, Tensor | None]:
-        dtype = PRECISIONS[config.precision]
+        dtype = PRECISIONS[state.config.precision]
         extra = {} if decoder is None else {"decoder": decoder}
+        if state.prompt_kv is not None:
+            extra["prompt_kv"] = state.prompt_kv
         if dtype is None:
-            return self.conditions(tokens, mask, labels, guided, **extra)
+            return self.conditions(tokens, mask, state.conditions, guided, **extra)
         with torch.autocast(device_type=tokens.device.type, dtype=dtype):
-            z, z_uncond = self.conditions(tokens, mask, labels, guided, **extra)
+            z, z_uncond = self.conditions(tokens, mask, state.conditions, guided, **extra)
         return z.float(), None if z_uncond is None else z_uncond.float()
 
-    def predict(self, tokens, mask, conditions, pos, cfg, config, steps: int) -> HeadChain | DetailChains:
+    def predict(self, state: MaskedState, tokens, mask, pos, cfg, steps: int) -> HeadChain | DetailChains:
         """One backbone pass and the head's chains of the tokens at ``pos``, on ``config.head_sampler``. Under
         GtR's FTS a reconstruction step's chains are :class:`csd.models.mar.DetailChains`: ``steps`` for
         its detail tokens, ``config.gtr_head_steps`` for the others."""
-        z, z_uncond = self.guided_conditions(tokens, mask, conditions, config, pos)
+        config = state.config
+        z, z_uncond = self.guided_conditions(state, tokens, mask, pos)
         if z_uncond is None:
             cond = HeadCondition(gather_rows(z, pos))
         else:
@@ -161,7 +171,7 @@ class MaskedARFamily:
             return self.head.chain(steps, *sampler)
         return self.head.chain(steps, *sampler, autocast=PRECISIONS[config.precision])
 
-    def verify(self, tokens, mask, conditions, pos, cfg, config, steps: int, drafted=None, sizes=None) -> HeadChain:
+    def verify(self, state: MaskedState, tokens, mask, pos, cfg, steps: int, drafted=None, sizes=None) -> HeadChain:
         """The published block (``sizes`` None): one pass over the context before the block gives every
         position's condition, so verifying a block is predicting all of its positions at once (the drafted
         tokens play no part). The exact block (``sizes``: the block's tokens per AR step): each step's
@@ -169,13 +179,13 @@ class MaskedARFamily:
         image-major), one backbone pass per step (the encoder keeps the known tokens of every row of a pass,
         as many in each: the views, which know more tokens step by step, cannot share one)."""
         if sizes is None or len(sizes) == 1:
-            return self.predict(tokens, mask, conditions, pos, cfg, config, steps)
-        b = tokens.shape[0]
+            return self.predict(state, tokens, mask, pos, cfg, steps)
+        b, config = tokens.shape[0], state.config
         view_tokens, view_mask = block_views(tokens, mask, pos, drafted, sizes)
         conds, start, cfg = [], 0, cfg.reshape(b, -1)
         for k, size in enumerate(sizes):  # step k's rows from view k
             at, rows = pos[:, start : start + size], slice(k * b, (k + 1) * b)
-            z, z_uncond = self.guided_conditions(view_tokens[rows], view_mask[rows], conditions, config)
+            z, z_uncond = self.guided_conditions(state, view_tokens[rows], view_mask[rows])
             if z_uncond is None:
                 conds.append(HeadCondition(gather_rows(z, at)))
             else:

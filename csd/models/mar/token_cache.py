@@ -20,7 +20,6 @@ With ``keep`` 1 every row is kept in order and a cached pass gives the numbers o
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -45,7 +44,8 @@ class DecoderRows:
 
 @dataclass
 class TokenCache:
-    """One model's token cache over one generation: its backbone passes so far and its rows per R."""
+    """One model's token cache over one generation (kept in its state, :class:`csd.models.mar.adapter.MaskedState`):
+    its backbone passes so far and its rows per R."""
 
     passes: int = 0
     rows: dict[int, DecoderRows] = field(default_factory=dict)
@@ -62,24 +62,11 @@ class DecoderPass:
     pos: Tensor
 
 
-_CACHES: dict[tuple[int, int], TokenCache] = {}
-
-
-def token_cache(model, conditions) -> TokenCache:
-    """The token cache of ``model`` for one generation, known by its conditions object (as
-    :func:`csd.models.mar.adapter.guidance_cache`); it goes when that object does."""
-    key = (id(model), id(conditions))
-    if key not in _CACHES:
-        _CACHES[key] = TokenCache()
-        weakref.finalize(conditions, _CACHES.pop, key, None)
-    return _CACHES[key]
-
-
-def decoder_pass(model, conditions, config, pos: Tensor | None) -> DecoderPass | None:
-    """The decoder's part of the next backbone pass of ``model`` under ``config`` (None: no cache)."""
+def decoder_pass(cache: TokenCache, config, pos: Tensor | None) -> DecoderPass | None:
+    """The decoder's part of the next backbone pass of a model under ``config``, with its generation's
+    ``cache`` (None: no token cache)."""
     if config.token_cache_keep is None or pos is None:
         return None
-    cache = token_cache(model, conditions)
     full, cache.passes = config.full_token_pass(cache.passes), cache.passes + 1
     return DecoderPass(cache, full, config.token_cache_keep, pos)
 

@@ -3,17 +3,24 @@ AR step in raster order of cells, CFG ramped over the cells; a step's chain is t
 the next cell against a KV cache of the clean cells before it, and a drafted block is verified in one
 pass per flow step (each drafted cell attends to the clean cells before it and to itself).
 
+The KV cache is the generation's (:class:`XARState`) and grows as the official sampler's does: each clean
+cell is encoded once, its keys and values appended. The state keeps the cells it encoded, and a call reuses
+the longest run of them its context starts with, so a drafted cell that is later redrawn is encoded again
+and no caller has to say which cells were committed.
+
 The network (:class:`csd.models.xar.network.XAR`) mixes this in and provides ``config``, ``traits``,
 ``null_class`` and ``context_cache``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from csd.config import PRECISIONS
-from csd.family import Plan
+from csd.family import ModelState, Plan
 from csd.models.mar.adapter import check_labels
 from csd.models.tokenizer import CellTokenizer
 from csd.models.xar.chains import CellChain, CellCondition, CellFlow, JoinedCells
@@ -22,6 +29,26 @@ from csd.models.xar.chains import CellChain, CellCondition, CellFlow, JoinedCell
 def cfg_ramp(cfg: float, cell: int, cells: int) -> float:
     """xAR's guidance per cell: 1 at the first cell, rising linearly to ``cfg`` at the last."""
     return cfg if cells == 1 else 1.0 + (cfg - 1.0) * cell / (cells - 1)
+
+
+@dataclass
+class XARState(ModelState):
+    """An xAR model's state over one generation: beside its labels and settings, the clean cells it has
+    encoded (``cells`` (B, m * cell_len, d)) and every block's keys and values of them (``kv``: (k, v) per
+    block, (B', heads, m * cell_len, head_dim), B' = 2B when guided: the labels' half, then the null class's)."""
+
+    cells: Tensor | None = None
+    kv: list[tuple[Tensor, Tensor]] | None = None
+
+
+def reused_tokens(cached: Tensor | None, clean: Tensor, cell_len: int) -> int:
+    """How many tokens, in whole cells, ``clean`` (B, n, d) starts with that equal those of ``cached``
+    (B, m, d) in every image (one read on the host)."""
+    n = 0 if cached is None else min(cached.shape[1], clean.shape[1])
+    if n == 0:
+        return 0
+    same = (cached[:, :n] == clean[:, :n]).all(-1).all(0).reshape(-1, cell_len).all(-1)  # (cells,)
+    return int(same.cumprod(0).sum()) * cell_len
 
 
 class XARFamily:
@@ -38,14 +65,18 @@ class XARFamily:
     def head_steps(self, steps: int | None) -> int:
         return steps or self.config.flow_steps
 
-    def predict(self, tokens, mask, conditions, pos, cfg, config, steps) -> CellChain:
+    def start(self, conditions, config) -> XARState:
+        """A generation's state: its labels and settings, the KV cache empty."""
+        return XARState(conditions, config)
+
+    def predict(self, state: XARState, tokens, mask, pos, cfg, steps) -> CellChain:
         """The chain of the next cell of every image: its context is every earlier cell, clean."""
         cell = int(pos[0, 0])
         if pos.shape[1] != 1 or bool((pos != cell).any()):
             raise ValueError("xAR predicts one cell per AR step, the same for every image")
-        return self._chain(tokens[:, :cell], conditions, cell, 1, cfg, config, steps)
+        return self._chain(state, tokens[:, :cell], cell, 1, cfg, steps)
 
-    def verify(self, tokens, mask, conditions, pos, cfg, config, steps, drafted=None, sizes=None) -> CellChain:
+    def verify(self, state: XARState, tokens, mask, pos, cfg, steps, drafted=None, sizes=None) -> CellChain:
         """The chains of a drafted block of consecutive cells in one pass per flow step: each drafted
         cell conditioned on the clean cells before it, the context's and the drafted ones (what the exact
         block asks for, ``sizes`` given or not)."""
@@ -57,21 +88,32 @@ class XARFamily:
             raise ValueError("xAR verifies each drafted cell given the cells drafted before it: pass drafted")
         b = tokens.shape[0]
         clean = torch.cat([tokens[:, :first], drafted.reshape(b, k, -1)[:, : k - 1].to(tokens.dtype)], dim=1)
-        return self._chain(clean, conditions, first, k, cfg, config, steps)
+        return self._chain(state, clean, first, k, cfg, steps)
 
-    def _chain(self, clean_cells: Tensor, labels: Tensor, first: int, k: int, cfg, config, steps) -> CellChain:
+    def _chain(self, state: XARState, clean_cells: Tensor, first: int, k: int, cfg, steps) -> CellChain:
         """Chains of cells first .. first + k - 1 over the clean cells (B, C, cell width) before the last."""
-        b, c = clean_cells.shape[0], self.config
-        clean = clean_cells.reshape(b, -1, c.token_dim)
-        guided = config.guided
-        both = torch.cat([labels, torch.full_like(labels, self.null_class)]) if guided else labels
-        precision = PRECISIONS[config.precision]
-        with torch.autocast(clean.device.type, dtype=precision or torch.float32, enabled=precision is not None):
-            cache = self.context_cache(torch.cat([clean, clean]) if guided else clean, both)
-        cond = CellCondition(labels, first, k, cache, cfg if guided else None)
+        b, c, config = clean_cells.shape[0], self.config, state.config
+        cache = self._context(state, clean_cells.reshape(b, -1, c.token_dim))
+        cond = CellCondition(state.conditions, first, k, cache, cfg if config.guided else None)
         sampler = config.head_sampler or "euler-maruyama"
-        flow = CellFlow(self, self.head_steps(steps), precision, sampler, config.flow_grid)
+        flow = CellFlow(self, self.head_steps(steps), PRECISIONS[config.precision], sampler, config.flow_grid)
         return CellChain(flow, cond, config.temperature)
+
+    def _context(self, state: XARState, clean: Tensor) -> list[tuple[Tensor, Tensor]] | None:
+        """Every block's keys and values of the clean cells (B, n, d) (None for none), from the state's cache:
+        the cells it already holds are read, the others encoded (once) and appended."""
+        n = clean.shape[1]
+        kept = reused_tokens(state.cells, clean, self.config.cell_len)
+        if kept < n:
+            labels, guided = state.conditions, state.config.guided
+            new = clean[:, kept:]
+            both = torch.cat([labels, torch.full_like(labels, self.null_class)]) if guided else labels
+            past = None if kept == 0 else _first_tokens(state.kv, kept)
+            precision = PRECISIONS[state.config.precision]
+            with torch.autocast(clean.device.type, dtype=precision or torch.float32, enabled=precision is not None):
+                state.kv = self.context_cache(torch.cat([new, new]) if guided else new, both, past)
+            state.cells = torch.cat([state.cells[:, :kept], new], dim=1) if kept else new.clone()
+        return None if n == 0 else _first_tokens(state.kv, n)
 
     def join(self, chains, batch: int) -> JoinedCells:
         return JoinedCells(tuple(chains))
@@ -83,3 +125,8 @@ class XARFamily:
     def token_layout(self, raster_tokenizer) -> CellTokenizer:
         """The tokenizer of this model's tokens (cells) over a raster tokenizer of its grid."""
         return CellTokenizer(raster_tokenizer, self.config.grid, self.config.cells)
+
+
+def _first_tokens(kv: list[tuple[Tensor, Tensor]], n: int) -> list[tuple[Tensor, Tensor]]:
+    """The keys and values of the first n tokens of every block (views)."""
+    return [(k[:, :, :n], v[:, :, :n]) for k, v in kv]

@@ -326,16 +326,19 @@ class XAR(XARFamily, nn.Module):
 
     # --- the context cache ----------------------------------------------------------------------------------
 
-    def context_cache(self, clean: Tensor, labels: Tensor) -> list[tuple[Tensor, Tensor]] | None:
-        """Every block's keys and values of the clean context cells (t = 0): what the official KV
-        cache holds when the next cell is sampled. clean (B, K * cell_len, d); None for K = 0."""
-        n = clean.shape[1]
-        if n == 0:
-            return None
+    def context_cache(self, clean: Tensor, labels: Tensor, past: list | None = None) -> list[tuple[Tensor, Tensor]]:
+        """Every block's keys and values (B, heads, L, head_dim) of clean context cells (t = 0): what the
+        official KV cache holds when the next cell is sampled. clean (B, K * cell_len, d): the K cells after
+        those of ``past`` (the keys and values of the earlier clean cells, None: none), which they attend
+        to; returns the earlier cells' keys and values with the new ones appended, L = every cell's tokens."""
+        m, n = 0 if past is None else past[0][0].shape[2], clean.shape[1]
         record: list = []
         t = clean.new_zeros(clean.shape[0], n // self.config.cell_len)
-        self._network(clean, labels, t, slice(0, n), self.mask[..., :n, :n], None, record)
-        return record
+        self._network(clean, labels, t, slice(m, m + n), self.mask[..., m : m + n, : m + n], past, record)
+        if past is None:
+            return record
+        pairs = zip(past, record, strict=True)
+        return [(torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)) for (pk, pv), (k, v) in pairs]
 
     def forward(self, tokens: Tensor, labels: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Noisy-context flow matching: every cell its own time t from a logit-normal, x_t = (1 - t) x +
