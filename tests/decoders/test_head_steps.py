@@ -56,14 +56,13 @@ def test_disas_schedules_are_its_published_formulas():
 @pytest.mark.kernels
 def test_a_disa_schedule_that_anneals_nothing_is_plain_generation():
     pair = random_pair64()
-    plain = sampling64(num_steps=6, cfg_scale=2.0, head_steps=8)
+    plain, csd = sampling64(num_steps=6, cfg_scale=2.0, head_steps=8), CSDConfig(gamma=3)
+    plain_tokens = generate(pair.target, [1, 2], [3, 4], plain).tokens  # the plain runs, once for both kinds
+    b = speculative_generate(pair.target, pair.draft, [1, 2], [3, 4], plain, csd)
     for kind in ("disa", "disa-cosine"):
         flat = sampling64(num_steps=6, cfg_scale=2.0, head_steps=8, head_steps_min=8, head_schedule=kind)
-        plain_tokens = generate(pair.target, [1, 2], [3, 4], plain).tokens
         assert_same64(generate(pair.target, [1, 2], [3, 4], flat).tokens, plain_tokens, kind)
-        csd = CSDConfig(gamma=3)
         a = speculative_generate(pair.target, pair.draft, [1, 2], [3, 4], flat, csd)
-        b = speculative_generate(pair.target, pair.draft, [1, 2], [3, 4], plain, csd)
         assert_same64(a.tokens, b.tokens, kind)
         assert (a.trace.maker == b.trace.maker).all()
 

@@ -23,18 +23,24 @@ SAMPLING = sampling64(num_steps=8, cfg_scale=2.0)
 LABELS, SEEDS = [1, 2, 3], [7, 8, 9]
 
 
+@pytest.fixture(scope="module")
+def embedded():
+    """The embedded class pair (trained) in float64 and its target-only run, made once for both criteria."""
+    m = embedded_pair(pair_name("mar", "embedded")).at_precision("float64")
+    return m, generate(m.target, LABELS, SEEDS, SAMPLING)
+
+
 @pytest.fixture(scope="module", params=["aligned", "exact"])
-def runs(request):
+def runs(request, embedded):
     """A CSD run with its details, the same run without, and the target-only run: in float64, on the embedded
     class pair (trained), so that some drafted tokens are accepted and some are not: its draft under the
     aligned test; under the exact one, which accepts next to nothing of that draft, the target drafting for
     itself (a block's first step accepted for certain, later ones verified in another context)."""
     csd = CSDConfig(gamma=3, prefill=0.05, criterion=request.param)
-    m = embedded_pair(pair_name("mar", "embedded")).at_precision("float64")
+    m, target = embedded
     draft = m.draft if request.param == "aligned" else m.target
     spec = speculative_generate(m.target, draft, LABELS, SEEDS, SAMPLING, csd, keep_details=True)
     plain = speculative_generate(m.target, draft, LABELS, SEEDS, SAMPLING, csd)
-    target = generate(m.target, LABELS, SEEDS, SAMPLING)
     return spec, plain, target
 
 
