@@ -134,7 +134,8 @@ class AnalysisSettings:
         check_int("number of images", self.n_images, 1)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The settings as the panels record them, the two configs as their flat knobs."""
+        return asdict(self) | {"sampling": self.sampling.knob_values(), "csd": self.csd.knob_values()}
 
 
 def image_conditions(pair: ModelPair, n: int, label: int = 0, prompt: str | None = None) -> list:

@@ -81,7 +81,7 @@ def test_generation_follows_disas_schedule_alone_and_under_csd(recorded):
 
 def test_an_unknown_head_schedule_is_refused_by_name():
     with pytest.raises(ValueError, match="head_schedule must be one of"):
-        SamplingConfig(head_schedule="cosine")
+        SamplingConfig.from_knobs(head_schedule="cosine")
 
 
 @pytest.mark.kernels
@@ -126,7 +126,7 @@ def test_a_cheaper_draft_head_needs_independent_noise_and_the_final_step_test():
             [1],
             [3],
             sampling,
-            CSDConfig(gamma=3, draft_head_steps=4, criterion="exact", align=False),
+            CSDConfig.from_knobs(gamma=3, draft_head_steps=4, criterion="exact", align=False),
         )
     # The target's own number of steps is no change at all.
     same = CSDConfig(gamma=3, draft_head_steps=10)
@@ -157,7 +157,7 @@ def test_a_cheaper_draft_head_runs_seeded_and_batch_invariant(recorded):
     ("make", "name"),
     [
         (
-            lambda: SamplingConfig(head_steps_min=0),
+            lambda: SamplingConfig.from_knobs(head_steps_min=0),
             r"head_steps_min \(last AR step's head steps\) must be None or an int",
         ),
         (lambda: CSDConfig(draft_head_steps=0), r"draft_head_steps must be None or an int in \[1, 1000\]"),

@@ -34,10 +34,11 @@ def evaluate_parser() -> argparse.ArgumentParser:
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.__name__)
-def test_every_field_declares_a_knob_with_its_help(config):
+def test_every_field_declares_a_knob_or_a_setting_value_whose_knobs_have_help(config):
     for f in dataclasses.fields(config):
-        assert "knob" in f.metadata, f"{config.__name__}.{f.name} has no knob (csd.config.knob)"
-        assert f.metadata["knob"].help, f"{config.__name__}.{f.name} has no help"
+        assert {"knob", "slot"} & set(f.metadata), f"{config.__name__}.{f.name} has no knob (csd.config.knob)"
+    for key, k in knobs(config).items():
+        assert k.help, f"{config.__name__}'s knob {key} has no help"
 
 
 def test_field_names_are_unique_across_the_configs_so_one_flag_names_one_field():
@@ -49,7 +50,7 @@ def test_field_names_are_unique_across_the_configs_so_one_flag_names_one_field()
 def test_every_field_has_a_flag_on_the_command_line(config):
     flags = {s for a in evaluate_parser()._actions for s in a.option_strings}
     covered = {name for flag, names in flag_groups(config).items() if f"--{flag}" in flags for name in names}
-    assert covered == {f.name for f in dataclasses.fields(config)}
+    assert covered == set(knobs(config))
 
 
 def test_the_flags_reach_the_settings_they_name():
@@ -58,27 +59,39 @@ def test_the_flags_reach_the_settings_they_name():
     argv += " --acceptance-unit token --counterfactual --no-align --gamma-schedule 2 4 --draft-head-sampler ddim"
     argv += " --draft-ddim-eta 0.3 --head-steps none"
     sampling, csd = settings_from_args(evaluate_parser().parse_args(argv.split()))
-    assert (sampling.num_steps, sampling.precision, sampling.head_sampler, sampling.ddim_eta) == (
+    assert (sampling.cond_cache.start, csd.criterion.acceptance_unit, csd.draft_sampler.kind) == (2, "token", "ddim")
+    sampling, csd = sampling.knob_values(), csd.knob_values()
+    assert (sampling["num_steps"], sampling["precision"], sampling["head_sampler"], sampling["ddim_eta"]) == (
         16,
         "bfloat16",
         "ddim",
         0.5,
     )
-    assert (sampling.gtr_stages, sampling.gtr_head_steps) == ((8, 8), 4)
-    assert (sampling.gtr_detail_fraction, sampling.gtr_detail_steps) == (0.25, 6)
-    assert (sampling.cond_cache_start, sampling.cond_cache_every) == (2, 5)
-    assert (sampling.token_cache_keep, sampling.token_cache_start, sampling.token_cache_every) == (0.5, 3, 4)
-    assert (csd.resample_widening, csd.max_tries, csd.acceptance_unit, csd.counterfactual) == (2.0, 7, "token", True)
-    assert (csd.align, csd.gamma_schedule, csd.draft_head_sampler, csd.draft_ddim_eta) == (False, (2, 4), "ddim", 0.3)
-    assert sampling.head_steps is None and sampling.cfg_scale == defaults.SAMPLING.cfg_scale  # not given: kept
+    assert (sampling["gtr_stages"], sampling["gtr_head_steps"]) == ((8, 8), 4)
+    assert (sampling["gtr_detail_fraction"], sampling["gtr_detail_steps"]) == (0.25, 6)
+    assert (sampling["cond_cache_start"], sampling["cond_cache_every"]) == (2, 5)
+    assert (sampling["token_cache_keep"], sampling["token_cache_start"], sampling["token_cache_every"]) == (0.5, 3, 4)
+    assert (csd["resample_widening"], csd["max_tries"], csd["acceptance_unit"], csd["counterfactual"]) == (
+        2.0,
+        7,
+        "token",
+        True,
+    )
+    assert (csd["align"], csd["gamma_schedule"], csd["draft_head_sampler"], csd["draft_ddim_eta"]) == (
+        False,
+        (2, 4),
+        "ddim",
+        0.3,
+    )
+    assert sampling["head_steps"] is None and sampling["cfg_scale"] == defaults.SAMPLING.cfg_scale  # not given: kept
 
 
 def test_a_preset_is_the_base_the_flags_change():
     parser = evaluate_parser()
     _, csd = settings_from_args(parser.parse_args(["--preset", "show rejections"]))
-    assert (csd.tau_v, csd.align) == (1.0, False)
+    assert (csd.criterion.tau_v, csd.align) == (1.0, False)
     _, csd = settings_from_args(parser.parse_args(["--preset", "show rejections", "--tau-v", "3"]))
-    assert (csd.tau_v, csd.align) == (3.0, False)
+    assert (csd.criterion.tau_v, csd.align) == (3.0, False)
 
 
 def test_a_flag_of_the_wrong_kind_is_refused_by_name(capsys):
@@ -98,7 +111,7 @@ def bad_value(k):
 def test_a_bad_value_of_every_knob_is_an_error_that_carries_its_field(config):
     for name, k in knobs(config).items():
         with pytest.raises(SettingError) as caught:
-            config(**{name: bad_value(k)})
+            config.from_knobs(**{name: bad_value(k)})
         assert caught.value.field == name and (k.name or name) in str(caught.value)
 
 
@@ -117,7 +130,7 @@ def controls_of(*fields: str) -> dict:
 @pytest.mark.parametrize(
     ("make", "control"),
     [
-        (lambda: CSDConfig(max_tries=0), "max_tries"),
+        (lambda: CSDConfig.from_knobs(max_tries=0), "max_tries"),
         (lambda: CSDConfig(prefill=1.0), "prefill"),
         (lambda: SamplingConfig(num_steps=0), "ar_steps"),
         (
@@ -129,7 +142,7 @@ def controls_of(*fields: str) -> dict:
                 FamilyTraits("MAR", num_classes=10),
                 64,
                 SamplingConfig(),
-                CSDConfig(acceptance_unit="token", criterion="exact"),
+                CSDConfig.from_knobs(acceptance_unit="token", criterion="exact"),
             ),
             None,
         ),

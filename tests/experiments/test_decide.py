@@ -182,7 +182,7 @@ def test_candidates_are_csds_best_the_alternatives_near_its_time_and_the_unmeasu
     settings["CSD a"] = {"sampling": asdict(S), "csd": asdict(CSDConfig(gamma=2))}
     frontier = {"batch": 8, "verdict": {"best": {"name": "CSD a", "time": 0.40, "margin": 1.0}}}
     frontier["rows"] = [r | {"time": r["time"]["1"]} | settings[r["name"]] for r in ROWS]
-    ode = Point("target, Euler ODE flow 6 steps", replace(S, head_steps=6, head_sampler="euler"))
+    ode = Point("target, Euler ODE flow 6 steps", S.with_knobs(head_steps=6, head_sampler="euler"))
     found = candidates(frontier, [Point("target-only", S), Point("near", replace(S, num_steps=3)), ode])
     assert [r["name"] for r in found["alternatives"]] == ["fast", "near", "far"]  # up to 0.50, fastest first
     assert [r["key"] for r in found["alternatives"]] == [f"target,num_steps={k}" for k in (2, 3, 4)]

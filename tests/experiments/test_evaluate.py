@@ -134,8 +134,8 @@ def test_criterion_flags_reach_the_sampler(tmp_path, restore_threads):
     assert exact["fd"] != default["fd"]  # other images: the exact test resamples whole paths
 
     target, draft = load_models(target_path, draft_path, torch.device("cpu"))
-    sampling = SamplingConfig(**exact["settings"]["sampling"])
-    csd = CSDConfig(**exact["settings"]["csd"])
+    sampling = SamplingConfig.from_knobs(**exact["settings"]["sampling"])
+    csd = CSDConfig.from_knobs(**exact["settings"]["csd"])
     labels, seeds = eval_labels_seeds(4, 0, target.traits)
     _, stats = generate_images("csd", target, draft, labels, seeds, sampling, csd, 2)
     for key in ("acceptance_rate", "mean_resample_tries", "drafted_tokens"):

@@ -392,7 +392,7 @@ def test_the_grid_never_holds_a_setting_the_decoder_refuses(criterion, fixed):
     from csd.experiments.grid import grid
 
     s = SamplingConfig(num_steps=16 if fixed else 32, cfg_scale=3.0, head_steps=25)
-    for point in grid(s, CSDConfig(criterion=criterion, align=True), 25, quick=True, fixed_steps=fixed):
+    for point in grid(s, CSDConfig.from_knobs(criterion=criterion, align=True), 25, quick=True, fixed_steps=fixed):
         c = point.csd
         if c is not None and c.draft_head_steps not in (None, 25):
             assert not c.needs_equal_chains(), point.name

@@ -77,11 +77,11 @@ def token_cache(model, conditions) -> TokenCache:
 
 def decoder_pass(model, conditions, config, pos: Tensor | None) -> DecoderPass | None:
     """The decoder's part of the next backbone pass of ``model`` under ``config`` (None: no cache)."""
-    if config.token_cache_keep is None or pos is None:
+    if config.token_cache is None or pos is None:
         return None
     cache = token_cache(model, conditions)
     full, cache.passes = config.full_token_pass(cache.passes), cache.passes + 1
-    return DecoderPass(cache, full, config.token_cache_keep, pos)
+    return DecoderPass(cache, full, config.token_cache.keep, pos)
 
 
 def _gather(x: Tensor, index: Tensor) -> Tensor:

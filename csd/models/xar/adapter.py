@@ -69,8 +69,8 @@ class XARFamily:
         with torch.autocast(clean.device.type, dtype=precision or torch.float32, enabled=precision is not None):
             cache = self.context_cache(torch.cat([clean, clean]) if guided else clean, both)
         cond = CellCondition(labels, first, k, cache, cfg if guided else None)
-        sampler = config.head_sampler or "euler-maruyama"
-        flow = CellFlow(self, self.head_steps(steps), precision, sampler, config.flow_grid)
+        sampler = config.sampler.kind or "euler-maruyama"
+        flow = CellFlow(self, self.head_steps(steps), precision, sampler, config.sampler.flow_grid)
         return CellChain(flow, cond, config.temperature)
 
     def join(self, chains, batch: int) -> JoinedCells:
