@@ -226,7 +226,7 @@ class Analysis:
             settings=self.settings.to_dict(),
             distance=self._distance(main, self.run(s, replace(c, align=False))),
             prefill=self._prefill(),
-            resampler=_resampler(main.trace, c.max_tries),
+            resampler=_resampler(main.trace, c.criterion.max_tries),
             sweeps=self._sweeps(),
             log_ratio=_log_ratio(main.trace),
             time=_time(self.timed(s, None), self.timed(s, c), s, c, self.pair.target.traits.head_per_block),

@@ -314,7 +314,7 @@ def csd_points(s: SamplingConfig, c: CSDConfig, cheaper: Cheaper, quick: bool) -
     points = [
         Point(f"CSD, gamma {g}, tau_v {tau:g}", s, c.with_knobs(gamma=g, tau_v=tau))
         for g in ((4, 8) if quick else (4, 8, 16))
-        for tau in (c.criterion.tau_v, 5.0)
+        for tau in (c.knob_values()["tau_v"], 5.0)
     ]
     points += [
         fast_point(f"{head} {few['head_steps']}", s.with_knobs(**few), c),

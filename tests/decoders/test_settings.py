@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from pathlib import Path
 
 import gradio as gr
@@ -18,13 +19,16 @@ from csd.config import CSDConfig, Knob, SamplingConfig, knobs
 from csd.core.checks import SettingError
 from csd.experiments import defaults
 from csd.experiments.evaluate import add_setting_args, settings_from_args
+from csd.experiments.grid import points_of
 from csd.family import FamilyTraits
 from csd.run_setup import check_settings
+from csd.settings import GtR, Published
 from demo.controls import PAGE_FIELDS, control_name, knob_control, offered_knobs, preset_controls
 from demo.knobs import KNOB_CONTROLS, AppControl, unknown_fields
 from demo.requests import library_errors
 
 CONFIGS = (SamplingConfig, CSDConfig)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def evaluate_parser() -> argparse.ArgumentParser:
@@ -274,3 +278,119 @@ def test_start_up_sets_the_threads_and_resolves_the_device(restore_threads, caps
     with pytest.raises(SystemExit):
         start_up(parser.parse_args(["--threads", "0"]), parser)
     assert "--threads must be an int in [1, 1024], got 0" in capsys.readouterr().err
+
+
+# A result's settings as they were saved before the settings were typed: asdict of the flat configs.
+OLD_SAMPLING = {
+    "num_steps": 16,
+    "cfg_scale": 3.0,
+    "cfg_schedule": "linear",
+    "temperature": 1.0,
+    "head_steps": 12,
+    "head_steps_min": 4,
+    "precision": "float32",
+    "head_schedule": "disa",
+    "cond_cache_start": 2,
+    "cond_cache_every": 4,
+    "token_cache_keep": None,
+    "token_cache_start": 5,
+    "token_cache_every": 9,
+    "head_sampler": "ddim",
+    "ddim_eta": 0.5,
+    "flow_grid": "official",
+    "gtr_stages": [12, 4],
+    "gtr_head_steps": 3,
+    "gtr_detail_fraction": 0.0,
+    "gtr_detail_steps": None,
+}
+OLD_CSD = {
+    "gamma": 4,
+    "gamma_schedule": [2, 2],
+    "prefill": 0.05,
+    "align": True,
+    "criterion": "published",
+    "trajectory_term": "derived",
+    "tau_v": 5.0,
+    "resample_widening": 1.0,
+    "max_tries": 7,
+    "product_precision": "float64",
+    "published_scale": "variance",
+    "fallback": None,
+    "counterfactual": False,
+    "draft_head_steps": None,
+    "acceptance_unit": "row",
+    "draft_head_sampler": None,
+    "draft_ddim_eta": 0.0,
+    "block": "published",
+}
+
+
+def test_an_old_format_settings_dict_loads_as_typed_settings_and_reads_back_the_same():
+    sampling, csd = SamplingConfig.from_knobs(**OLD_SAMPLING), CSDConfig.from_knobs(**OLD_CSD)
+    assert (sampling.head_anneal.last, sampling.head_anneal.schedule) == (4, "disa")
+    assert (sampling.cond_cache.start, sampling.cond_cache.every, sampling.token_cache) == (2, 4, None)
+    assert (sampling.sampler.kind, sampling.sampler.ddim_eta, sampling.gtr.stages, sampling.gtr.head_steps) == (
+        "ddim",
+        0.5,
+        (12, 4),
+        3,
+    )
+    assert csd.criterion == Published(tau_v=5.0, max_tries=7, product_precision="float64", published_scale="variance")
+    assert csd.cap_fallback == "zero" and csd.draft_sampler is None and csd.gamma_schedule == (2, 2)
+    as_saved = lambda d: {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    assert sampling.knob_values() == as_saved(OLD_SAMPLING) and csd.knob_values() == as_saved(OLD_CSD)
+
+
+def test_a_frontier_saved_before_the_settings_were_typed_loads_its_points_as_they_ran():
+    result = json.loads((ROOT / "bench" / "results" / "lazymar" / "frontier_subset_b1.json").read_text())
+    points = points_of(result)
+    assert [p.name for p in points] == [r["name"] for r in result["rows"]]
+    for point, row in zip(points, result["rows"], strict=True):
+        assert point.sampling.knob_values().items() >= {k: _saved(v) for k, v in row["sampling"].items()}.items()
+    assert any(p.sampling.cond_cache is not None for p in points) and any(p.sampling.token_cache for p in points)
+
+
+def _saved(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def test_every_committed_results_settings_load_and_read_back_the_knobs_they_hold():
+    loaded = 0
+    for path in sorted((ROOT / "bench" / "results").rglob("*.json")):
+        for found in _settings_in(json.loads(path.read_text())):
+            for cls, key in ((SamplingConfig, "sampling"), (CSDConfig, "csd")):
+                if found.get(key):
+                    back = cls.from_knobs(**found[key]).knob_values()
+                    assert {k: back[k] for k in found[key]} == {k: _saved(v) for k, v in found[key].items()}, path
+                    loaded += 1
+    assert loaded > 100
+
+
+def _settings_in(record):
+    """Every dict of a result that holds a sampler setting (under "sampling", with "csd" beside it or not)."""
+    if isinstance(record, dict):
+        if isinstance(record.get("sampling"), dict) and "num_steps" in record["sampling"]:
+            yield record
+        for value in record.values():
+            yield from _settings_in(value)
+    elif isinstance(record, list):
+        for value in record:
+            yield from _settings_in(value)
+
+
+def test_the_two_configs_hold_at_most_20_fields_the_rest_in_tagged_setting_values():
+    assert len(dataclasses.fields(SamplingConfig)) + len(dataclasses.fields(CSDConfig)) <= 20
+    assert {type(CSDConfig.from_knobs(criterion=k).criterion).kind for k in ("aligned", "exact", "published")} == {
+        "aligned",
+        "exact",
+        "published",
+    }
+    with pytest.raises(SettingError, match="gtr_detail_steps must exceed gtr_head_steps") as caught:
+        GtR(stages=(8, 8), head_steps=4, detail_fraction=0.25, detail_steps=3)
+    assert caught.value.field == "gtr_detail_steps"
+    with pytest.raises(SettingError, match="criterion must be Aligned or Exact or Published") as caught:
+        CSDConfig(criterion="exact")
+    assert caught.value.field == "criterion"
+    with pytest.raises(SettingError, match="CSDConfig has no knob 'tau'") as caught:
+        CSDConfig.from_knobs(tau=5.0)
+    assert caught.value.field == "tau"

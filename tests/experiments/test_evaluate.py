@@ -72,7 +72,7 @@ def test_gamma_schedule_flag_reaches_the_settings():
     sampling, csd = settings_from_args(
         parser.parse_args(["--head-steps", "20", "--head-steps-min", "5", "--draft-head-steps", "8"])
     )
-    assert (sampling.head_steps, sampling.head_steps_min, csd.draft_head_steps) == (20, 5, 8)
+    assert (sampling.head_steps, sampling.head_anneal.last, csd.draft_head_steps) == (20, 5, 8)
 
 
 @pytest.mark.parametrize(

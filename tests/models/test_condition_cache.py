@@ -1,4 +1,4 @@
-"""LazyMAR's condition cache as a sampler setting (SamplingConfig.cond_cache_start / cond_cache_every):
+"""LazyMAR's condition cache as a sampler setting (SamplingConfig.cond_cache: cond_cache_start / cond_cache_every):
 between full CFG passes a masked model runs only the conditional half and reuses the last full pass's
 unconditional-minus-conditional difference. A cache that skips nothing is plain generation (in float64, up to
 its rounding: tests/helpers.py)."""
@@ -112,6 +112,6 @@ def test_the_command_line_takes_the_cache_and_the_schedule():
     parser = argparse.ArgumentParser()
     add_setting_args(parser)
     s, _ = settings_from_args(parser.parse_args(["--cond-cache", "5", "9", "--head-schedule", "disa-cosine"]))
-    assert (s.cond_cache_start, s.cond_cache_every, s.head_schedule) == (5, 9, "disa-cosine")
+    assert (s.cond_cache.start, s.cond_cache.every, s.knob_values()["head_schedule"]) == (5, 9, "disa-cosine")
     s, _ = settings_from_args(parser.parse_args([]))
-    assert s.cond_cache_start is None and s.head_schedule == "linear"
+    assert s.cond_cache is None and s.knob_values()["head_schedule"] == "linear"

@@ -1,4 +1,4 @@
-"""LazyMAR's token cache as a sampler setting (SamplingConfig.token_cache_keep / _start / _every): at most
+"""LazyMAR's token cache as a sampler setting (SamplingConfig.token_cache: token_cache_keep / _start / _every): at most
 passes the decoder's later blocks recompute part of the rows and reuse the others' keys, values and
 outputs. A cache that recomputes every row is plain generation (in float64, up to its rounding: tests/helpers.py)."""
 
@@ -107,7 +107,7 @@ def test_the_command_line_takes_the_token_cache():
     parser = argparse.ArgumentParser()
     add_setting_args(parser)
     s, _ = settings_from_args(parser.parse_args(["--token-cache", "0.25", "5", "9"]))
-    assert (s.token_cache_keep, s.token_cache_start, s.token_cache_every) == (0.25, 5, 9)
+    assert (s.token_cache.keep, s.token_cache.start, s.token_cache.every) == (0.25, 5, 9)
     with pytest.raises(ValueError, match="--token-cache START must be an integer, got '5.5'"):
         settings_from_args(parser.parse_args(["--token-cache", "0.25", "5.5", "9"]))
-    assert settings_from_args(parser.parse_args([]))[0].token_cache_keep is None
+    assert settings_from_args(parser.parse_args([]))[0].token_cache is None
