@@ -503,12 +503,20 @@ def value_slot(cls, off_key: str | None = None, off=None, when_off: Callable[[di
     return Slot(knobs, defaults, build, read, (cls,), off_key is not None)
 
 
+def _anneal_off(values: dict) -> None:
+    if values["head_schedule"] != "linear":
+        raise SettingError(
+            f"head_schedule {values['head_schedule']!r} needs head_steps_min (the head steps it anneals to)",
+            "head_schedule",
+        )
+
+
 def _gtr_off(values: dict) -> None:
     check_gtr((), values["gtr_head_steps"], values["gtr_detail_fraction"], values["gtr_detail_steps"])
 
 
 SAMPLER = value_slot(HeadSampler)
-ANNEAL = value_slot(HeadAnneal, "head_steps_min")
+ANNEAL = value_slot(HeadAnneal, "head_steps_min", when_off=_anneal_off)
 COND_CACHE = value_slot(CondCache, "cond_cache_start")
 TOKEN_CACHE = value_slot(TokenCache, "token_cache_keep")
 GTR = value_slot(GtR, "gtr_stages", (), _gtr_off)

@@ -139,7 +139,7 @@ def test_a_cheaper_draft_head_needs_independent_noise_and_the_final_step_test():
 @pytest.mark.kernels
 def test_a_cheaper_draft_head_runs_seeded_and_batch_invariant(recorded):
     pair, calls = recorded
-    csd = CSDConfig(gamma=3, draft_head_steps=4, **INDEPENDENT)
+    csd = CSDConfig.from_knobs(gamma=3, draft_head_steps=4, **INDEPENDENT)
     sampling = sampling64(num_steps=8, cfg_scale=2.0)
     out = speculative_generate(pair.target, pair.draft, [1, 2], [3, 4], sampling, csd, keep_details=True)
     assert set(calls["draft"]) == {4} and torch.isfinite(out.tokens).all()

@@ -5,8 +5,6 @@ its rounding: tests/helpers.py)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from csd.config import CSDConfig, SamplingConfig
@@ -51,7 +49,7 @@ def test_the_schedule_is_lazymars():
 @pytest.mark.parametrize("setting", [{"cond_cache_start": 0, "cond_cache_every": 1}, {"cond_cache_start": 6}])
 def test_a_cache_that_skips_nothing_is_plain_generation_(pair, setting):
     cond = conditions(pair, 2)
-    cached = replace(PLAIN, **setting)
+    cached = PLAIN.with_knobs(**setting)
     plain = generate(pair.target, cond, [1, 2], PLAIN).tokens
     assert_same64(generate(pair.target, cond, [1, 2], cached).tokens, plain, "target-only")
     csd = CSDConfig(gamma=2)
@@ -111,7 +109,15 @@ def test_the_command_line_takes_the_cache_and_the_schedule():
 
     parser = argparse.ArgumentParser()
     add_setting_args(parser)
-    s, _ = settings_from_args(parser.parse_args(["--cond-cache", "5", "9", "--head-schedule", "disa-cosine"]))
-    assert (s.cond_cache.start, s.cond_cache.every, s.knob_values()["head_schedule"]) == (5, 9, "disa-cosine")
+    args = ["--cond-cache", "5", "9", "--head-schedule", "disa-cosine", "--head-steps-min", "4"]
+    s, _ = settings_from_args(parser.parse_args(args))
+    assert (s.cond_cache.start, s.cond_cache.every, s.head_anneal.schedule, s.head_anneal.last) == (
+        5,
+        9,
+        "disa-cosine",
+        4,
+    )
     s, _ = settings_from_args(parser.parse_args([]))
-    assert s.cond_cache is None and s.knob_values()["head_schedule"] == "linear"
+    assert s.cond_cache is None and s.head_anneal is None
+    with pytest.raises(ValueError, match="head_schedule 'disa-cosine' needs head_steps_min"):
+        settings_from_args(parser.parse_args(args[:-2]))

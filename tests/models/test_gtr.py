@@ -200,7 +200,9 @@ def test_gtr_composes_with_csd_but_fts_does_not(pair):
 )
 def test_bad_gtr_settings_are_refused_by_name(change, message):
     with pytest.raises(ValueError, match=message):
-        check_settings(FamilyTraits("MAR", num_classes=10, takes_gtr=True), 64, SamplingConfig(num_steps=6, **change))
+        check_settings(
+            FamilyTraits("MAR", num_classes=10, takes_gtr=True), 64, SamplingConfig.from_knobs(num_steps=6, **change)
+        )
 
 
 def test_a_stage_of_more_steps_than_tokens_is_refused_when_planned(pair):

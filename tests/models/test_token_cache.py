@@ -45,7 +45,7 @@ def test_a_cache_that_skips_nothing_is_plain_generation_(pair, setting):
         conditions(pair, 2),
         PLAIN.with_knobs(token_cache_start=1, token_cache_every=3) if len(setting) == 1 else PLAIN,
     )
-    cached = replace(cached, **setting)
+    cached = cached.with_knobs(**setting)
     plain = generate(pair.target, cond, [1, 2], PLAIN).tokens
     assert_same64(generate(pair.target, cond, [1, 2], cached).tokens, plain, "target-only")
     csd = CSDConfig(gamma=2)
