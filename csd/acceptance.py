@@ -22,6 +22,7 @@ from csd.core.chain import ChainNoise, Trajectory
 from csd.core.gaussian import normal_logpdf
 from csd.core.resample import Resampled, resample_gaussian, resample_paths, resample_proposals
 from csd.family import TokenChain
+from csd.settings import Exact, Published
 
 
 @dataclass(frozen=True)
@@ -351,14 +352,15 @@ class PerToken:
 
 
 def criterion_of(csd: CSDConfig, tokens_per_row: int = 1) -> Criterion:
-    """The criterion a setting names; "token" units test each of a row's ``tokens_per_row`` tokens alone."""
-    fallback = csd.cap_fallback
-    if csd.criterion == "exact":
-        return ExactCriterion(csd.max_tries, fallback=fallback)
-    if csd.criterion == "published":
-        dtype = torch.float64 if csd.product_precision == "float64" else torch.float32
-        return PublishedCriterion(csd.tau_v, csd.max_tries, dtype, csd.published_scale, fallback)
-    aligned = AlignedCriterion(csd.tau_v, csd.trajectory_term, csd.resample_widening, csd.max_tries, fallback=fallback)
-    if csd.acceptance_unit == "token":
+    """The criterion a setting names (:mod:`csd.settings`); "token" units test each of a row's
+    ``tokens_per_row`` tokens alone."""
+    c, fallback = csd.criterion, csd.cap_fallback
+    if isinstance(c, Exact):
+        return ExactCriterion(c.max_tries, fallback=fallback)
+    if isinstance(c, Published):
+        dtype = torch.float64 if c.product_precision == "float64" else torch.float32
+        return PublishedCriterion(c.tau_v, c.max_tries, dtype, c.published_scale, fallback)
+    aligned = AlignedCriterion(c.tau_v, c.trajectory_term, c.resample_widening, c.max_tries, fallback=fallback)
+    if c.acceptance_unit == "token":
         return PerToken(aligned, tokens_per_row)
     return aligned

@@ -1,4 +1,4 @@
-"""Every tool's command line, derived from the configs' field declarations (:class:`csd.config.Knob`): one
+"""Every tool's command line, derived from the configs' knob declarations (:class:`csd.config.Knob`): one
 flag per knob (knobs that share a flag are set together: ``--cond-cache START EVERY``), the config a parsed
 command line asks for over a base setting, a setting written as ``key=value`` pairs (``bench --compare``),
 and the start-up every tool shares: torch's CPU threads and the device."""
@@ -6,7 +6,6 @@ and the start-up every tool shares: torch's CPU threads and the device."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 
 import torch
 
@@ -17,7 +16,7 @@ WORDS = {"int": "an integer", "number": "a number", "ints": "integers separated 
 
 
 def flag_groups(config) -> dict[str, list[str]]:
-    """Each flag of a config class and the fields it sets, in field order."""
+    """Each flag of a config class and the knobs it sets, in order."""
     groups: dict[str, list[str]] = {}
     for name, k in knobs(config).items():
         groups.setdefault(k.flag or name.replace("_", "-"), []).append(name)
@@ -69,10 +68,10 @@ def add_config_flags(parser: argparse.ArgumentParser, config, base) -> None:
     """One flag per knob of a config class (its help, its valid values); a flag not given keeps ``base``'s
     value, which its help shows."""
     group = parser.add_argument_group(f"{config.__name__} settings")
-    every = knobs(config)
+    every, values = knobs(config), base.knob_values()
     for flag, names in flag_groups(config).items():
         ks = [every[n] for n in names]
-        default = ", ".join(_shown(getattr(base, n)) for n in names)
+        default = ", ".join(_shown(values[n]) for n in names)
         common = {
             "dest": flag.replace("-", "_"),
             "default": argparse.SUPPRESS,
@@ -103,7 +102,7 @@ def config_from_args(args: argparse.Namespace, config, base):
             continue
         for name, text in zip(names, value, strict=True):
             changes[name] = parse_value(every[name], str(text), f"--{flag} {every[name].metavar}")
-    return replace(base, **changes)
+    return base.with_knobs(**changes)
 
 
 def parse_setting(spec: str, base, what: str = "setting"):
@@ -116,7 +115,7 @@ def parse_setting(spec: str, base, what: str = "setting"):
         if key not in every or not value:
             raise ValueError(f"{what} {item!r}: expected key=value with a key in {sorted(every)}")
         changes[key] = parse_value(every[key], value, f"{what} {item!r}")
-    return replace(base, **changes)
+    return base.with_knobs(**changes)
 
 
 def value_text(value) -> str:
@@ -135,11 +134,8 @@ def value_text(value) -> str:
 def changes(config, base) -> list[str]:
     """The knobs of ``config`` that differ from ``base``'s, as ``key=value`` in field order (what
     :func:`parse_setting` takes)."""
-    return [
-        f"{name}={value_text(getattr(config, name))}"
-        for name in knobs(config)
-        if getattr(config, name) != getattr(base, name)
-    ]
+    values, base_values = config.knob_values(), base.knob_values()
+    return [f"{name}={value_text(value)}" for name, value in values.items() if value != base_values[name]]
 
 
 # --- start-up: threads and device ---------------------------------------------------------------------

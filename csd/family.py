@@ -72,14 +72,14 @@ class FamilyTraits:
     tokens_per_row: tokens in one acceptance row (xAR: a cell's), for acceptance_unit "token".
     min_head_steps: the fewest chain transitions the head takes (a flow sampler needs two).
     row_name: what a drafted row is called ("tokens", "cells").
-    caches_guidance: takes LazyMAR's condition cache (SamplingConfig.cond_cache_start): its guidance is
+    caches_guidance: takes LazyMAR's condition cache (SamplingConfig.cond_cache): its guidance is
     two backbone halves whose difference can be reused (masked families; xAR guides inside its flow).
-    caches_tokens: takes LazyMAR's token cache (SamplingConfig.token_cache_keep): a bidirectional
+    caches_tokens: takes LazyMAR's token cache (SamplingConfig.token_cache): a bidirectional
     decoder over every position, whose rows can be recomputed in part (masked families).
-    head_samplers: the head samplers it takes (SamplingConfig.head_sampler), its own first (MAR: DDPM and
+    head_samplers: the head samplers it takes (SamplingConfig.sampler), its own first (MAR: DDPM and
     DDIM; xAR: Euler-Maruyama and the probability-flow ODE); empty: its own only.
-    flow_grids: takes SamplingConfig.flow_grid "uniform" (a flow chain's time grid: xAR).
-    takes_gtr: takes GtR's two-stage order (SamplingConfig.gtr_stages): a masked family on a square grid.
+    flow_grids: takes SamplingConfig.sampler.flow_grid "uniform" (a flow chain's time grid: xAR).
+    takes_gtr: takes GtR's two-stage order (SamplingConfig.gtr): a masked family on a square grid.
 
     A run checks its settings against these (:func:`csd.run_setup.check_family`).
     """

@@ -2,8 +2,10 @@
 :func:`csd.speculative.speculative_generate`: the one place a run's settings are checked, and what both
 samplers build from them (:func:`set_up_run`).
 
-A config checks each of its knobs alone, as the knob's declaration says (:class:`csd.config.Knob`); every
-rule between knobs, between the two configs, or between a setting and a model is here. The rules that need
+A config checks each of its knobs alone, as the knob's declaration says (:class:`csd.config.Knob`), and each
+setting value (the criterion, the head's sampler, LazyMAR's caches, GtR: :mod:`csd.settings`) checks the rules
+between its own knobs; every rule between a config's fields, between the two configs, or between a setting
+and a model is here. The rules that need
 only the settings and the family's traits are :func:`check_settings` (the app calls it before a run, to show
 an error beside its control); :func:`set_up_run` calls it, then checks what needs the models themselves.
 """
@@ -24,6 +26,7 @@ from csd.core.precision import run_dtype, weights_dtype
 from csd.core.rng import ImageStreams, check_seeds
 from csd.decoding import model_device
 from csd.family import FamilyTraits, ModelFamily, Plan
+from csd.settings import Aligned
 
 TARGET_STREAMS = ("chain",)  # a target-only run's random numbers beyond its plan's
 SPECULATIVE_STREAMS = ("chain", "accept", "resample", "independent")
@@ -118,13 +121,11 @@ def check_settings(
     draft_traits: FamilyTraits | None = None,
 ) -> None:
     """The rules on a run's settings that need only the family's traits and its number of tokens, in this
-    order: the sampler settings' rules between knobs (:func:`check_sampling_knobs`); the speculative
-    settings' (:func:`check_csd_knobs`); the family's rules on the target's settings
-    (:func:`check_family`); and under CSD (``csd`` given) where CSD is defined (:func:`check_speculative`)
-    and the draft family's rules on the draft's settings (``draft_traits``, the target's by default)."""
+    order: the sampler settings' rules between fields (:func:`check_sampling_knobs`); the family's rules on
+    the target's settings (:func:`check_family`); and under CSD (``csd`` given) where CSD is defined
+    (:func:`check_speculative`) and the draft family's rules on the draft's settings (``draft_traits``, the
+    target's by default). Each setting value checked its own rules when it was made (:mod:`csd.settings`)."""
     check_sampling_knobs(sampling)
-    if csd is not None:
-        check_csd_knobs(csd)
     check_family(traits, sampling, seq_len)
     if csd is not None:
         check_speculative(sampling, csd, traits)
@@ -132,49 +133,14 @@ def check_settings(
 
 
 def check_sampling_knobs(config: SamplingConfig) -> None:
-    """The sampler settings' rules between knobs: ``ddim_eta`` only on DDIM; GtR's stages add up to the AR
-    steps, its reconstruction stage's head steps need one, and its FTS (a share of the reconstruction
-    tokens and their head steps, above the stage's) is set whole."""
-    if config.ddim_eta != 0.0 and config.head_sampler != "ddim":
-        raise SettingError(
-            f"ddim_eta applies to head_sampler 'ddim' only, got head_sampler {config.head_sampler!r}", "ddim_eta"
-        )
-    stages = config.gtr_stages
-    if stages and sum(stages) != config.num_steps:
+    """The sampler settings' rules between fields (each setting value checks its own): GtR's stages add up
+    to the AR steps."""
+    if config.gtr is not None and sum(config.gtr.stages) != config.num_steps:
+        stages = config.gtr.stages
         raise SettingError(
             f"gtr_stages (AR steps of each GtR stage) must add up to num_steps {config.num_steps}, "
             f"got {stages} = {sum(stages)}",
             "gtr_stages",
-        )
-    for name in ("gtr_head_steps", "gtr_detail_steps"):
-        if getattr(config, name) is not None and len(stages) < 2:
-            raise SettingError(f"{name} needs gtr_stages of 2 stages or more (a reconstruction stage)", name)
-    detail = config.gtr_detail_fraction > 0.0
-    if detail != (config.gtr_detail_steps is not None):
-        raise SettingError(
-            "gtr_detail_fraction > 0 and gtr_detail_steps go together (GtR's FTS), got one of them",
-            "gtr_detail_fraction",
-        )
-    if detail and (config.gtr_head_steps is None or config.gtr_detail_steps <= config.gtr_head_steps):
-        raise SettingError(
-            f"gtr_detail_steps must exceed gtr_head_steps (the reconstruction stage's head steps), got "
-            f"{config.gtr_detail_steps} and {config.gtr_head_steps}",
-            "gtr_detail_steps",
-        )
-
-
-def check_csd_knobs(csd: CSDConfig) -> None:
-    """The speculative settings' rules between knobs: per-token acceptance on the aligned criterion only;
-    ``draft_ddim_eta`` only on a DDIM draft."""
-    if csd.acceptance_unit == "token" and csd.criterion != "aligned":
-        raise SettingError(
-            "acceptance_unit 'token' needs criterion 'aligned' (the exact test compares whole rows)",
-            "acceptance_unit",
-        )
-    if csd.draft_ddim_eta != 0.0 and csd.draft_head_sampler != "ddim":
-        raise SettingError(
-            f"draft_ddim_eta applies to draft_head_sampler 'ddim' only, got {csd.draft_head_sampler!r}",
-            "draft_ddim_eta",
         )
 
 
@@ -199,38 +165,39 @@ def check_family(traits: FamilyTraits, config: SamplingConfig, seq_len: int) -> 
             f"the {traits.row_name}), got {config.cfg_schedule!r}",
             "cfg_schedule",
         )
-    if config.cond_cache_start is not None and not traits.caches_guidance:
+    if config.cond_cache is not None and not traits.caches_guidance:
         raise SettingError(
             f"cond_cache_start must be None for this {family} model (LazyMAR's condition cache needs "
-            f"guidance from two backbone halves), got {config.cond_cache_start}",
+            f"guidance from two backbone halves), got {config.cond_cache.start}",
             "cond_cache_start",
         )
-    if config.token_cache_keep is not None and not traits.caches_tokens:
+    if config.token_cache is not None and not traits.caches_tokens:
         raise SettingError(
             f"token_cache_keep must be None for this {family} model (LazyMAR's token cache needs a "
-            f"decoder over every position), got {config.token_cache_keep}",
+            f"decoder over every position), got {config.token_cache.keep}",
             "token_cache_keep",
         )
-    for name in ("head_steps", "head_steps_min"):
-        steps = getattr(config, name)
+    anneal = config.head_anneal
+    for name, steps in (("head_steps", config.head_steps), ("head_steps_min", anneal and anneal.last)):
         if steps is not None and steps < traits.min_head_steps:
             raise SettingError(f"{name} must be >= {traits.min_head_steps} for this {family} model, got {steps}", name)
-    if config.head_sampler is not None and config.head_sampler not in traits.head_samplers:
+    sampler = config.sampler
+    if sampler.kind is not None and sampler.kind not in traits.head_samplers:
         takes = f"one of {traits.head_samplers}" if traits.head_samplers else "its own (None)"
         raise SettingError(
-            f"head_sampler must be None or {takes} for this {family} model, got {config.head_sampler!r}",
+            f"head_sampler must be None or {takes} for this {family} model, got {sampler.kind!r}",
             "head_sampler",
         )
-    if config.flow_grid != "official" and not traits.flow_grids:
+    if sampler.flow_grid != "official" and not traits.flow_grids:
         raise SettingError(
             f"flow_grid must be 'official' for this {family} model (the uniform grid is a flow chain's), "
-            f"got {config.flow_grid!r}",
+            f"got {sampler.flow_grid!r}",
             "flow_grid",
         )
-    if config.gtr_stages and not traits.takes_gtr:
+    if config.gtr is not None and not traits.takes_gtr:
         raise SettingError(
             f"gtr_stages must be empty for this {family} model (GtR orders a masked family's tokens), "
-            f"got {config.gtr_stages}",
+            f"got {config.gtr.stages}",
             "gtr_stages",
         )
 
@@ -245,27 +212,31 @@ def check_speculative(sampling: SamplingConfig, csd: CSDConfig, traits: FamilyTr
     share one length, and the detail tokens are picked from the target's conditions). Per-token acceptance
     needs rows of several tokens (xAR's cells)."""
     if sampling.deterministic_head:
+        kind = sampling.sampler.kind
         raise ValueError(
-            f"CSD needs the target's head transitions to be Gaussian: head_sampler {sampling.head_sampler!r}"
-            f"{' with ddim_eta 0' if sampling.head_sampler == 'ddim' else ''} is deterministic (no density along "
+            f"CSD needs the target's head transitions to be Gaussian: head_sampler {kind!r}"
+            f"{' with ddim_eta 0' if kind == 'ddim' else ''} is deterministic (no density along "
             "its path, nothing to accept or resample from); use DDPM, DDIM with ddim_eta > 0 or Euler-Maruyama "
             "(either flow_grid), or sample target-only"
         )
-    final_only = csd.trajectory_term == "none" and csd.criterion == "aligned"
+    final_only = isinstance(csd.criterion, Aligned) and csd.criterion.trajectory_term == "none"
     if csd.draft_sampling(sampling).deterministic_head and not final_only:
         raise ValueError(
-            f"draft_head_sampler {csd.draft_head_sampler!r} is deterministic: its path has no density, so it "
-            "needs criterion 'aligned' with trajectory_term 'none' (the final-step test alone)"
+            f"draft_head_sampler {csd.draft_sampler and csd.draft_sampler.kind!r} is deterministic: its path has "
+            "no density, so it needs criterion 'aligned' with trajectory_term 'none' (the final-step test alone)"
         )
-    if sampling.gtr_detail_fraction > 0.0:
+    if sampling.gtr is not None and sampling.gtr.detail_fraction > 0.0:
         raise ValueError(
             "gtr_detail_fraction (GtR's FTS) must be 0 under CSD: a block's chains share one length, and the "
             "detail tokens are picked from the target's conditions, which the draft does not have"
         )
-    if csd.acceptance_unit == "token" and traits.tokens_per_row == 1:
+    if csd.criterion.acceptance_unit == "token" and traits.tokens_per_row == 1:
         raise ValueError("acceptance_unit 'token' needs a family whose rows hold several tokens (xAR's cells)")
     if csd.block != "published":
-        caches = {"cond_cache_start": sampling.cond_cache_start, "token_cache_keep": sampling.token_cache_keep}
+        caches = {
+            "cond_cache_start": sampling.cond_cache and sampling.cond_cache.start,
+            "token_cache_keep": sampling.token_cache and sampling.token_cache.keep,
+        }
         for name, value in caches.items():
             if value is not None:
                 raise SettingError(

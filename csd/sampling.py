@@ -7,7 +7,6 @@ then the chains of the step's tokens, vectorised over the batch and the step's t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
 
 import torch
 from torch import Tensor
@@ -50,7 +49,7 @@ def generate(
     batch, n, d = run.batch, model.seq_len, model.token_dim
     timer = PhaseTimer(device)
     phase = "target" if maker == Maker.TARGET else "draft"
-    settings = {"sampling": asdict(config), "maker": maker.name.lower()}
+    settings = {"sampling": config.knob_values(), "maker": maker.name.lower()}
     trace = Trace.empty(batch, n, plan.sizes, settings, trace_dtype(config), defer=device.type == "cuda")
 
     tokens, mask = new_canvas(batch, n, d, config, device)

@@ -18,7 +18,7 @@ images it makes depends on the batch, through the shared commit point).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -159,7 +159,7 @@ class _Decoding:
                 batch,
                 n,
                 run.plan.sizes,
-                {"sampling": asdict(run.sampling), "csd": asdict(csd)},
+                {"sampling": run.sampling.knob_values(), "csd": csd.knob_values()},
                 trace_dtype(run.sampling),
                 defer=run.device.type == "cuda",
             ),

@@ -174,7 +174,7 @@ def knob_control(field: str, limit: float | None = None) -> Control:
     """The control of a config field, from its knob: a checkbox, radio buttons or a slider over the control's
     range (``limit``: the top of a range the knob leaves to the server), at the default setting's value."""
     config, k = offered_knobs()[field]
-    c, default = KNOB_CONTROLS[field], getattr(CONFIGS[config][1], field)
+    c, default = KNOB_CONTROLS[field], CONFIGS[config][1].knob_values()[field]
     where, info = f"{config}.{field}", c.info or None
     if k.kind == "bool":
         return Control(c.label, gr.Checkbox, default, {}, where, c.advanced)
@@ -208,11 +208,12 @@ def declare_controls(store: PairStore, limits: Limits) -> dict[str, Control]:
 def preset_controls(name: str) -> dict:
     """The controls preset ``name`` (:data:`csd.experiments.defaults.PRESETS`) sets: each offered knob whose
     value differs from the default setting's, by control name."""
-    chosen = defaults.PRESETS[name]._asdict()
+    chosen = {config: c.knob_values() for config, c in defaults.PRESETS[name]._asdict().items()}
+    base = {config: c.knob_values() for config, (_, c) in CONFIGS.items()}
     return {
-        control_name(f): getattr(chosen[config], f)
+        control_name(f): chosen[config][f]
         for f, (config, _) in offered_knobs().items()
-        if getattr(chosen[config], f) != getattr(CONFIGS[config][1], f)
+        if chosen[config][f] != base[config][f]
     }
 
 

@@ -85,7 +85,7 @@ def build_request(
             config, field = control.field.split(".")
             fields[config][field] = values[name]
     with library_errors(controls=controls):
-        sampling, csd = SamplingConfig(**fields["sampling"]), CSDConfig(**fields["csd"])
+        sampling, csd = SamplingConfig.from_knobs(**fields["sampling"]), CSDConfig.from_knobs(**fields["csd"])
     pair_name = values["pair_name"]
     if not load and store.loaded(pair_name) is None:
         return None

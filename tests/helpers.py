@@ -166,4 +166,4 @@ def sampling64(**knobs):
     """A SamplingConfig at precision "float64" (the exact reference)."""
     from csd.config import SamplingConfig
 
-    return SamplingConfig(**knobs, precision="float64")
+    return SamplingConfig.from_knobs(**knobs, precision="float64")

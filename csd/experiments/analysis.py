@@ -134,7 +134,8 @@ class AnalysisSettings:
         check_int("number of images", self.n_images, 1)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The settings as the panels record them, the two configs as their flat knobs."""
+        return asdict(self) | {"sampling": self.sampling.knob_values(), "csd": self.csd.knob_values()}
 
 
 def image_conditions(pair: ModelPair, n: int, label: int = 0, prompt: str | None = None) -> list:
@@ -225,7 +226,7 @@ class Analysis:
             settings=self.settings.to_dict(),
             distance=self._distance(main, self.run(s, replace(c, align=False))),
             prefill=self._prefill(),
-            resampler=_resampler(main.trace, c.max_tries),
+            resampler=_resampler(main.trace, c.criterion.max_tries),
             sweeps=self._sweeps(),
             log_ratio=_log_ratio(main.trace),
             time=_time(self.timed(s, None), self.timed(s, c), s, c, self.pair.target.traits.head_per_block),

@@ -156,7 +156,7 @@ def quality_section(target, draft, sampling: SamplingConfig, csd: CSDConfig, con
     ]
     per_token = target.traits.tokens_per_row > 1  # xAR: also test every token of a cell alone
     if per_token:
-        token = replace(csd, acceptance_unit="token")
+        token = csd.with_knobs(acceptance_unit="token")
         runs += [("csd_token", "csd", token), ("csd_token_unaligned", "csd", replace(token, align=False))]
     for key, mode, setting in runs:
         images, stats = gen(mode, setting)
@@ -251,8 +251,8 @@ def run_bench(target, draft, sampling: SamplingConfig, csd: CSDConfig, config: B
     result["settings"] = {
         "bench": asdict(config),
         "default_batch": default_batch,
-        "sampling": asdict(sampling),
-        "csd": asdict(csd),
+        "sampling": sampling.knob_values(),
+        "csd": csd.knob_values(),
         "num_tokens": target.seq_len,
         "family": target.traits.family,
         "threads": torch.get_num_threads(),

@@ -22,7 +22,7 @@ import argparse
 import json
 import time
 from collections import defaultdict
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
         "family": target.traits.family,
         "models": recorded_models(args.target, args.draft),
         "weights": file_digest(Path(args.target), Path(args.draft)),
-        "settings": {"sampling": asdict(sampling), "csd": asdict(csd), "n": args.n, "n_ref": args.n_ref},
+        "settings": {"sampling": sampling.knob_values(), "csd": csd.knob_values(), "n": args.n, "n_ref": args.n_ref},
         "batch": args.batch_size,
         "threads": torch.get_num_threads(),
         "gpu_costs": gpu_source,

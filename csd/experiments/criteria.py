@@ -19,7 +19,6 @@ import argparse
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
 from pathlib import Path
 
 from csd.cli import start_up
@@ -43,14 +42,14 @@ BATCH = 8  # images generated at once
 
 def criteria_settings(csd: CSDConfig) -> dict[str, CSDConfig]:
     """The tests compared, each over the same other knobs (``csd``)."""
-    published = replace(csd, criterion="published", trajectory_term="published")
+    published = csd.with_knobs(criterion="published")
     return {
-        "derived": replace(csd, criterion="aligned", trajectory_term="derived"),
-        "published sign": replace(csd, criterion="aligned", trajectory_term="published"),
-        "published code, float32": replace(published, product_precision="float32"),
-        "published code, float64": replace(published, product_precision="float64"),
-        "published code, float64, variances in the scale slots": replace(
-            published, product_precision="float64", published_scale="variance"
+        "derived": csd.with_knobs(criterion="aligned", trajectory_term="derived"),
+        "published sign": csd.with_knobs(criterion="aligned", trajectory_term="published"),
+        "published code, float32": published.with_knobs(product_precision="float32"),
+        "published code, float64": published.with_knobs(product_precision="float64"),
+        "published code, float64, variances in the scale slots": published.with_knobs(
+            product_precision="float64", published_scale="variance"
         ),
     }
 
@@ -67,9 +66,9 @@ def run_criteria(
     for name, setting in criteria_settings(csd).items():
         images, stats = generate_images("csd", target, draft, labels, seeds, sampling, setting, BATCH)
         rows[name] = _row(score(images, labels, classifier), base, ref, summarize_stats(stats))
-        rows[name]["setting"] = asdict(setting)
+        rows[name]["setting"] = setting.knob_values()
         log(f"{name}: acceptance {rows[name]['acceptance_rate']}, {(time.perf_counter() - t0) / 60:.1f} min")
-    return {"kind": KIND, "n": n, "sampling": asdict(sampling), "rows": rows}
+    return {"kind": KIND, "n": n, "sampling": sampling.knob_values(), "rows": rows}
 
 
 def _row(scored: Scored, base: Scored, ref, stats: dict | None) -> dict:

@@ -30,7 +30,6 @@ import difflib
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -291,7 +290,12 @@ def main(argv: list[str] | None = None) -> dict:
         "family": target.traits.family,
         "models": recorded_models(args.target, args.draft),
         "weights": file_digest(Path(args.target), Path(args.draft)),
-        "settings": {"sampling": asdict(sampling), "csd": asdict(csd), "n_ref": args.n_ref, "batches": args.batches},
+        "settings": {
+            "sampling": sampling.knob_values(),
+            "csd": csd.knob_values(),
+            "n_ref": args.n_ref,
+            "batches": args.batches,
+        },
         "threads": torch.get_num_threads(),
         "minutes": round(minutes, 1),
     }

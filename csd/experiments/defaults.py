@@ -30,7 +30,7 @@ PRESETS: dict[str, Preset] = {
     "default": Preset(SAMPLING, CSD),
     "fast": Preset(SAMPLING, replace(CSD, gamma=16, prefill=0.05)),
     "faithful": Preset(SAMPLING, replace(CSD, gamma=2, prefill=0.1)),
-    "show rejections": Preset(SAMPLING, replace(CSD, tau_v=1.0, align=False)),
+    "show rejections": Preset(SAMPLING, replace(CSD.with_knobs(tau_v=1.0), align=False)),
 }
 
 

@@ -117,7 +117,7 @@ def fewer_steps(sampling: SamplingConfig, csd: CSDConfig, target) -> SamplingCon
     if target.traits.cheap_knob == "num_steps":
         return replace(sampling, num_steps=passes)
     steps = target.head_steps(sampling.head_steps)
-    return replace(sampling, head_steps=max(2, round(steps * passes / sampling.num_steps)), head_steps_min=None)
+    return replace(sampling, head_steps=max(2, round(steps * passes / sampling.num_steps)), head_anneal=None)
 
 
 def mode_method(mode: str, csd: CSDConfig) -> Method:
@@ -326,8 +326,8 @@ def evaluate(
             "world_size": world,
             "settings": {
                 "eval": asdict(config),
-                "sampling": asdict(mode_sampling(config.mode, sampling, csd, target)),
-                "csd": asdict(csd) if config.mode in ("csd", "target-fewer-steps") else None,
+                "sampling": mode_sampling(config.mode, sampling, csd, target).knob_values(),
+                "csd": csd.knob_values() if config.mode in ("csd", "target-fewer-steps") else None,
             },
         }
     )

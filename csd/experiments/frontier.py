@@ -211,7 +211,11 @@ def run_frontier(
             rows.append(
                 {"name": p.name, "method": p.method, "time": times["time"], "predicted": times["predicted"]}
                 | quality_
-                | {"phases": times["phases"], "sampling": asdict(p.sampling), "csd": p.csd and asdict(p.csd)}
+                | {
+                    "phases": times["phases"],
+                    "sampling": p.sampling.knob_values(),
+                    "csd": p.csd and p.csd.knob_values(),
+                }
             )
         metrics = ["fd", "accuracy"]
         mark_fronts(rows, metrics)

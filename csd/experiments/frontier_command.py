@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from csd.config import CSDConfig, SamplingConfig
@@ -136,7 +135,7 @@ def write_frontier(
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for b, result in results.items():
-        result["settings"] = {"sampling": asdict(sampling), "csd": asdict(csd), "n_ref": n_ref}
+        result["settings"] = {"sampling": sampling.knob_values(), "csd": csd.knob_values(), "n_ref": n_ref}
         result["settings"]["batches"] = list(batches)
         result["minutes"] = round(minutes, 1)  # the whole run, every batch
         result["models"] = recorded_models(args.target, args.draft)

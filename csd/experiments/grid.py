@@ -11,12 +11,13 @@ steps, and their combinations; :mod:`csd.experiments.frontier` times and scores 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from csd.cli import changes
-from csd.config import FLOW_GRIDS, CSDConfig, SamplingConfig
+from csd.config import CSDConfig, SamplingConfig
 from csd.core.schedule import DISA_FLOOR
 from csd.dispatch import Method
+from csd.settings import FLOW_GRIDS
 
 SAMPLER_METHODS = {"ddim": "target, DDIM", "euler": "target, Euler ODE", "heun": "target, Heun ODE"}
 FLOW_COUNTS = range(3, 13)  # the flow steps of xAR's ODE samplers and uniform grid on the frontier
@@ -54,31 +55,35 @@ class Point:
         if self.csd is not None:
             return "CSD"
         s = self.sampling
-        if s.gtr_stages:
+        if s.gtr is not None:
             return "target, GtR"
-        if s.head_sampler in SAMPLER_METHODS:
-            return SAMPLER_METHODS[s.head_sampler]
-        if s.flow_grid == "uniform":
+        if s.sampler.kind in SAMPLER_METHODS:
+            return SAMPLER_METHODS[s.sampler.kind]
+        if s.sampler.flow_grid == "uniform":
             return "target, uniform grid"
-        if s.head_schedule.startswith("disa") and s.head_steps_min is not None:
+        if s.head_anneal is not None and s.head_anneal.schedule.startswith("disa"):
             return "target, DiSA"
-        if s.token_cache_keep is not None:
+        if s.token_cache is not None:
             return "target, LazyMAR token cache"
-        if s.cond_cache_start is not None:
+        if s.cond_cache is not None:
             return "target, LazyMAR condition cache"
-        cheap = s.head_steps is not None or s.head_steps_min is not None
+        cheap = s.head_steps is not None or s.head_anneal is not None
         return "target, cheaper head" if cheap else "target, fewer AR steps"
 
 
 def fast_point(what: str, sampling: SamplingConfig, csd: CSDConfig) -> Point:
     """CSD at :data:`FAST` on ``sampling``, named for ``what`` it composes with."""
-    return Point(f"{FAST_NAME}, {what}", sampling, replace(csd, **FAST))
+    return Point(f"{FAST_NAME}, {what}", sampling, csd.with_knobs(**FAST))
 
 
 def points_of(result: dict) -> list[Point]:
     """The settings of a frontier's rows, as they were run."""
     return [
-        Point(r["name"], SamplingConfig(**r["sampling"]), None if r["csd"] is None else CSDConfig(**r["csd"]))
+        Point(
+            r["name"],
+            SamplingConfig.from_knobs(**r["sampling"]),
+            None if r["csd"] is None else CSDConfig.from_knobs(**r["csd"]),
+        )
         for r in result["rows"]
     ]
 
@@ -171,7 +176,7 @@ def lazymar_token_cache(num_steps: int) -> dict:
 
 def ode_point(s: SamplingConfig, sampler: str, grid_: str, k: int) -> Point:
     """Target-only on xAR's probability-flow ODE (``sampler`` "euler" or "heun") at ``k`` flow steps."""
-    ode = replace(s, head_steps=k, head_sampler=sampler, flow_grid=grid_)
+    ode = s.with_knobs(head_steps=k, head_sampler=sampler, flow_grid=grid_)
     return Point(f"target, {sampler.title()} ODE flow {k} steps, {grid_} grid", ode)
 
 
@@ -185,25 +190,25 @@ def sampler_points(s: SamplingConfig, c: CSDConfig, head_steps: int, head_sample
     if "ddim" in head_samplers and counts:
         for eta in (0.0, DDIM_ETA):
             for k in counts:
-                ddim = replace(s, head_steps=k, head_sampler="ddim", ddim_eta=eta)
+                ddim = s.with_knobs(head_steps=k, head_sampler="ddim", ddim_eta=eta)
                 points.append(Point(f"target, DDIM eta {eta:g} head {k} steps", ddim))
         k = max(counts)
-        stochastic = replace(s, head_steps=k, head_sampler="ddim", ddim_eta=DDIM_ETA)
+        stochastic = s.with_knobs(head_steps=k, head_sampler="ddim", ddim_eta=DDIM_ETA)
         points.append(fast_point(f"DDIM eta {DDIM_ETA:g} head {k}", stochastic, c))
-        draft = replace(c, draft_head_sampler="ddim", draft_head_steps=min(counts), **FINAL_ONLY)
+        draft = c.with_knobs(draft_head_sampler="ddim", draft_head_steps=min(counts), **FINAL_ONLY)
         points.append(Point(f"CSD, gamma {c.gamma}, draft DDIM eta 0 head {draft.draft_head_steps}", s, draft))
     counts = [k for k in ((4, 8) if quick else FLOW_COUNTS) if k < t]
     if "euler" in head_samplers and counts:
         points += [ode_point(s, sampler, g, k) for sampler in ("euler", "heun") for g in FLOW_GRIDS for k in counts]
         points += [
-            Point(f"target, flow {k} steps, uniform grid", replace(s, head_steps=k, flow_grid="uniform"))
+            Point(f"target, flow {k} steps, uniform grid", s.with_knobs(head_steps=k, flow_grid="uniform"))
             for k in counts
         ]
         # at the target's own flow steps the grids can coincide (25: both step 0.04), so CSD on the uniform grid
         # is measured at fewer
         for k in sorted({8, max(counts)} & set(counts)):
-            points.append(fast_point(f"flow {k}, uniform grid", replace(s, head_steps=k, flow_grid="uniform"), c))
-        draft = replace(c, draft_head_sampler="euler", criterion="aligned", trajectory_term="none")
+            points.append(fast_point(f"flow {k}, uniform grid", s.with_knobs(head_steps=k, flow_grid="uniform"), c))
+        draft = c.with_knobs(draft_head_sampler="euler", criterion="aligned", trajectory_term="none")
         points.append(Point(f"CSD, gamma {c.gamma}, draft Euler ODE (final-step test)", s, draft))
     return points
 
@@ -211,7 +216,7 @@ def sampler_points(s: SamplingConfig, c: CSDConfig, head_steps: int, head_sample
 def gtr_stages_point(s: SamplingConfig, head_steps: int) -> Point:
     """GtR's stages alone at half the AR steps (its head steps the target's)."""
     half = gtr_setting(s.num_steps // 2, head_steps, detail=False)
-    return Point(f"target, {gtr_name(half)}", replace(s, **half))
+    return Point(f"target, {gtr_name(half)}", s.with_knobs(**half))
 
 
 def gtr_points(s: SamplingConfig, c: CSDConfig, head_steps: int, quick: bool) -> list[Point]:
@@ -220,9 +225,9 @@ def gtr_points(s: SamplingConfig, c: CSDConfig, head_steps: int, quick: bool) ->
     points = [gtr_stages_point(s, head_steps)]
     for fraction in (2,) if quick else (2, 4):
         full = gtr_setting(max(3, s.num_steps // fraction), head_steps)
-        points.append(Point(f"target, {gtr_name(full)}", replace(s, **full)))
+        points.append(Point(f"target, {gtr_name(full)}", s.with_knobs(**full)))
     staged = {k: v for k, v in gtr_setting(s.num_steps // 2, head_steps).items() if not k.startswith("gtr_detail")}
-    points.append(fast_point(gtr_name(staged), replace(s, **staged), c))
+    points.append(fast_point(gtr_name(staged), s.with_knobs(**staged), c))
     return points
 
 
@@ -232,17 +237,17 @@ def cache_points(s: SamplingConfig, c: CSDConfig, caches_guidance: bool, caches_
     if caches_guidance and s.guided:
         lazy = lazymar_cache(s.num_steps)
         lazy_name = f"condition cache {lazy['cond_cache_start']}/{lazy['cond_cache_every']} (LazyMAR)"
-        points.append(Point(f"target, {lazy_name}", replace(s, **lazy)))
-        points.append(fast_point(lazy_name, replace(s, **lazy), c))
+        points.append(Point(f"target, {lazy_name}", s.with_knobs(**lazy)))
+        points.append(fast_point(lazy_name, s.with_knobs(**lazy), c))
     if caches_tokens:
         tokens = lazymar_token_cache(s.num_steps)
         name = f"token cache {100 * tokens['token_cache_keep']:g}% {tokens['token_cache_start']}/"
         name += f"{tokens['token_cache_every']} (LazyMAR)"
-        points.append(Point(f"target, {name}", replace(s, **tokens)))
+        points.append(Point(f"target, {name}", s.with_knobs(**tokens)))
         if s.guided:
             both = lazymar_cache(s.num_steps) | tokens
-            points.append(Point("target, token and condition caches (LazyMAR)", replace(s, **both)))
-        points.append(fast_point(name, replace(s, **tokens), c))
+            points.append(Point("target, token and condition caches (LazyMAR)", s.with_knobs(**both)))
+        points.append(fast_point(name, s.with_knobs(**tokens), c))
     return points
 
 
@@ -282,22 +287,22 @@ def target_points(s: SamplingConfig, t: int, cheaper: Cheaper, quick: bool, fixe
     head, few, disa = cheaper.head, cheaper.few, cheaper.disa
     points = [Point(f"target-only ({s.num_steps} AR steps, {head} {t})", s)]
     ar_steps = ar_step_counts(s, quick, fixed_steps)
-    points += [Point(f"target, {k} AR steps", replace(s, num_steps=k)) for k in ar_steps]
+    points += [Point(f"target, {k} AR steps", s.with_knobs(num_steps=k)) for k in ar_steps]
     if fixed_steps and not quick:  # every flow-step count from two thirds to a quarter
         fewer = list(range((2 * t) // 3, max(2, t // 4) - 1, -1))
     else:
         fewer = list(dict.fromkeys([few["head_steps"]] + ([max(2, t // 4)] if fixed_steps else [])))  # distinct
-    points += [Point(f"target, {head} {k} steps", replace(s, head_steps=k)) for k in fewer]
-    annealed = replace(s, head_steps=t, head_steps_min=max(2, t // 5))
+    points += [Point(f"target, {head} {k} steps", s.with_knobs(head_steps=k)) for k in fewer]
+    annealed = s.with_knobs(head_steps=t, head_steps_min=max(2, t // 5))
     points.append(Point(f"target, {head} {t} -> {max(2, t // 5)} steps", annealed))
-    points.append(Point(f"target, {cheaper.disa_name}", replace(s, **disa)))
+    points.append(Point(f"target, {cheaper.disa_name}", s.with_knobs(**disa)))
     if ar_steps:
         combined = ar_steps[:1] if quick else sorted({round(s.num_steps * f) for f in (0.375, 0.5, 0.625)})[::-1]
         for k in combined:
-            points.append(Point(f"target, {k} AR steps, head {few['head_steps']}", replace(s, num_steps=k, **few)))
+            points.append(Point(f"target, {k} AR steps, head {few['head_steps']}", s.with_knobs(num_steps=k, **few)))
     if ar_steps and not quick:
         k = s.num_steps // 2
-        points.append(Point(f"target, {k} AR steps, {cheaper.disa_name}", replace(s, num_steps=k, **disa)))
+        points.append(Point(f"target, {k} AR steps, {cheaper.disa_name}", s.with_knobs(num_steps=k, **disa)))
     return points
 
 
@@ -307,25 +312,25 @@ def csd_points(s: SamplingConfig, c: CSDConfig, cheaper: Cheaper, quick: bool) -
     halved head at gamma 8 and DiSA."""
     head, few = cheaper.head, cheaper.few
     points = [
-        Point(f"CSD, gamma {g}, tau_v {tau:g}", s, replace(c, gamma=g, tau_v=tau))
+        Point(f"CSD, gamma {g}, tau_v {tau:g}", s, c.with_knobs(gamma=g, tau_v=tau))
         for g in ((4, 8) if quick else (4, 8, 16))
-        for tau in (c.tau_v, 5.0)
+        for tau in (c.knob_values()["tau_v"], 5.0)
     ]
     points += [
-        fast_point(f"{head} {few['head_steps']}", replace(s, **few), c),
-        Point(f"CSD, gamma {c.gamma}, pre-fill 25%", s, replace(c, prefill=0.25)),
+        fast_point(f"{head} {few['head_steps']}", s.with_knobs(**few), c),
+        Point(f"CSD, gamma {c.gamma}, pre-fill 25%", s, c.with_knobs(prefill=0.25)),
         Point(
             f"CSD, gamma {c.gamma}, draft {head} {few['head_steps']} (independent noise)",
             s,
-            replace(c, draft_head_steps=few["head_steps"], **FINAL_ONLY),
+            c.with_knobs(draft_head_steps=few["head_steps"], **FINAL_ONLY),
         ),
     ]
     # The exact block (each drafted step verified given those before it, committed through the first rejection)
-    exact = lambda g: Point(f"CSD, gamma {g}, exact block", s, replace(c, gamma=g, block="exact"))
+    exact = lambda g: Point(f"CSD, gamma {g}, exact block", s, c.with_knobs(gamma=g, block="exact"))
     points += [exact(g) for g in EXACT_GAMMAS[quick]]
     if not quick:
-        points.append(Point(f"CSD, gamma 8, {head} {few['head_steps']}", replace(s, **few), replace(c, gamma=8)))
-        points.append(fast_point(cheaper.disa_name, replace(s, **cheaper.disa), c))
+        points.append(Point(f"CSD, gamma 8, {head} {few['head_steps']}", s.with_knobs(**few), c.with_knobs(gamma=8)))
+        points.append(fast_point(cheaper.disa_name, s.with_knobs(**cheaper.disa), c))
     return points
 
 
@@ -335,7 +340,7 @@ def disa_floor_points(s: SamplingConfig, c: CSDConfig, t: int) -> list[Point]:
         return []
     floor = disa_floor(t)
     floor_name = f"DiSA floor, head {floor['head_steps']} -> {floor['head_steps_min']}"
-    return [Point(f"target, {floor_name}", replace(s, **floor)), fast_point(floor_name, replace(s, **floor), c)]
+    return [Point(f"target, {floor_name}", s.with_knobs(**floor)), fast_point(floor_name, s.with_knobs(**floor), c)]
 
 
 def grid(

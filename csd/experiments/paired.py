@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -163,8 +163,8 @@ def summarize(
                 "n": n,
                 "n_accuracy": m,
                 "vs_target": None if p is base else compare(s, scored[base.name], ref, bootstrap),
-                "sampling": asdict(p.sampling),
-                "csd": None if p.csd is None else asdict(p.csd),
+                "sampling": p.sampling.knob_values(),
+                "csd": None if p.csd is None else p.csd.knob_values(),
             }
         )
     csd = [p for p in points if p.csd is not None]

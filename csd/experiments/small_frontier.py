@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
 
 import numpy as np
 
@@ -102,8 +101,8 @@ class SmallFrontier:
                     key: float(values.mean()),
                     f"{key}_se": float(values.std() / math.sqrt(n)),
                     "target_passes": run.trace.target_passes,
-                    "sampling": asdict(p.sampling),
-                    "csd": None if p.csd is None else asdict(p.csd),
+                    "sampling": p.sampling.knob_values(),
+                    "csd": None if p.csd is None else p.csd.knob_values(),
                 }
             )
         mark_fronts(rows, [key])

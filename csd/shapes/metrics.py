@@ -22,8 +22,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from csd.cli import add_config_flags, add_machine_flags, config_from_args, start_up
-from csd.config import check_knobs, knob
 from csd.models.checkpoint import CheckpointError, load_state_strict, read_safetensors, save_safetensors
+from csd.settings import check_knobs, knob
 from csd.shapes.data import NUM_CLASSES, PALETTE, caption_colour, make_dataset
 
 DEFAULT_CLASSIFIER = Path(__file__).resolve().parents[2] / "assets" / "classifier.safetensors"

@@ -48,7 +48,7 @@ PROMPTS = ["a large red star on a plain white background", "a small blue circle 
 SAMPLING = SamplingConfig(num_steps=8, cfg_scale=3.0, cfg_schedule="linear")
 CASES = {
     "aligned": CSDConfig(gamma=3, prefill=0.05),
-    "exact": CSDConfig(gamma=2, prefill=0.0, criterion="exact", max_tries=20),
+    "exact": CSDConfig.from_knobs(gamma=2, prefill=0.0, criterion="exact", max_tries=20),
 }
 
 

@@ -45,7 +45,7 @@ def cases(family: str, traits) -> list[tuple[str, SamplingConfig, CSDConfig | No
     out = [
         ("ddpm/flow", base, None),
         ("aligned", base, CSDConfig(gamma=3)),
-        ("exact", base, CSDConfig(gamma=3, criterion="exact", max_tries=20)),
+        ("exact", base, CSDConfig.from_knobs(gamma=3, criterion="exact", max_tries=20)),
     ]
     if family in ("mar", "harmon"):
         out += [
@@ -64,17 +64,17 @@ def cases(family: str, traits) -> list[tuple[str, SamplingConfig, CSDConfig | No
                 None,
             ),
             ("csd gtr", base | dict(gtr_stages=(4, 2, 2), gtr_head_steps=3), CSDConfig(gamma=2)),
-            ("deterministic draft", base, CSDConfig(gamma=3, draft_head_sampler="ddim", trajectory_term="none")),
+            ("deterministic draft", base, CSDConfig.from_knobs(gamma=3, draft_head_sampler="ddim", trajectory_term="none")),
         ]
     if family == "xar":
         out += [
             ("heun uniform", base | dict(head_sampler="heun", flow_grid="uniform"), None),
             ("euler", base | dict(head_sampler="euler"), None),
             ("csd uniform", base | dict(flow_grid="uniform"), CSDConfig(gamma=3)),
-            ("euler draft", base, CSDConfig(gamma=3, draft_head_sampler="euler", trajectory_term="none")),
-            ("per token", base, CSDConfig(gamma=3, acceptance_unit="token")),
+            ("euler draft", base, CSDConfig.from_knobs(gamma=3, draft_head_sampler="euler", trajectory_term="none")),
+            ("per token", base, CSDConfig.from_knobs(gamma=3, acceptance_unit="token")),
         ]
-    return [(name, SamplingConfig(**s), c) for name, s, c in out]
+    return [(name, SamplingConfig.from_knobs(**s), c) for name, s, c in out]
 
 
 def _run(pair, conditions, seeds, sampling, csd):
@@ -101,7 +101,7 @@ def _flips(a, b) -> int:
 
 
 def measure_case(pair32, pair64, conditions, sampling, csd) -> dict[str, float]:
-    s64 = SamplingConfig(**(vars(sampling) | {"precision": "float64"}))
+    s64 = sampling.with_knobs(**{"precision": "float64"})
     b32, a32 = _run(pair32, conditions, SEEDS, sampling, csd), _run(pair32, conditions[1:], ALONE, sampling, csd)
     b64, a64 = _run(pair64, conditions, SEEDS, s64, csd), _run(pair64, conditions[1:], ALONE, s64, csd)
     m = {k: _makers(g, csd) for k, g in (("b32", b32), ("a32", a32), ("b64", b64), ("a64", a64))}

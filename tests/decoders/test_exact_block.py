@@ -36,7 +36,7 @@ def run(family: str, draft: str = "draft", **csd):
     conditions, seeds, knobs = SETTINGS[family]
     model = pair.target if draft == "target" else pair.draft
     s = sampling64(**knobs)
-    spec = speculative_generate(pair.target, model, conditions, seeds, s, CSDConfig(**csd))
+    spec = speculative_generate(pair.target, model, conditions, seeds, s, CSDConfig.from_knobs(**csd))
     return spec, (pair, conditions, seeds, s)
 
 

@@ -56,7 +56,7 @@ def sampling(pair, **kw) -> SamplingConfig:
     steps = t.fixed_num_steps or 4
     precision = "float64" if weights_dtype(pair.target) == torch.float64 else "float32"
     knobs = dict(num_steps=steps, cfg_scale=2.0, cfg_schedule=t.cfg_schedule or "linear", head_steps=3)
-    return SamplingConfig(**knobs, precision=precision, **kw)
+    return SamplingConfig.from_knobs(**knobs, precision=precision, **kw)
 
 
 def test_the_pair_is_of_its_family_and_its_traits_match_the_models(family_pair):
@@ -102,7 +102,7 @@ def test_a_target_drafting_for_itself_accepts_what_it_verifies_in_the_same_conte
     In float64: log r is 0 up to float64 rounding, so no draw can reject."""
     pair = pair64
     s, cond = sampling(pair), conditions(pair, 2)
-    csd = CSDConfig(gamma=gamma, criterion=criterion)
+    csd = CSDConfig.from_knobs(gamma=gamma, criterion=criterion)
     run = speculative_generate(pair.target, pair.target, cond, [1, 2], s, csd)
     if gamma == 1 or pair.traits.verifies_in_context:
         assert run.trace.acceptance_rate == 1.0
@@ -213,7 +213,7 @@ def test_a_project_file_round_trips_to_the_same_tokens(family_pair, tmp_path):
     saved, back = pair.draft.state_dict(), loaded.state_dict()
     assert saved.keys() == back.keys() and all(torch.equal(saved[k], back[k]) for k in saved)
     loaded64, draft64 = at_precision(loaded, "float64"), at_precision(pair.draft, "float64")
-    s, cond = SamplingConfig(**(vars(sampling(pair)) | {"precision": "float64"})), conditions(pair, 1)
+    s, cond = sampling(pair).with_knobs(**{"precision": "float64"}), conditions(pair, 1)
     assert_same64(generate(loaded64, cond, [3], s).tokens, generate(draft64, cond, [3], s).tokens)
 
 

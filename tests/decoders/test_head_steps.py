@@ -80,7 +80,7 @@ def test_generation_follows_disas_schedule_alone_and_under_csd(recorded):
 
 def test_an_unknown_head_schedule_is_refused_by_name():
     with pytest.raises(ValueError, match="head_schedule must be one of"):
-        SamplingConfig(head_schedule="cosine")
+        SamplingConfig.from_knobs(head_schedule="cosine")
 
 
 @pytest.mark.kernels
@@ -125,7 +125,7 @@ def test_a_cheaper_draft_head_needs_independent_noise_and_the_final_step_test():
             [1],
             [3],
             sampling,
-            CSDConfig(gamma=3, draft_head_steps=4, criterion="exact", align=False),
+            CSDConfig.from_knobs(gamma=3, draft_head_steps=4, criterion="exact", align=False),
         )
     # The target's own number of steps is no change at all.
     same = CSDConfig(gamma=3, draft_head_steps=10)
@@ -138,7 +138,7 @@ def test_a_cheaper_draft_head_needs_independent_noise_and_the_final_step_test():
 @pytest.mark.kernels
 def test_a_cheaper_draft_head_runs_seeded_and_batch_invariant(recorded):
     pair, calls = recorded
-    csd = CSDConfig(gamma=3, draft_head_steps=4, **INDEPENDENT)
+    csd = CSDConfig.from_knobs(gamma=3, draft_head_steps=4, **INDEPENDENT)
     sampling = sampling64(num_steps=8, cfg_scale=2.0)
     out = speculative_generate(pair.target, pair.draft, [1, 2], [3, 4], sampling, csd, keep_details=True)
     assert set(calls["draft"]) == {4} and torch.isfinite(out.tokens).all()
@@ -156,7 +156,7 @@ def test_a_cheaper_draft_head_runs_seeded_and_batch_invariant(recorded):
     ("make", "name"),
     [
         (
-            lambda: SamplingConfig(head_steps_min=0),
+            lambda: SamplingConfig.from_knobs(head_steps_min=0),
             r"head_steps_min \(last AR step's head steps\) must be None or an int",
         ),
         (lambda: CSDConfig(draft_head_steps=0), r"draft_head_steps must be None or an int in \[1, 1000\]"),

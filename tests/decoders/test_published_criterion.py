@@ -65,10 +65,10 @@ def test_in_float64_with_stds_it_is_the_aligned_test_with_the_published_sign():
     """The published formula is the project's aligned test (published sign, tau_v 42) written as products."""
     g = torch.Generator().manual_seed(1)
     q, p = _trajectory(g, 6, 5, 4, 0.2), _trajectory(g, 6, 5, 4, 0.2)
-    verdict, _ = criterion_of(CSDConfig(criterion="published", product_precision="float64")).verdict(
+    verdict, _ = criterion_of(CSDConfig.from_knobs(criterion="published", product_precision="float64")).verdict(
         Proposal(q, p, None, None)
     )
-    aligned, _ = criterion_of(CSDConfig(trajectory_term="published")).verdict(Proposal(q, p, None, None))
+    aligned, _ = criterion_of(CSDConfig.from_knobs(trajectory_term="published")).verdict(Proposal(q, p, None, None))
     torch.testing.assert_close(verdict.log_ratio, aligned.log_ratio, rtol=1e-10, atol=1e-10)
 
 
@@ -79,7 +79,7 @@ def test_float32_products_of_48_small_scales_underflow_to_nan_and_reject_every_t
     p = Trajectory(q.x.clone(), q.states, q.mean.clone(), q.std.clone())  # identical draft and target
     proposal = Proposal(q, p, None, None)
     for precision, accepted in (("float32", False), ("float64", True)):
-        criterion = criterion_of(CSDConfig(criterion="published", product_precision=precision))
+        criterion = criterion_of(CSDConfig.from_knobs(criterion="published", product_precision=precision))
         verdict, _ = criterion.verdict(proposal)
         u = torch.full((6,), 0.999, dtype=torch.float64)
         assert bool((torch.log(u) < verdict.log_ratio).all()) is accepted, precision
@@ -110,7 +110,7 @@ def test_a_target_drafting_for_itself_at_gamma_1_is_accepted_everywhere_in_float
     pair = random_pair64()
     s = sampling64(num_steps=8, cfg_scale=2.0, head_steps=5)
     for precision, rate in (("float64", 1.0), ("float32", 0.0)):
-        csd = CSDConfig(gamma=1, prefill=0.0, criterion="published", product_precision=precision)
+        csd = CSDConfig.from_knobs(gamma=1, prefill=0.0, criterion="published", product_precision=precision)
         run = speculative_generate(pair.target, pair.target, [1, 2], [3, 4], s, csd)
         assert run.trace.acceptance_rate == rate, precision
     zeroed = run.trace.maker == Maker.ZEROED
@@ -124,7 +124,9 @@ def test_a_token_never_accepted_is_zero_under_the_published_fallback_and_the_tar
     s = sampling64(num_steps=8, cfg_scale=2.0, head_steps=5)
     runs = {}
     for fallback in ("zero", "target"):
-        csd = CSDConfig(gamma=3, criterion="published", product_precision="float32", fallback=fallback, max_tries=3)
+        csd = CSDConfig.from_knobs(
+            gamma=3, criterion="published", product_precision="float32", fallback=fallback, max_tries=3
+        )
         runs[fallback] = speculative_generate(pair.target, pair.draft, [1, 2], [3, 4], s, csd, keep_details=True)
     zero, target = runs["zero"].trace, runs["target"].trace
     assert (zero.maker == Maker.ZEROED).any() and not (target.maker == Maker.ZEROED).any()
@@ -145,8 +147,8 @@ def test_the_token_map_names_a_token_left_at_zero():
 
 def test_published_knobs_are_checked_by_name():
     with pytest.raises(ValueError, match="product_precision must be one of"):
-        CSDConfig(criterion="published", product_precision="float16")
+        CSDConfig.from_knobs(criterion="published", product_precision="float16")
     with pytest.raises(ValueError, match="fallback must be one of"):
-        CSDConfig(fallback="nan")
-    assert CSDConfig(criterion="published").cap_fallback == "zero" and CSDConfig().cap_fallback == "target"
-    assert isinstance(criterion_of(CSDConfig(criterion="published")), PublishedCriterion)
+        CSDConfig.from_knobs(fallback="nan")
+    assert CSDConfig.from_knobs(criterion="published").cap_fallback == "zero" and CSDConfig().cap_fallback == "target"
+    assert isinstance(criterion_of(CSDConfig.from_knobs(criterion="published")), PublishedCriterion)

@@ -188,12 +188,12 @@ def test_whole_ode_runs_follow_the_closed_forms_of_a_linear_velocity():
 
 
 def test_a_heun_step_makes_two_velocity_calls_and_the_cost_model_counts_them():
-    assert SamplingConfig(head_sampler="heun").head_calls(8) == 16
-    assert SamplingConfig(head_sampler="euler").head_calls(8) == 8 == SamplingConfig().head_calls(8)
+    assert SamplingConfig.from_knobs(head_sampler="heun").head_calls(8) == 16
+    assert SamplingConfig.from_knobs(head_sampler="euler").head_calls(8) == 8 == SamplingConfig().head_calls(8)
     pair = random_pair(family="xar")
     calls = {}
     for sampler in ("euler", "heun"):
-        s = SamplingConfig(num_steps=16, cfg_scale=2.0, head_steps=3, head_sampler=sampler)
+        s = SamplingConfig.from_knobs(num_steps=16, cfg_scale=2.0, head_steps=3, head_sampler=sampler)
         calls[sampler] = generate(pair.target, [1], [2], s).trace.work["target_head"]["steps"]
     assert calls == {"euler": 16 * 3, "heun": 16 * 6}  # 16 cells of 3 flow steps: 48 velocity calls, Heun's 96
     per_call = PassCosts(0.0, 0.0, ChainCost(0.01), ChainCost(0.0))  # the cost model: 10 ms a velocity call
@@ -209,7 +209,7 @@ def test_naming_each_familys_own_sampler_changes_no_token():
         pair = random_pair64(family)
         s = sampling64(num_steps=16 if family == "xar" else 6, cfg_scale=2.0, head_steps=4)
         plain = generate(pair.target, [1, 2], [3, 4], s).tokens
-        named = SamplingConfig(**(vars(s) | {"head_sampler": own, "flow_grid": "official"}))
+        named = s.with_knobs(**{"head_sampler": own, "flow_grid": "official"})
         assert_same64(generate(pair.target, [1, 2], [3, 4], named).tokens, plain, family)
 
 
@@ -226,8 +226,8 @@ def test_the_new_samplers_run_seeded_and_batch_invariant_and_change_the_tokens(o
     ]
     for pair, s in settings:
         batch = generate(pair.target, [1, 2], [3, 4], s).tokens
-        assert_same64(generate(pair.target, [2], [4], s).tokens, batch[1:], str(s.head_sampler))
-        own = SamplingConfig(**(vars(s) | {"head_sampler": None, "ddim_eta": 0.0, "flow_grid": "official"}))
+        assert_same64(generate(pair.target, [2], [4], s).tokens, batch[1:], str(s.sampler.kind))
+        own = s.with_knobs(**{"head_sampler": None, "ddim_eta": 0.0, "flow_grid": "official"})
         assert_differ64(batch, generate(pair.target, [1, 2], [3, 4], own).tokens, "another sampler", by=1e-2)
 
 
@@ -242,7 +242,7 @@ def test_the_new_samplers_run_seeded_and_batch_invariant_and_change_the_tokens(o
 )
 def test_a_family_refuses_the_samplers_it_does_not_take_by_name(family, change, message):
     pair = random_pair(family=family)
-    s = SamplingConfig(**(vars(SamplingConfig(num_steps=16, cfg_scale=2.0)) | change))
+    s = SamplingConfig(num_steps=16, cfg_scale=2.0).with_knobs(**change)
     with pytest.raises(ValueError, match=message):
         generate(pair.target, [1], [2], s)
 
@@ -250,16 +250,16 @@ def test_a_family_refuses_the_samplers_it_does_not_take_by_name(family, change, 
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: SamplingConfig(head_sampler="dpm"), "head_sampler must be one of"),
+        (lambda: SamplingConfig.from_knobs(head_sampler="dpm"), "head_sampler must be one of"),
         (
-            lambda: check_settings(MAR_TRAITS, 64, SamplingConfig(ddim_eta=0.5)),
+            lambda: check_settings(MAR_TRAITS, 64, SamplingConfig.from_knobs(ddim_eta=0.5)),
             "ddim_eta applies to head_sampler 'ddim' only",
         ),
-        (lambda: SamplingConfig(head_sampler="ddim", ddim_eta=1.5), r"ddim_eta must be in \[0, 1\]"),
-        (lambda: SamplingConfig(flow_grid="cosine"), "flow_grid must be one of"),
-        (lambda: CSDConfig(draft_head_sampler="ode"), "draft_head_sampler must be one of"),
+        (lambda: SamplingConfig.from_knobs(head_sampler="ddim", ddim_eta=1.5), r"ddim_eta must be in \[0, 1\]"),
+        (lambda: SamplingConfig.from_knobs(flow_grid="cosine"), "flow_grid must be one of"),
+        (lambda: CSDConfig.from_knobs(draft_head_sampler="ode"), "draft_head_sampler must be one of"),
         (
-            lambda: check_settings(MAR_TRAITS, 64, SamplingConfig(), CSDConfig(draft_ddim_eta=0.2)),
+            lambda: check_settings(MAR_TRAITS, 64, SamplingConfig(), CSDConfig.from_knobs(draft_ddim_eta=0.2)),
             "draft_ddim_eta applies to draft_head_sampler 'ddim' only",
         ),
     ],
@@ -284,7 +284,7 @@ def test_disas_floor_is_the_five_head_steps_of_its_last_ar_step():
 )
 def test_csd_refuses_a_deterministic_target_sampler_by_name(family, sampling, message):
     pair = random_pair(family=family)
-    s = SamplingConfig(**(vars(SamplingConfig(num_steps=16, cfg_scale=2.0, head_steps=4)) | sampling))
+    s = SamplingConfig(num_steps=16, cfg_scale=2.0, head_steps=4).with_knobs(**sampling)
     with pytest.raises(ValueError, match=message + r".*no density along its path"):
         speculative_generate(pair.target, pair.draft, [1], [2], s, CSDConfig(gamma=4))
 
@@ -307,18 +307,18 @@ def test_csd_composes_with_stochastic_samplers_and_a_deterministic_draft_under_t
         ),
     ]
     for pair, s, extra in runs:
-        csd = CSDConfig(gamma=3, **extra)
+        csd = CSDConfig.from_knobs(gamma=3, **extra)
         out = speculative_generate(pair.target, pair.draft, [1, 2], [3, 4], s, csd)
         assert torch.isfinite(out.tokens).all() and out.trace.verified.any()
         alone = speculative_generate(pair.target, pair.draft, [2], [4], s, csd)
         assert_same64(alone.tokens, out.tokens[1:], str(extra))
         assert (alone.trace.maker == out.trace.maker[1:]).all()
         if "draft_head_sampler" in extra:  # the draft ran on its own sampler: other drafts, other tests
-            own = CSDConfig(gamma=3, **(extra | {"draft_head_sampler": None}))
+            own = CSDConfig.from_knobs(gamma=3, **(extra | {"draft_head_sampler": None}))
             other = speculative_generate(pair.target, pair.draft, [1, 2], [3, 4], s, own).trace
             verified = out.trace.verified
             assert_differ64(other.log_ratio_final[verified], out.trace.log_ratio_final[verified], "log r", by=1e-2)
     with pytest.raises(ValueError, match="draft_head_sampler 'euler' is deterministic.*trajectory_term 'none'"):
         speculative_generate(
-            xar.target, xar.draft, [1], [2], runs[3][1], CSDConfig(gamma=3, draft_head_sampler="euler")
+            xar.target, xar.draft, [1], [2], runs[3][1], CSDConfig.from_knobs(gamma=3, draft_head_sampler="euler")
         )

@@ -31,7 +31,7 @@ def test_exact_criterion_reproduces_target_head_distribution():
         labels,
         list(range(n_img)),
         SamplingConfig(num_steps=4),
-        CSDConfig(gamma=2, prefill=0.0, criterion="exact"),
+        CSDConfig.from_knobs(gamma=2, prefill=0.0, criterion="exact"),
     )
     lab = np.array(labels)
     for c in range(3):
@@ -161,7 +161,7 @@ def test_trace_counts_add_up_and_passes_follow_block_structure(mar_pair):
 @pytest.mark.parametrize("align", [True, False])
 def test_every_criterion_and_alignment_makes_every_token_and_keeps_the_target_only_prefill(mar_pair, criterion, align):
     target, draft = mar_pair
-    csd = CSDConfig(gamma=3, prefill=0.2, criterion=criterion, align=align, counterfactual=True)
+    csd = CSDConfig.from_knobs(gamma=3, prefill=0.2, criterion=criterion, align=align, counterfactual=True)
     out = speculative_generate(target, draft, [0, 1], [0, 1], SAMPLING, csd)
     tr, base = out.trace, generate(target, [0, 1], [0, 1], SAMPLING)
     assert (tr.maker >= 0).all() and torch.isfinite(out.tokens).all()  # every token made, once
@@ -184,7 +184,7 @@ def test_cap_hit_takes_target_sample_and_is_recorded(mar_pair):
         [1, 2],
         [0, 1],
         SAMPLING,
-        CSDConfig(gamma=2, tau_v=1.0, resample_widening=1e4, max_tries=1, trajectory_term="none"),
+        CSDConfig.from_knobs(gamma=2, tau_v=1.0, resample_widening=1e4, max_tries=1, trajectory_term="none"),
     )
     tr = out.trace
     assert tr.count(Maker.CAPPED) > 0

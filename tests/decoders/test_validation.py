@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from csd.config import CSDConfig, SamplingConfig
+from csd.core.checks import SettingError
 from csd.core.rng import check_seeds
 from csd.core.schedule import step_sizes
 from csd.models.mar import MAR, mar_config
@@ -29,7 +30,7 @@ from tests.helpers import assert_same64
 )
 def test_csd_config_rejects(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        CSDConfig(**kwargs)
+        CSDConfig.from_knobs(**kwargs)
 
 
 @pytest.mark.parametrize(
@@ -46,7 +47,7 @@ def test_csd_config_rejects(kwargs, match):
 )
 def test_sampling_config_rejects(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        SamplingConfig(**kwargs)
+        SamplingConfig.from_knobs(**kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -162,9 +163,11 @@ def test_latent_tokenizer_round_trips_through_a_tiny_vae():
             assert_same64(tok.decode(tokens), reconstruction, f"patch {patch}: decoded")
 
 
-def test_the_rules_between_settings_are_checked_in_the_run_set_up_alone():
-    """A config checks each of its knobs alone (:meth:`csd.config.Knob.check`, its one SettingError); every
-    rule between knobs, between the configs or between a setting and a model raises in csd.run_setup."""
+def test_a_setting_value_checks_its_own_rules_and_the_run_set_up_the_rules_between_fields():
+    """A config checks each of its knobs alone and each setting value the rules between its own knobs
+    (:mod:`csd.settings`: Knob.check, the criterion's, sampler's and GtR's rules); config.py refuses only an
+    unknown knob; every rule between a config's fields, between the configs or between a setting and a model
+    raises in csd.run_setup."""
     import ast
     from pathlib import Path
 
@@ -179,6 +182,11 @@ def test_the_rules_between_settings_are_checked_in_the_run_set_up_alone():
         and isinstance(node.exc, ast.Call)
         and getattr(node.exc.func, "id", None) == "SettingError"
     ]
-    assert set(raised) == {"config.py", "run_setup.py"} and raised.count("config.py") == 1
-    SamplingConfig(ddim_eta=0.5, gtr_stages=(1,))  # made: what is wrong between knobs is the set-up's to say
-    CSDConfig(acceptance_unit="token", criterion="exact")
+    assert set(raised) == {"config.py", "settings.py", "run_setup.py"} and raised.count("config.py") == 1
+    SamplingConfig.from_knobs(num_steps=8, gtr_stages=(4, 8))  # made: stages against AR steps is the set-up's
+    with pytest.raises(SettingError, match="ddim_eta applies to head_sampler 'ddim' only") as caught:
+        SamplingConfig.from_knobs(ddim_eta=0.5)
+    assert caught.value.field == "ddim_eta"
+    with pytest.raises(SettingError, match="acceptance_unit 'token' needs criterion 'aligned'") as caught:
+        CSDConfig.from_knobs(acceptance_unit="token", criterion="exact")
+    assert caught.value.field == "acceptance_unit"

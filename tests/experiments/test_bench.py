@@ -197,9 +197,11 @@ def test_bench_refuses_a_draft_length_schedule():
 
 
 def test_compare_settings_parse_over_the_base_setting_and_name_bad_keys():
-    base, what = CSDConfig(gamma=8, tau_v=42.0), "--compare setting"
+    base, what = CSDConfig.from_knobs(gamma=8, tau_v=42.0), "--compare setting"
     got = parse_setting("gamma=4,tau_v=5,gamma_schedule=2:2,align=false,criterion=exact,max_tries=7", base, what)
-    assert got == CSDConfig(gamma=4, tau_v=5.0, gamma_schedule=(2, 2), align=False, criterion="exact", max_tries=7)
+    assert got == CSDConfig.from_knobs(
+        gamma=4, tau_v=5.0, gamma_schedule=(2, 2), align=False, criterion="exact", max_tries=7
+    )
     assert parse_setting("", base, what) == base
     with pytest.raises(ValueError, match=r"--compare setting 'gama=4': expected key=value with a key in \["):
         parse_setting("gama=4", base, what)
@@ -292,7 +294,7 @@ def test_quick_bench_on_an_xar_pair_cuts_flow_steps_and_scores_cells_and_tokens(
     assert docs_prefix(result) == "xar-"
 
     target, draft = load_models(target_path, draft_path, torch.device("cpu"))
-    sampling = SamplingConfig(**result["settings"]["sampling"])
+    sampling = SamplingConfig.from_knobs(**result["settings"]["sampling"])
     labels, seeds = eval_labels_seeds(4, 0, target.traits)
     images, _ = generate_images("target", target, draft, labels, seeds, sampling, CSDConfig(), 4)
     tokens = generate(target, labels, seeds, sampling).tokens
@@ -315,8 +317,8 @@ def test_quality_by_gamma_scores_images_made_with_that_gamma(tmp_path, restore_t
     assert [rows[g]["target_passes"] for g in (1, 2, 3)] == [passes(64, 6, g, 0.05)[0] for g in (1, 2, 3)]
 
     target, draft = load_models(target_path, draft_path, torch.device("cpu"))
-    sampling = SamplingConfig(**result["settings"]["sampling"])
-    csd = CSDConfig(**{**result["settings"]["csd"], "gamma": 3})
+    sampling = SamplingConfig.from_knobs(**result["settings"]["sampling"])
+    csd = CSDConfig.from_knobs(**{**result["settings"]["csd"], "gamma": 3})
     labels, seeds = eval_labels_seeds(12, 0, target.traits)
     images, _ = generate_images("csd", target, draft, labels, seeds, sampling, csd, defaults.BATCH_SIZE)
     classifier = load_classifier()  # the bench's default

@@ -27,9 +27,9 @@ def test_the_settings_differ_only_in_the_test():
         "published code, float64, variances in the scale slots",
     ]
     assert {s.gamma for s in settings.values()} == {4} and {s.prefill for s in settings.values()} == {0.1}
-    assert settings["published code, float32"].criterion == "published"
-    assert settings["published code, float32"].product_precision == "float32"
-    assert settings["published sign"].trajectory_term == "published"
+    assert settings["published code, float32"].criterion.kind == "published"
+    assert settings["published code, float32"].criterion.product_precision == "float32"
+    assert settings["published sign"].criterion.trajectory_term == "published"
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@ tiny decision end to end."""
 
 import json
 import math
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -178,11 +178,11 @@ def test_summarize_pairs_every_csd_setting_with_every_alternative():
 
 def test_candidates_are_csds_best_the_alternatives_near_its_time_and_the_unmeasured_by_key():
     steps = {"target-only": 6, "fast": 2, "near": 3, "far": 4}
-    settings = {name: {"sampling": asdict(replace(S, num_steps=k)), "csd": None} for name, k in steps.items()}
-    settings["CSD a"] = {"sampling": asdict(S), "csd": asdict(CSDConfig(gamma=2))}
+    settings = {name: {"sampling": replace(S, num_steps=k).knob_values(), "csd": None} for name, k in steps.items()}
+    settings["CSD a"] = {"sampling": S.knob_values(), "csd": CSDConfig(gamma=2).knob_values()}
     frontier = {"batch": 8, "verdict": {"best": {"name": "CSD a", "time": 0.40, "margin": 1.0}}}
     frontier["rows"] = [r | {"time": r["time"]["1"]} | settings[r["name"]] for r in ROWS]
-    ode = Point("target, Euler ODE flow 6 steps", replace(S, head_steps=6, head_sampler="euler"))
+    ode = Point("target, Euler ODE flow 6 steps", S.with_knobs(head_steps=6, head_sampler="euler"))
     found = candidates(frontier, [Point("target-only", S), Point("near", replace(S, num_steps=3)), ode])
     assert [r["name"] for r in found["alternatives"]] == ["fast", "near", "far"]  # up to 0.50, fastest first
     assert [r["key"] for r in found["alternatives"]] == [f"target,num_steps={k}" for k in (2, 3, 4)]

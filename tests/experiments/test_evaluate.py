@@ -72,7 +72,7 @@ def test_gamma_schedule_flag_reaches_the_settings():
     sampling, csd = settings_from_args(
         parser.parse_args(["--head-steps", "20", "--head-steps-min", "5", "--draft-head-steps", "8"])
     )
-    assert (sampling.head_steps, sampling.head_steps_min, csd.draft_head_steps) == (20, 5, 8)
+    assert (sampling.head_steps, sampling.head_anneal.last, csd.draft_head_steps) == (20, 5, 8)
 
 
 @pytest.mark.parametrize(
@@ -134,8 +134,8 @@ def test_criterion_flags_reach_the_sampler(tmp_path, restore_threads):
     assert exact["fd"] != default["fd"]  # other images: the exact test resamples whole paths
 
     target, draft = load_models(target_path, draft_path, torch.device("cpu"))
-    sampling = SamplingConfig(**exact["settings"]["sampling"])
-    csd = CSDConfig(**exact["settings"]["csd"])
+    sampling = SamplingConfig.from_knobs(**exact["settings"]["sampling"])
+    csd = CSDConfig.from_knobs(**exact["settings"]["csd"])
     labels, seeds = eval_labels_seeds(4, 0, target.traits)
     _, stats = generate_images("csd", target, draft, labels, seeds, sampling, csd, 2)
     for key in ("acceptance_rate", "mean_resample_tries", "drafted_tokens"):

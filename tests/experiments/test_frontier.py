@@ -35,16 +35,31 @@ def test_the_grid_starts_at_the_baseline_and_holds_every_kind_of_alternative():
     methods = {p.method for p in points}
     assert methods == {"target, fewer AR steps", "target, cheaper head", "target, DiSA", "CSD"}
     (disa,) = [p for p in points if p.method == "target, DiSA"]  # DiSA's 100 -> 50 -> 5, in proportion
-    assert (disa.sampling.head_steps, disa.sampling.head_steps_min, disa.sampling.head_schedule) == (12, 1, "disa")
+    assert (
+        disa.sampling.head_steps,
+        disa.sampling.knob_values()["head_steps_min"],
+        disa.sampling.knob_values()["head_schedule"],
+    ) == (12, 1, "disa")
     full = grid(s, c, 25, quick=False)
-    assert any(p.csd is not None and p.sampling.head_schedule == "disa" for p in full)  # combined with CSD
-    assert not any(p.sampling.cond_cache_start is not None for p in full)  # the family takes no condition cache
-    lazy = [p for p in grid(s, c, 25, quick=False, caches_guidance=True) if p.sampling.cond_cache_start is not None]
-    assert [(p.method, p.sampling.cond_cache_start, p.sampling.cond_cache_every) for p in lazy] == [
+    assert any(
+        p.csd is not None and p.sampling.knob_values()["head_schedule"] == "disa" for p in full
+    )  # combined with CSD
+    assert not any(
+        p.sampling.knob_values()["cond_cache_start"] is not None for p in full
+    )  # the family takes no condition cache
+    lazy = [
+        p
+        for p in grid(s, c, 25, quick=False, caches_guidance=True)
+        if p.sampling.knob_values()["cond_cache_start"] is not None
+    ]
+    assert [
+        (p.method, p.sampling.knob_values()["cond_cache_start"], p.sampling.knob_values()["cond_cache_every"])
+        for p in lazy
+    ] == [
         ("target, LazyMAR condition cache", 2, 4),  # LazyMAR's 5 and 9 of 64 steps, at 32
         ("CSD", 2, 4),
     ]
-    assert any(p.sampling.head_steps_min is not None for p in points)  # a head-step schedule
+    assert any(p.sampling.knob_values()["head_steps_min"] is not None for p in points)  # a head-step schedule
     assert any(p.csd is not None and p.csd.draft_head_steps is not None for p in points)  # a cheaper draft head
     assert any(p.csd is not None and p.sampling.head_steps is not None for p in points)  # CSD with cheaper heads
     assert len(full) > len(points)
@@ -62,7 +77,9 @@ def test_the_full_grid_is_dense_in_the_target_steps_around_csd():
     assert {p.sampling.num_steps for p in combos} == {12, 16, 20}  # fewer AR steps with a cheaper head
     assert {p.csd.gamma for p in full if p.csd is not None} == {4, 8, 16}
     xar = grid(replace_steps(s, 16), c, 25, quick=False, fixed_steps=True)
-    flows = sorted(p.sampling.head_steps for p in xar[1:] if p.csd is None and p.sampling.head_steps_min is None)
+    flows = sorted(
+        p.sampling.head_steps for p in xar[1:] if p.csd is None and p.sampling.knob_values()["head_steps_min"] is None
+    )
     assert flows == list(range(6, 17)) and all(p.sampling.num_steps == 16 for p in xar)  # every flow count
 
 
@@ -392,7 +409,7 @@ def test_the_grid_never_holds_a_setting_the_decoder_refuses(criterion, fixed):
     from csd.experiments.grid import grid
 
     s = SamplingConfig(num_steps=16 if fixed else 32, cfg_scale=3.0, head_steps=25)
-    for point in grid(s, CSDConfig(criterion=criterion, align=True), 25, quick=True, fixed_steps=fixed):
+    for point in grid(s, CSDConfig.from_knobs(criterion=criterion, align=True), 25, quick=True, fixed_steps=fixed):
         c = point.csd
         if c is not None and c.draft_head_steps not in (None, 25):
             assert not c.needs_equal_chains(), point.name
@@ -402,15 +419,18 @@ def test_the_full_grid_holds_lazymars_token_cache_where_the_family_takes_it():
     from csd.experiments.grid import select
 
     s, c = SamplingConfig(num_steps=32, cfg_scale=3.0), CSDConfig()
-    assert not any(p.sampling.token_cache_keep for p in grid(s, c, 25, quick=False))
+    assert not any(p.sampling.knob_values()["token_cache_keep"] for p in grid(s, c, 25, quick=False))
     full = grid(s, c, 25, quick=False, caches_guidance=True, caches_tokens=True)
-    cached = [p for p in full if p.sampling.token_cache_keep is not None]
-    assert [(p.method, p.sampling.token_cache_start, p.sampling.token_cache_every) for p in cached] == [
+    cached = [p for p in full if p.sampling.knob_values()["token_cache_keep"] is not None]
+    assert [
+        (p.method, p.sampling.knob_values()["token_cache_start"], p.sampling.knob_values()["token_cache_every"])
+        for p in cached
+    ] == [
         ("target, LazyMAR token cache", 2, 4),
         ("target, LazyMAR token cache", 2, 4),  # with the condition cache as well
         ("CSD", 2, 4),
     ]
-    assert cached[1].sampling.cond_cache_start == 2 and cached[0].sampling.token_cache_keep == 0.25
+    assert cached[1].sampling.cond_cache.start == 2 and cached[0].sampling.token_cache.keep == 0.25
     some = select(full, ["cond_cache_start", "token_cache_keep"])  # the points that change either knob
     assert some[0] == full[0] and all("LazyMAR" in p.name for p in some[1:]) and len(some) == 6
     assert select(full, None) == full
@@ -426,7 +446,7 @@ def test_a_grids_points_are_selected_by_their_keys_not_their_names():
     assert full[keys.index("target,num_steps=16")].name == "target, 16 AR steps"
     assert full[keys.index("csd,head_steps=12,gamma=4,tau_v=5")].name == "CSD, gamma 4, tau_v 5, head 12"
     fast = select(full, ["gamma=4,tau_v=5"])  # every point holding both parts
-    assert len(fast) > 3 and all(p.csd.gamma == 4 and p.csd.tau_v == 5.0 for p in fast[1:])
+    assert len(fast) > 3 and all(p.csd.gamma == 4 and p.csd.criterion.tau_v == 5.0 for p in fast[1:])
     assert select(full, ["=csd"]) == [full[0], full[keys.index("csd")]]  # a whole key: that point alone
     assert [p.name for p in select(full, ["=csd"])][1] == "CSD, gamma 8, tau_v 42"
     assert select(full, ["CSD, gamma 8, tau_v 42"]) == [full[0]]  # a display name selects nothing
@@ -439,28 +459,43 @@ def test_the_grid_holds_the_targets_few_step_samplers_gtr_and_disas_floor_by_nam
     full = grid(s, c, 25, quick=False, head_samplers=("ddpm", "ddim"), takes_gtr=True)
     ddim = [p for p in full if p.method == "target, DDIM"]
     assert sorted({p.sampling.head_steps for p in ddim}) == [5, 8, 10, 12, 15]
-    assert {p.sampling.ddim_eta for p in ddim} == {0.0, 0.5}
+    assert {p.sampling.knob_values()["ddim_eta"] for p in ddim} == {0.0, 0.5}
     (floor,) = [p for p in full if p.csd is None and "DiSA floor" in p.name]
-    assert (floor.sampling.head_steps, floor.sampling.head_steps_min, floor.sampling.head_schedule) == (12, 5, "disa")
+    assert (
+        floor.sampling.head_steps,
+        floor.sampling.knob_values()["head_steps_min"],
+        floor.sampling.knob_values()["head_schedule"],
+    ) == (12, 5, "disa")
     gtr = {p.name: p.sampling for p in full if p.method == "target, GtR"}
-    assert gtr["target, GtR 12/3/1 AR steps"].gtr_stages == (12, 3, 1)  # GtR's 24 : 6 : 2 over half the steps
+    assert gtr["target, GtR 12/3/1 AR steps"].gtr.stages == (12, 3, 1)  # GtR's 24 : 6 : 2 over half the steps
     fts = gtr["target, GtR 12/3/1, head 12 -> 5, reconstruction 5, FTS 10% x 12"]
-    assert (fts.num_steps, fts.gtr_head_steps, fts.gtr_detail_fraction, fts.gtr_detail_steps) == (16, 5, 0.1, 12)
-    on_csd = [p for p in full if p.csd is not None and (p.sampling.head_sampler or p.sampling.gtr_stages)]
-    assert {p.sampling.ddim_eta for p in on_csd if p.sampling.head_sampler} == {0.5}  # never DDIM at eta 0
-    assert all(p.sampling.gtr_detail_fraction == 0 for p in on_csd)  # FTS does not compose
+    assert (
+        fts.num_steps,
+        fts.knob_values()["gtr_head_steps"],
+        fts.knob_values()["gtr_detail_fraction"],
+        fts.knob_values()["gtr_detail_steps"],
+    ) == (16, 5, 0.1, 12)
+    on_csd = [
+        p
+        for p in full
+        if p.csd is not None and (p.sampling.knob_values()["head_sampler"] or p.sampling.knob_values()["gtr_stages"])
+    ]
+    assert {p.sampling.knob_values()["ddim_eta"] for p in on_csd if p.sampling.knob_values()["head_sampler"]} == {
+        0.5
+    }  # never DDIM at eta 0
+    assert all(p.sampling.knob_values()["gtr_detail_fraction"] == 0 for p in on_csd)  # FTS does not compose
     xar = grid(
         replace_steps(s, 16), c, 25, quick=False, fixed_steps=True, head_samplers=("euler-maruyama", "euler", "heun")
     )
     for method, sampler in (("target, Euler ODE", "euler"), ("target, Heun ODE", "heun")):
         mine = [p.sampling for p in xar if p.method == method]
-        assert {(p.head_steps, p.flow_grid) for p in mine} == {
+        assert {(p.head_steps, p.knob_values()["flow_grid"]) for p in mine} == {
             (k, g) for k in range(3, 13) for g in ("official", "uniform")
         }
-        assert {p.head_sampler for p in mine} == {sampler}
+        assert {p.knob_values()["head_sampler"] for p in mine} == {sampler}
     uniform = sorted(p.sampling.head_steps for p in xar if p.method == "target, uniform grid")
     assert uniform == list(range(3, 13))
-    assert not any(p.csd is not None and p.sampling.head_sampler in ("euler", "heun") for p in xar)
+    assert not any(p.csd is not None and p.sampling.knob_values()["head_sampler"] in ("euler", "heun") for p in xar)
 
 
 @pytest.mark.parametrize("family", ["mar", "xar", "text"])
@@ -475,7 +510,7 @@ def test_every_new_point_is_a_setting_its_family_takes_and_csd_accepts(family):
     for quick in (True, False):
         for p in grid(s, CSDConfig(), t, quick, fixed, head_samplers=traits.head_samplers, takes_gtr=traits.takes_gtr):
             check_settings(traits, pair.target.seq_len, p.sampling, p.csd, pair.draft.traits)
-            if p.sampling.gtr_stages:
+            if p.sampling.knob_values()["gtr_stages"]:
                 pair.target.plan([0], p.sampling, "cpu")  # every stage fits its tokens
 
 

@@ -36,7 +36,7 @@ def runs(request, embedded):
     class pair (trained), so that some drafted tokens are accepted and some are not: its draft under the
     aligned test; under the exact one, which accepts next to nothing of that draft, the target drafting for
     itself (a block's first step accepted for certain, later ones verified in another context)."""
-    csd = CSDConfig(gamma=3, prefill=0.05, criterion=request.param)
+    csd = CSDConfig.from_knobs(gamma=3, prefill=0.05, criterion=request.param)
     m, target = embedded
     draft = m.draft if request.param == "aligned" else m.target
     spec = speculative_generate(m.target, draft, LABELS, SEEDS, SAMPLING, csd, keep_details=True)

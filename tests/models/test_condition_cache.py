@@ -1,11 +1,9 @@
-"""LazyMAR's condition cache as a sampler setting (SamplingConfig.cond_cache_start / cond_cache_every):
+"""LazyMAR's condition cache as a sampler setting (SamplingConfig.cond_cache: cond_cache_start / cond_cache_every):
 between full CFG passes a masked model runs only the conditional half and reuses the last full pass's
 unconditional-minus-conditional difference. A cache that skips nothing is plain generation (in float64, up to
 its rounding: tests/helpers.py)."""
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import pytest
 
@@ -42,7 +40,7 @@ def count_guided(model, calls: list):
 
 
 def test_the_schedule_is_lazymars():
-    s = SamplingConfig(cond_cache_start=5, cond_cache_every=9)
+    s = SamplingConfig.from_knobs(cond_cache_start=5, cond_cache_every=9)
     full = [i for i in range(64) if s.full_guidance_pass(i)]
     assert full == [0, 1, 2, 3, 4, 5, 14, 23, 32, 41, 50, 59]  # LazyMAR's 12 of 64 (start 5, refresh every 9)
     assert all(SamplingConfig().full_guidance_pass(i) for i in range(64))  # no cache: every pass is full
@@ -51,7 +49,7 @@ def test_the_schedule_is_lazymars():
 @pytest.mark.parametrize("setting", [{"cond_cache_start": 0, "cond_cache_every": 1}, {"cond_cache_start": 6}])
 def test_a_cache_that_skips_nothing_is_plain_generation_(pair, setting):
     cond = conditions(pair, 2)
-    cached = replace(PLAIN, **setting)
+    cached = PLAIN.with_knobs(**setting)
     plain = generate(pair.target, cond, [1, 2], PLAIN).tokens
     assert_same64(generate(pair.target, cond, [1, 2], cached).tokens, plain, "target-only")
     csd = CSDConfig(gamma=2)
@@ -62,7 +60,7 @@ def test_a_cache_that_skips_nothing_is_plain_generation_(pair, setting):
 
 
 def test_cached_passes_run_the_conditional_half_only_and_reuse_the_difference(pair):
-    cond, cached = conditions(pair, 2), replace(PLAIN, cond_cache_start=2, cond_cache_every=3)
+    cond, cached = conditions(pair, 2), PLAIN.with_knobs(cond_cache_start=2, cond_cache_every=3)
     calls: list = []
     inner = count_guided(pair.target, calls)
     try:
@@ -81,7 +79,7 @@ def test_cached_passes_run_the_conditional_half_only_and_reuse_the_difference(pa
 
 
 def test_under_csd_each_model_keeps_its_own_cache(pair):
-    cond, cached = conditions(pair, 2), replace(PLAIN, cond_cache_start=0, cond_cache_every=100)
+    cond, cached = conditions(pair, 2), PLAIN.with_knobs(cond_cache_start=0, cond_cache_every=100)
     target_calls, draft_calls = [], []
     inner_t, inner_d = count_guided(pair.target, target_calls), count_guided(pair.draft, draft_calls)
     try:
@@ -95,13 +93,13 @@ def test_under_csd_each_model_keeps_its_own_cache(pair):
 
 def test_the_cache_is_refused_by_name_where_it_does_not_apply():
     xar = random_spec_pair(random_spec("xar"))
-    s = replace(xar.traits.cheapest(), cond_cache_start=2)
+    s = xar.traits.cheapest().with_knobs(cond_cache_start=2)
     with pytest.raises(ValueError, match="cond_cache_start must be None for this xAR model"):
         generate(xar.target, [0], [0], s)
     with pytest.raises(ValueError, match=r"cond_cache_every \(passes between full CFG passes\) must be"):
-        SamplingConfig(cond_cache_every=0)
+        SamplingConfig.from_knobs(cond_cache_every=0)
     with pytest.raises(ValueError, match=r"cond_cache_start \(full CFG passes first\) must be"):
-        SamplingConfig(cond_cache_start=-1)
+        SamplingConfig.from_knobs(cond_cache_start=-1)
 
 
 def test_the_command_line_takes_the_cache_and_the_schedule():
@@ -111,7 +109,15 @@ def test_the_command_line_takes_the_cache_and_the_schedule():
 
     parser = argparse.ArgumentParser()
     add_setting_args(parser)
-    s, _ = settings_from_args(parser.parse_args(["--cond-cache", "5", "9", "--head-schedule", "disa-cosine"]))
-    assert (s.cond_cache_start, s.cond_cache_every, s.head_schedule) == (5, 9, "disa-cosine")
+    args = ["--cond-cache", "5", "9", "--head-schedule", "disa-cosine", "--head-steps-min", "4"]
+    s, _ = settings_from_args(parser.parse_args(args))
+    assert (s.cond_cache.start, s.cond_cache.every, s.head_anneal.schedule, s.head_anneal.last) == (
+        5,
+        9,
+        "disa-cosine",
+        4,
+    )
     s, _ = settings_from_args(parser.parse_args([]))
-    assert s.cond_cache_start is None and s.head_schedule == "linear"
+    assert s.cond_cache is None and s.head_anneal is None
+    with pytest.raises(ValueError, match="head_schedule 'disa-cosine' needs head_steps_min"):
+        settings_from_args(parser.parse_args(args[:-2]))

@@ -57,14 +57,14 @@ def test_each_stage_runs_the_cosine_schedule_over_its_own_tokens():
 
 
 def test_the_plan_makes_each_stage_in_turn_in_the_images_random_order():
-    s = SamplingConfig(num_steps=7, cfg_scale=3.0, gtr_stages=(4, 2, 1))
+    s = SamplingConfig.from_knobs(num_steps=7, cfg_scale=3.0, gtr_stages=(4, 2, 1))
     plan = gtr_plan([3, 4], 64, s, "cpu")
     assert plan.sizes == step_sizes(16, 4) + step_sizes(16, 2) + [32]
     stage = stage_of(torch.arange(64), 8, 3)
     made = [stage[plan.positions(k)] for k in range(7)]
     assert [int(m.unique().item()) for m in made] == [0, 0, 0, 0, 1, 1, 2]
     assert sorted(torch.cat([plan.positions(k) for k in range(7)], dim=1)[0].tolist()) == list(range(64))
-    mar = gtr_plan([3, 4], 64, SamplingConfig(num_steps=7, gtr_stages=(7,)), "cpu")
+    mar = gtr_plan([3, 4], 64, SamplingConfig.from_knobs(num_steps=7, gtr_stages=(7,)), "cpu")
     first = mar.orders[0].tolist()  # the random order of image 0 (seed 3)
     stage0 = [p for p in first if stage[p] == 0]
     assert plan.orders[0, -16:].tolist() == stage0  # stage 0 in that order, taken first
@@ -72,11 +72,11 @@ def test_the_plan_makes_each_stage_in_turn_in_the_images_random_order():
 
 
 def test_the_head_steps_fall_over_the_generation_stages_then_hold_for_the_reconstruction():
-    s = SamplingConfig(num_steps=7, gtr_stages=(4, 2, 1), head_steps_min=4, gtr_head_steps=3)
+    s = SamplingConfig.from_knobs(num_steps=7, gtr_stages=(4, 2, 1), head_steps_min=4, gtr_head_steps=3)
     assert s.head_steps_per_step(10) == [10, 9, 8, 6, 5, 4, 3]  # round(10 - 6 s / 5) over 6 steps, then 3
-    fts = SamplingConfig(**(vars(s) | {"gtr_detail_fraction": 0.1, "gtr_detail_steps": 12}))
+    fts = s.with_knobs(**{"gtr_detail_fraction": 0.1, "gtr_detail_steps": 12})
     assert fts.head_steps_per_step(10)[-1] == 12  # the detail tokens' chain length; the others run 3
-    assert SamplingConfig(num_steps=7, gtr_stages=(4, 2, 1)).head_steps_per_step(10) == [10] * 7
+    assert SamplingConfig.from_knobs(num_steps=7, gtr_stages=(4, 2, 1)).head_steps_per_step(10) == [10] * 7
 
 
 def test_the_frequency_score_weights_the_dft_amplitudes_by_frequency():
@@ -146,7 +146,7 @@ def test_gtr_runs_its_stage_head_steps_and_fts_alone(pair):
         out = generate(pair.target, [1, 2], [3, 4], s)
         assert calls[-6:] == [8, 7, 6, 5, 4, 3]
         calls.clear()
-        fts = SamplingConfig(**(vars(s) | {"gtr_detail_fraction": 0.25, "gtr_detail_steps": 9}))
+        fts = s.with_knobs(**{"gtr_detail_fraction": 0.25, "gtr_detail_steps": 9})
         detailed = generate(pair.target, [1, 2], [3, 4], fts)
         assert calls[-7:] == [8, 7, 6, 5, 4, 9, 3]  # the last step: the detail chain and the others'
     finally:
@@ -173,7 +173,7 @@ def test_gtr_composes_with_csd_but_fts_does_not(pair):
     alone = speculative_generate(pair.target, pair.draft, [2], [4], s, csd)
     assert_same64(alone.tokens, out.tokens[1:])
     assert (alone.trace.maker == out.trace.maker[1:]).all()
-    fts = SamplingConfig(**(vars(s) | {"gtr_detail_fraction": 0.1, "gtr_detail_steps": 9}))
+    fts = s.with_knobs(**{"gtr_detail_fraction": 0.1, "gtr_detail_steps": 9})
     with pytest.raises(ValueError, match=r"gtr_detail_fraction \(GtR's FTS\) must be 0 under CSD"):
         speculative_generate(pair.target, pair.draft, [1], [2], fts, csd)
 
@@ -200,7 +200,9 @@ def test_gtr_composes_with_csd_but_fts_does_not(pair):
 )
 def test_bad_gtr_settings_are_refused_by_name(change, message):
     with pytest.raises(ValueError, match=message):
-        check_settings(FamilyTraits("MAR", num_classes=10, takes_gtr=True), 64, SamplingConfig(num_steps=6, **change))
+        check_settings(
+            FamilyTraits("MAR", num_classes=10, takes_gtr=True), 64, SamplingConfig.from_knobs(num_steps=6, **change)
+        )
 
 
 def test_a_stage_of_more_steps_than_tokens_is_refused_when_planned(pair):

@@ -1,4 +1,4 @@
-"""LazyMAR's token cache as a sampler setting (SamplingConfig.token_cache_keep / _start / _every): at most
+"""LazyMAR's token cache as a sampler setting (SamplingConfig.token_cache: token_cache_keep / _start / _every): at most
 passes the decoder's later blocks recompute part of the rows and reuse the others' keys, values and
 outputs. A cache that recomputes every row is plain generation (in float64, up to its rounding: tests/helpers.py)."""
 
@@ -18,7 +18,7 @@ from tests.helpers import assert_differ64, assert_same64, sampling64
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.kernels]
 PLAIN = sampling64(num_steps=6, cfg_scale=3.0, head_steps=4)  # runs compared in float64 (tests/helpers.py)
-CACHED = replace(PLAIN, token_cache_keep=0.3, token_cache_start=1, token_cache_every=3)
+CACHED = PLAIN.with_knobs(token_cache_keep=0.3, token_cache_start=1, token_cache_every=3)
 
 
 @pytest.fixture(scope="module", params=["mar", "harmon"])
@@ -32,7 +32,7 @@ def conditions(pair, n: int) -> list:
 
 
 def test_the_schedule_refreshes_like_lazymar():
-    s = SamplingConfig(token_cache_keep=0.25)  # LazyMAR's start 5, refresh every 9
+    s = SamplingConfig.from_knobs(token_cache_keep=0.25)  # LazyMAR's start 5, refresh every 9
     assert [i for i in range(64) if s.full_token_pass(i)] == [0, 1, 2, 3, 4, 5, 14, 23, 32, 41, 50, 59]
     assert all(SamplingConfig().full_token_pass(i) for i in range(64))  # no cache: every pass is full
 
@@ -43,9 +43,9 @@ def test_the_schedule_refreshes_like_lazymar():
 def test_a_cache_that_skips_nothing_is_plain_generation_(pair, setting):
     cond, cached = (
         conditions(pair, 2),
-        replace(PLAIN, token_cache_start=1, token_cache_every=3) if len(setting) == 1 else PLAIN,
+        PLAIN.with_knobs(token_cache_start=1, token_cache_every=3) if len(setting) == 1 else PLAIN,
     )
-    cached = replace(cached, **setting)
+    cached = cached.with_knobs(**setting)
     plain = generate(pair.target, cond, [1, 2], PLAIN).tokens
     assert_same64(generate(pair.target, cond, [1, 2], cached).tokens, plain, "target-only")
     csd = CSDConfig(gamma=2)
@@ -94,9 +94,9 @@ def test_the_cache_is_refused_by_name_where_it_does_not_apply():
     with pytest.raises(
         ValueError, match=r"token_cache_keep \(fraction of decoder rows recomputed\) must be in \(0, 1\]"
     ):
-        SamplingConfig(token_cache_keep=0.0)
+        SamplingConfig.from_knobs(token_cache_keep=0.0)
     with pytest.raises(ValueError, match="token_cache_every"):
-        SamplingConfig(token_cache_every=0)
+        SamplingConfig.from_knobs(token_cache_every=0)
 
 
 def test_the_command_line_takes_the_token_cache():
@@ -107,7 +107,7 @@ def test_the_command_line_takes_the_token_cache():
     parser = argparse.ArgumentParser()
     add_setting_args(parser)
     s, _ = settings_from_args(parser.parse_args(["--token-cache", "0.25", "5", "9"]))
-    assert (s.token_cache_keep, s.token_cache_start, s.token_cache_every) == (0.25, 5, 9)
+    assert (s.token_cache.keep, s.token_cache.start, s.token_cache.every) == (0.25, 5, 9)
     with pytest.raises(ValueError, match="--token-cache START must be an integer, got '5.5'"):
         settings_from_args(parser.parse_args(["--token-cache", "0.25", "5.5", "9"]))
-    assert settings_from_args(parser.parse_args([]))[0].token_cache_keep is None
+    assert settings_from_args(parser.parse_args([]))[0].token_cache is None

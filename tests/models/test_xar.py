@@ -418,7 +418,7 @@ def test_per_token_acceptance_is_a_measured_option(xar_pair):
     s = sampling64(num_steps=16, cfg_scale=2.0, cfg_schedule="linear", head_steps=4)
     cell = speculative_generate(target, draft, [1, 2], [5, 6], s, CSDConfig(gamma=5, prefill=0.1))
     token = speculative_generate(
-        target, draft, [1, 2], [5, 6], s, CSDConfig(gamma=5, prefill=0.1, acceptance_unit="token")
+        target, draft, [1, 2], [5, 6], s, CSDConfig.from_knobs(gamma=5, prefill=0.1, acceptance_unit="token")
     )
     t = token.trace
     verified = t.verified
@@ -426,10 +426,12 @@ def test_per_token_acceptance_is_a_measured_option(xar_pair):
     assert t.acceptance_rate <= t.unit_acceptance_rate  # a cell is accepted only when all its tokens are
     assert cell.trace.unit_accepted is None and np.isnan(cell.trace.summary()["unit_acceptance_rate"])
     assert_same64(token.tokens[:, :2], cell.tokens[:, :2], "pre-fill")  # pre-fill is the same
-    same = speculative_generate(target, target, [1], [5], s, CSDConfig(gamma=5, acceptance_unit="token"))
+    same = speculative_generate(target, target, [1], [5], s, CSDConfig.from_knobs(gamma=5, acceptance_unit="token"))
     assert same.trace.unit_acceptance_rate == 1.0
     with pytest.raises(ValueError, match="acceptance_unit 'token' needs criterion 'aligned'"):
-        speculative_generate(target, draft, [1], [5], s, CSDConfig(gamma=5, acceptance_unit="token", criterion="exact"))
+        speculative_generate(
+            target, draft, [1], [5], s, CSDConfig.from_knobs(gamma=5, acceptance_unit="token", criterion="exact")
+        )
 
 
 def test_per_token_acceptance_needs_rows_of_several_tokens(random_models):
@@ -443,7 +445,7 @@ def test_per_token_acceptance_needs_rows_of_several_tokens(random_models):
             [1],
             [0],
             SamplingConfig(num_steps=4),
-            CSDConfig(acceptance_unit="token"),
+            CSDConfig.from_knobs(acceptance_unit="token"),
         )
 
 
@@ -504,7 +506,7 @@ def test_the_exact_criterion_runs_on_xar_and_is_batch_invariant(xar_pair):
 
     target, draft = xar_pair
     s = sampling64(num_steps=16, cfg_scale=2.0, cfg_schedule="linear", head_steps=4)
-    c = CSDConfig(gamma=4, prefill=0.1, criterion="exact", max_tries=3)
+    c = CSDConfig.from_knobs(gamma=4, prefill=0.1, criterion="exact", max_tries=3)
     spec = speculative_generate(target, draft, [1, 2], [5, 6], s, c)
     t = spec.trace
     assert (t.maker == Maker.RESAMPLED).any() or (t.maker == Maker.CAPPED).any()  # the resampler ran

@@ -129,7 +129,7 @@ def run(cells: list[Cell], ctx: RunContext, est: dict, write: Callable[[dict], N
     for pair in dict.fromkeys(c.pair for c in cells):
         pair_cells = [c for c in cells if c.pair == pair]
         entry = {"pair": pair.paper_name, "family": pair.family, "target": pair.target, "draft": pair.draft}
-        entry |= {"sampling": asdict(pair_cells[0].sampling), "head_steps": pair_cells[0].head_steps, "rows": []}
+        entry |= {"sampling": pair_cells[0].sampling.knob_values(), "head_steps": pair_cells[0].head_steps, "rows": []}
         result["pairs"].append(entry)
         run_pair(pair, pair_cells, ctx, entry, save)
         save()

@@ -97,8 +97,8 @@ class MaskedARFamily:
         return check_labels(conditions, self.traits.num_classes, batch, device)
 
     def plan(self, seeds: Sequence[int], config, device: torch.device) -> Plan:
-        """MAR's plan, or GtR's stages (``config.gtr_stages``: :mod:`csd.models.mar.gtr`)."""
-        if config.gtr_stages:
+        """MAR's plan, or GtR's stages (``config.gtr``: :mod:`csd.models.mar.gtr`)."""
+        if config.gtr is not None:
             return gtr_plan(seeds, self.seq_len, config, device)
         return masked_plan(seeds, self.seq_len, config.num_steps, config.cfg_scale, config.cfg_schedule, device)
 
@@ -113,14 +113,14 @@ class MaskedARFamily:
         self, state: MaskedState, tokens: Tensor, mask: Tensor, pos: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
         """One backbone pass, under autocast when a reduced precision is asked; z comes back in float32.
-        With the condition cache (``config.cond_cache_start``) a guided pass that is not a full one runs
+        With the condition cache (``config.cond_cache``) a guided pass that is not a full one runs
         the conditional half only and takes z_uncond = z + the last full pass's difference. With the
-        token cache (``config.token_cache_keep``) the decoder recomputes part of its rows at most passes,
+        token cache (``config.token_cache``) the decoder recomputes part of its rows at most passes,
         always those at ``pos`` (B, k), the positions the pass is for. Both caches are the generation's
         (``state``)."""
         config = state.config
         decoder = decoder_pass(state.decoder, config, pos)
-        if not (config.guided and config.cond_cache_start is not None):
+        if not (config.guided and config.cond_cache is not None):
             return self._conditions(state, tokens, mask, config.guided, decoder)
         cache = state.guidance
         full, cache.passes = config.full_guidance_pass(cache.passes), cache.passes + 1
@@ -145,9 +145,9 @@ class MaskedARFamily:
         return z.float(), None if z_uncond is None else z_uncond.float()
 
     def predict(self, state: MaskedState, tokens, mask, pos, cfg, steps: int) -> HeadChain | DetailChains:
-        """One backbone pass and the head's chains of the tokens at ``pos``, on ``config.head_sampler``. Under
+        """One backbone pass and the head's chains of the tokens at ``pos``, on ``config.sampler``. Under
         GtR's FTS a reconstruction step's chains are :class:`csd.models.mar.DetailChains`: ``steps`` for
-        its detail tokens, ``config.gtr_head_steps`` for the others."""
+        its detail tokens, GtR's head steps for the others."""
         config = state.config
         z, z_uncond = self.guided_conditions(state, tokens, mask, pos)
         if z_uncond is None:
@@ -155,18 +155,19 @@ class MaskedARFamily:
         else:
             cond = HeadCondition(gather_rows(z, pos), gather_rows(z_uncond, pos), cfg)
         chain = HeadChain(self._head_chain(steps, config), cond, config.temperature)
-        stages = len(config.gtr_stages)
-        if config.gtr_detail_fraction == 0.0 or int(stage_of(pos[0, 0], grid_side(self.seq_len), stages)) < stages - 1:
+        gtr = config.gtr
+        if gtr is None or gtr.detail_fraction == 0.0:
             return chain
-        short = HeadChain(self._head_chain(config.gtr_head_steps, config), cond, config.temperature)
-        return DetailChains(
-            chain, short, detail_rows(frequency_score(cond.z), pos.shape[0], config.gtr_detail_fraction)
-        )
+        stages = len(gtr.stages)
+        if int(stage_of(pos[0, 0], grid_side(self.seq_len), stages)) < stages - 1:
+            return chain
+        short = HeadChain(self._head_chain(gtr.head_steps, config), cond, config.temperature)
+        return DetailChains(chain, short, detail_rows(frequency_score(cond.z), pos.shape[0], gtr.detail_fraction))
 
     def _head_chain(self, steps: int, config):
         """The head's chain at ``steps`` on the config's sampler (the head's own when None); a diffusion head's
         compiled products in the precision's autocast dtype (:mod:`csd.models.kernels`)."""
-        sampler = () if config.head_sampler is None else (config.head_sampler, config.ddim_eta)
+        sampler = () if config.sampler.kind is None else (config.sampler.kind, config.sampler.ddim_eta)
         if not isinstance(self.head, DiffusionHead):
             return self.head.chain(steps, *sampler)
         return self.head.chain(steps, *sampler, autocast=PRECISIONS[config.precision])

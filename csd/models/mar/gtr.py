@@ -5,7 +5,7 @@ The tokens of a side x side grid (row i, column j) fall into K stages by the che
 (i + j) mod 2 = 1, are the last stage (the reconstruction, where every token has made neighbours all
 round); the even ones are split again by recursive bisection, (i + j) mod 4 = 2 the stage before it, then
 mod 8 = 4, ..., and the rest the first stage (a sparse lattice over the whole image: the structure comes
-first). Each stage runs its own AR steps (``SamplingConfig.gtr_stages``), in the image's random order
+first). Each stage runs its own AR steps (``SamplingConfig.gtr``), in the image's random order
 restricted to the stage and MAR's cosine schedule over the stage's tokens, so one stage of every token
 is MAR's own plan. Frequency-weighted token selection (FTS) gives the reconstruction tokens of most
 high-frequency energy in their condition z more head steps: score
@@ -64,12 +64,12 @@ def gtr_sizes(stage_tokens: Sequence[int], stage_steps: Sequence[int]) -> list[i
 
 
 def gtr_plan(seeds: Sequence[int], num_tokens: int, config, device) -> Plan:
-    """The plan of GtR's stages (``config.gtr_stages``), its random orders from the images' "order" streams."""
-    stages, side = len(config.gtr_stages), grid_side(num_tokens)
+    """The plan of GtR's stages (``config.gtr.stages``), its random orders from the images' "order" streams."""
+    stages, side = len(config.gtr.stages), grid_side(num_tokens)
     stage = stage_of(torch.arange(num_tokens, device=device), side, stages)
     perm = ImageStreams(seeds, "order", device).randperm(num_tokens)
     counts = torch.bincount(stage, minlength=stages).tolist()
-    sizes = gtr_sizes(counts, config.gtr_stages)
+    sizes = gtr_sizes(counts, config.gtr.stages)
     return Plan(stage_orders(perm, stage, stages), sizes, step_cfg_scales(config.cfg_scale, config.cfg_schedule, sizes))
 
 

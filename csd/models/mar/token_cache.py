@@ -65,10 +65,10 @@ class DecoderPass:
 def decoder_pass(cache: TokenCache, config, pos: Tensor | None) -> DecoderPass | None:
     """The decoder's part of the next backbone pass of a model under ``config``, with its generation's
     ``cache`` (None: no token cache)."""
-    if config.token_cache_keep is None or pos is None:
+    if config.token_cache is None or pos is None:
         return None
     full, cache.passes = config.full_token_pass(cache.passes), cache.passes + 1
-    return DecoderPass(cache, full, config.token_cache_keep, pos)
+    return DecoderPass(cache, full, config.token_cache.keep, pos)
 
 
 def _gather(x: Tensor, index: Tensor) -> Tensor:

@@ -95,8 +95,8 @@ class XARFamily:
         b, c, config = clean_cells.shape[0], self.config, state.config
         cache = self._context(state, clean_cells.reshape(b, -1, c.token_dim))
         cond = CellCondition(state.conditions, first, k, cache, cfg if config.guided else None)
-        sampler = config.head_sampler or "euler-maruyama"
-        flow = CellFlow(self, self.head_steps(steps), PRECISIONS[config.precision], sampler, config.flow_grid)
+        sampler = config.sampler.kind or "euler-maruyama"
+        flow = CellFlow(self, self.head_steps(steps), PRECISIONS[config.precision], sampler, config.sampler.flow_grid)
         return CellChain(flow, cond, config.temperature)
 
     def _context(self, state: XARState, clean: Tensor) -> list[tuple[Tensor, Tensor]] | None:

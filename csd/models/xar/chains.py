@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from csd.config import FLOW_GRIDS
 from csd.core.chain import ChainNoise, Trajectory, run_chain
 from csd.core.checks import check_choice
 from csd.models.kernels import compiled, kernels_for
+from csd.settings import FLOW_GRIDS
 
 FLOW_SAMPLERS = ("euler-maruyama", "euler", "heun")
 
