@@ -24,9 +24,9 @@ def recorded():
     for name, model in (("target", pair.target), ("draft", pair.draft)):
         chain = model.head.chain
 
-        def record(steps=None, chain=chain, log=calls[name]):
+        def record(steps=None, *args, chain=chain, log=calls[name], **kwargs):
             log.append(steps)
-            return chain(steps)
+            return chain(steps, *args, **kwargs)
 
         model.head.chain = record
     return pair, calls

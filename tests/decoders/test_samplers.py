@@ -131,9 +131,13 @@ class ToyVelocity(nn.Module):
         self.token_dim, self.null_class = 6, 9
         self.z_proj = nn.Linear(3, 3)
 
-    def _network(self, x, labels, times, positions, mask, cache):
-        t = times.repeat_interleave(2, dim=1)[..., None]  # (B, k * cell_len, 1)
-        return -(1.0 + t) * x + labels[:, None, None].to(x.dtype) / 10
+    def cell_conditions(self, labels, times):
+        """(B,) labels, (B, k) times -> each cell's (time, label / 10): (B, k, 2)."""
+        return torch.stack([times, (labels[:, None] / 10).to(times.dtype).expand_as(times)], dim=-1)
+
+    def _trunk(self, x, cond, positions, mask, cache):
+        t, label = cond[..., :1], cond[..., 1:]  # (B, k * cell_len, 1) each
+        return -(1.0 + t) * x + label
 
 
 def toy_velocity(x: torch.Tensor, t: float) -> torch.Tensor:

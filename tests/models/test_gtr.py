@@ -138,7 +138,7 @@ def test_one_gtr_stage_of_every_token_is_plain_generation(pair):
 def test_gtr_runs_its_stage_head_steps_and_fts_alone(pair):
     calls = []
     chain = pair.target.head.chain
-    pair.target.head.chain = lambda steps=None, *rest: calls.append(steps) or chain(steps, *rest)
+    pair.target.head.chain = lambda steps=None, *rest, **kw: calls.append(steps) or chain(steps, *rest, **kw)
     try:
         s = sampling64(
             num_steps=6, cfg_scale=2.0, head_steps=8, head_steps_min=4, gtr_stages=(3, 2, 1), gtr_head_steps=3
