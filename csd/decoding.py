@@ -1,24 +1,17 @@
-"""The decoders' step toolbox, shared by target-only :func:`csd.sampling.generate` and
-:func:`csd.speculative.speculative_generate`: a run's result, phase timers, chain noise, one AR step of one
-model, and committing tokens to the canvas.
+"""What the decoder and its recorder share: a run's result (:class:`Generation`), its progress callback, a
+drafted block's record (:class:`Block`), the device a model is on, and committing tokens to the canvas.
 """
 
 from __future__ import annotations
 
-import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from csd.config import SamplingConfig
 from csd.core.chain import ChainNoise, Trajectory
-from csd.core.rng import ImageStreams
-from csd.family import ModelFamily, ModelState, TokenChain
+from csd.family import TokenChain
 from csd.trace import Trace
 
 StepCallback = Callable[[int, int, str], None]
@@ -33,48 +26,32 @@ class Generation:
     trace: Trace
 
 
-class PhaseTimer:
-    """Time per named phase, with no host synchronisation inside a run.
+@dataclass
+class Block:
+    """A drafted block: its index, AR steps and positions (B, k), the tokens (rows) per image of each of its
+    AR steps, the head steps of the target's chains and of the draft's (equal unless draft_head_steps says
+    otherwise), and the draft's trajectories, noise and chains (rows image-major over the block)."""
 
-    On a CPU, wall seconds. On CUDA, each phase is bracketed by CUDA events recorded on the current stream
-    (enqueued, not waited for): :meth:`finish` waits once, when the run ends, and adds up the device time
-    between each pair, so the loop never stops to read a clock and GPU work lands in the phase that queued it.
+    index: int
+    steps: range
+    pos: Tensor
+    sizes: list[int]
+    t_p: int
+    t_q: int
+    draft: Trajectory
+    noise: ChainNoise
+    chain_q: TokenChain
+    kept: int = 0  # AR steps committed, once decided (all of them unless under the exact block)
 
-    ``work[phase]`` counts what the phase did, for the cost model (:mod:`csd.records.cost`): its calls, and for a
-    chain phase the transitions run (``steps`` per call) and the token-transitions (``tokens * steps``,
-    tokens counted over the batch)."""
+    @property
+    def kept_rows(self) -> int:
+        """Rows per image committed: those of the kept steps."""
+        return sum(self.sizes[: self.kept])
 
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.times: dict[str, float] = defaultdict(float)
-        self.work: dict[str, dict[str, int]] = defaultdict(lambda: {"calls": 0, "steps": 0, "token_steps": 0})
-        self._events: list[tuple[str, object, object]] = []  # (phase, start, end) on CUDA, read by finish()
-
-    @contextmanager
-    def __call__(self, phase: str, tokens: int = 0, steps: int = 0) -> Iterator[None]:
-        work = self.work[phase]
-        work["calls"] += 1
-        work["steps"] += steps
-        work["token_steps"] += tokens * steps
-        if self.device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            end.record()
-            self._events.append((phase, start, end))
-            return
-        t0 = time.perf_counter()
-        yield
-        self.times[phase] += time.perf_counter() - t0
-
-    def finish(self) -> dict[str, float]:
-        """Seconds per phase, every queued phase included (on CUDA: one wait for the device, here)."""
-        if self._events:
-            self._events[-1][2].synchronize()
-            for phase, start, end in self._events:
-                self.times[phase] += start.elapsed_time(end) / 1000.0
-            self._events.clear()
-        return self.times
+    def kept_of(self, t: Tensor) -> Tensor:
+        """The committed rows of ``t`` (rows image-major over the block, as the decision's)."""
+        b = self.pos.shape[0]
+        return t.reshape(b, -1, *t.shape[1:])[:, : self.kept_rows].reshape(-1, *t.shape[1:])
 
 
 def sync_cuda() -> None:
@@ -88,60 +65,9 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def new_canvas(batch: int, n: int, d: int, config: SamplingConfig, device: torch.device) -> tuple[Tensor, Tensor]:
-    """An empty canvas: tokens (B, N, d) in the run's dtype, all zero, and the mask (B, N), all True."""
-    tokens = torch.zeros(batch, n, d, device=device, dtype=config.dtype)
-    return tokens, torch.ones(batch, n, dtype=torch.bool, device=device)
-
-
-def trace_dtype(config: SamplingConfig) -> type:
-    """The numpy dtype of a run's trace: float64 for a float64 run, float32 otherwise."""
-    return np.float64 if config.dtype == torch.float64 else np.float32
-
-
 def finished(tokens: Tensor) -> Tensor:
     """A run's tokens as :class:`Generation` holds them: on the CPU, float32 (float64 in a float64 run)."""
     return tokens.cpu() if tokens.dtype == torch.float64 else tokens.float().cpu()
-
-
-def draw_chain_noise(
-    streams: ImageStreams, k: int, steps: int, d: int, dtype: torch.dtype = torch.float32
-) -> ChainNoise:
-    """Noise for k tokens per image, rows image-major: xi (B*k, d), eps (T-1, B*k, d), drawn in float32
-    (every precision's numbers) and cast to the run's ``dtype``."""
-    raw = streams.randn(steps, k, d).to(dtype)  # (B, T, k, d)
-    b = raw.shape[0]
-    return ChainNoise(xi=raw[:, 0].reshape(b * k, d), eps=raw[:, 1:].permute(1, 0, 2, 3).reshape(steps - 1, b * k, d))
-
-
-@dataclass(frozen=True)
-class StepInput:
-    """What one AR step of one model reads beside the canvas: the model's state of the generation (its
-    conditions and caches, :meth:`csd.family.ModelFamily.start`), the positions it makes (B, k), its guidance
-    scale, its chains' noise, the sampler settings and head steps it runs them with, and the phase its time
-    is counted under ("target", "draft", "prefill")."""
-
-    state: ModelState
-    pos: Tensor
-    cfg: float
-    noise: ChainNoise
-    config: SamplingConfig
-    steps: int
-    phase: str
-
-
-def predict_step(
-    model: ModelFamily, tokens: Tensor, mask: Tensor, step: StepInput, timer: PhaseTimer
-) -> tuple[Trajectory, TokenChain]:
-    """One AR step of one model: its pass over the context (``{phase}_backbone``), then the chains of
-    the tokens at ``step.pos`` (``{phase}_head``). Returns the trajectory and the chains it came from."""
-    pos, config = step.pos, step.config
-    with timer(f"{step.phase}_backbone"):
-        cfg = torch.full((pos.numel(),), step.cfg, device=pos.device, dtype=config.dtype)
-        chain = model.predict(step.state, tokens, mask, pos, cfg, step.steps)
-    with timer(f"{step.phase}_head", tokens=pos.numel(), steps=config.head_calls(step.steps)):  # Heun: two calls
-        traj = chain.run(step.noise)
-    return traj, chain
 
 
 def commit(tokens: Tensor, mask: Tensor, pos: Tensor, x: Tensor) -> None:

@@ -1,6 +1,6 @@
 """A run's set-up, shared by target-only :func:`csd.sampling.generate` and
-:func:`csd.speculative.speculative_generate`: the one place a run's settings are checked, and what both
-samplers build from them (:func:`set_up_run`).
+:func:`csd.speculative.speculative_generate`: the one place a run's settings are checked, and the run both
+samplers decode, built from them (:func:`set_up_run` -> :class:`Run`).
 
 A config checks each of its knobs alone, as the knob's declaration says (:class:`csd.config.Knob`), and each
 setting value (the criterion, the head's sampler, LazyMAR's caches, GtR: :mod:`csd.settings`) checks the rules
@@ -12,45 +12,58 @@ an error beside its control); :func:`set_up_run` calls it, then checks what need
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from csd.acceptance import Criterion, criterion_of
 from csd.config import CSDConfig, SamplingConfig
+from csd.core.chain import ChainNoise
 from csd.core.checks import SettingError
 from csd.core.precision import run_dtype, weights_dtype
 from csd.core.rng import ImageStreams, check_seeds
-from csd.decoding import model_device
-from csd.family import FamilyTraits, ModelFamily, Plan
+from csd.decoding import StepCallback, model_device
+from csd.family import FamilyTraits, ModelFamily, ModelState, Plan
+from csd.recorder import Recorder
 from csd.settings import Aligned
+from csd.trace import Maker
 
 TARGET_STREAMS = ("chain",)  # a target-only run's random numbers beyond its plan's
 SPECULATIVE_STREAMS = ("chain", "accept", "resample", "independent")
 
 
-@dataclass(frozen=True)
-class RunSetup:
-    """What a sampler needs to run, all checked: the settings (``csd`` None for a target-only run), the
-    seeds, the device, the batch's conditions in the family's form, the plan, the (target's) head steps of
-    every AR step, one random stream per purpose and, for a speculative run, its criterion."""
+@dataclass
+class Run:
+    """One generation, checked and set up by :func:`set_up_run`, and where it stands as it decodes.
 
+    ``target`` pre-fills: the target under CSD; in a run of one model (``draft`` and ``csd`` None), that
+    model, to the end. The rest: each model's state of the generation (its conditions and caches,
+    :meth:`csd.family.ModelFamily.start`), the settings, the plan, the (target's) head steps of every AR step,
+    one random stream per purpose, under CSD its criterion, the recorder of its trace, times and progress
+    (:class:`csd.recorder.Recorder`), the canvas, and the AR steps and blocks done so far."""
+
+    target: ModelFamily
+    draft: ModelFamily | None
+    target_state: ModelState
+    draft_state: ModelState | None
     sampling: SamplingConfig
     csd: CSDConfig | None
-    seeds: list[int]
-    device: torch.device
-    conditions: Any
     plan: Plan
     head_steps: list[int]
     streams: dict[str, ImageStreams]
-    criterion: Criterion | None = None
+    criterion: Criterion | None
+    recorder: Recorder
+    tokens: Tensor  # (B, N, d) in the run's dtype
+    mask: Tensor  # (B, N) True where not yet made
+    committed: int = 0  # AR steps committed (where the next block starts)
+    blocks: int = 0  # blocks drafted
 
     @property
     def batch(self) -> int:
-        return len(self.seeds)
+        return self.tokens.shape[0]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -62,6 +75,25 @@ class RunSetup:
         """The draft's sampler settings (the target's, on ``draft_head_sampler`` where one is set)."""
         return self.sampling if self.csd is None else self.csd.draft_sampling(self.sampling)
 
+    @property
+    def prefill_tokens(self) -> float:
+        """Tokens the model that pre-fills makes alone before drafting starts: a fraction ``csd.prefill`` of
+        them, or all of them in a run of one model."""
+        return math.inf if self.csd is None else self.csd.prefill * self.target.seq_len
+
+    @property
+    def done(self) -> bool:
+        """Every AR step committed."""
+        return self.committed >= self.plan.num_steps
+
+    def noise(self, stream: str, k: int, steps: int) -> ChainNoise:
+        """Noise from ``stream`` for k tokens per image and chains of ``steps`` transitions, rows image-major:
+        xi (B*k, d), eps (T-1, B*k, d), drawn in float32 (every precision's numbers), cast to the run's dtype."""
+        b, d = self.tokens.shape[0], self.tokens.shape[-1]
+        raw = self.streams[stream].randn(steps, k, d).to(self.dtype)  # (B, T, k, d)
+        eps = raw[:, 1:].permute(1, 0, 2, 3).reshape(steps - 1, b * k, d)
+        return ChainNoise(xi=raw[:, 0].reshape(b * k, d), eps=eps)
+
 
 def set_up_run(
     target: ModelFamily,
@@ -70,10 +102,14 @@ def set_up_run(
     sampling: SamplingConfig,
     csd: CSDConfig | None = None,
     draft: ModelFamily | None = None,
-) -> RunSetup:
-    """Check a run and build what it needs: of ``target`` alone (``csd`` and ``draft`` None), or
-    speculative (both given). Every rule on a run's settings is checked here, each a ValueError (a
-    :class:`~csd.core.checks.SettingError` where one knob is at fault) that names the knob and its valid values:
+    maker: Maker = Maker.TARGET,
+    on_step: StepCallback | None = None,
+    keep_details: bool = False,
+) -> Run:
+    """Check a run and build it: of ``target`` alone (``csd`` and ``draft`` None; its tokens made by
+    ``maker``), or speculative (both given). Every rule on a run's settings is checked here, each a
+    ValueError (a :class:`~csd.core.checks.SettingError` where one knob is at fault) that names the knob and
+    its valid values:
 
     * the settings and the family's traits, in order (:func:`check_settings`): the configs' rules between
       their knobs; the family's rules on the target's settings; under CSD, where CSD is defined on them and
@@ -88,7 +124,8 @@ def set_up_run(
     What stays with a model is what its own computations need of their inputs: the family's plan checks that
     GtR's checkerboard fits its grid (:mod:`csd.models.mar.gtr`), its ``predict`` and ``verify`` that they
     are given positions they can make. Nothing here draws a random number: the streams are made, the plan
-    draws from its own."""
+    draws from its own. ``on_step`` is the run's progress callback; ``keep_details`` (CSD only) keeps every
+    token's inputs in the trace (:class:`csd.trace.TokenDetails`)."""
     if (csd is None) != (draft is None):
         raise ValueError("a speculative run needs both csd and draft, a target-only run neither")
     if draft is not None:
@@ -110,7 +147,18 @@ def set_up_run(
         criterion = criterion_of(csd, target.traits.tokens_per_row)
     names = TARGET_STREAMS if csd is None else SPECULATIVE_STREAMS
     streams = {name: ImageStreams(seeds, name, device) for name in names}
-    return RunSetup(sampling, csd, seeds, device, conditions, plan, head_steps, streams, criterion)
+    maker = maker if csd is None else Maker.PREFILL
+    knobs = {"maker": maker.name.lower()} if csd is None else {"csd": csd.knob_values()}
+    settings = {"sampling": sampling.knob_values()} | knobs
+    tokens = torch.zeros(len(seeds), target.seq_len, target.token_dim, device=device, dtype=sampling.dtype)
+    mask = torch.ones(tokens.shape[:2], dtype=torch.bool, device=device)
+    details = max(head_steps + [(csd and csd.draft_head_steps) or 0]) if keep_details else None
+    recorder = Recorder(tokens, plan.sizes, settings, maker, on_step, csd is None or csd.align, details)
+    states = (
+        target.start(conditions, sampling),
+        None if draft is None else draft.start(conditions, csd.draft_sampling(sampling)),
+    )
+    return Run(target, draft, *states, sampling, csd, plan, head_steps, streams, criterion, recorder, tokens, mask)
 
 
 def check_settings(

@@ -65,9 +65,132 @@ class TokenDetails:
         return cls(full(dim), full(dim), full(), full(steps, dim), full(steps, dim), full(steps, dim), full(steps, dim))
 
 
+@dataclass(frozen=True)
+class BlockRecord:
+    """What the trace keeps of a verified block: its index, AR steps and the tokens per image of each
+    (``sizes``), the positions (B, k) of all its drafted tokens and the AR steps it kept (``kept``); per
+    committed row (the first ``sum(sizes[:kept])`` rows of each image, image-major) who made it (a
+    :class:`Maker`), min(1, r), both terms of log r and the resampler's tries; per drafted row the acceptance
+    draw and, under acceptance_unit "token", the fraction of its tokens accepted (else None)."""
+
+    index: int
+    steps: range
+    sizes: list[int]
+    pos: Tensor
+    kept: int
+    maker: Tensor
+    accept_prob: Tensor
+    log_ratio_trajectory: Tensor
+    log_ratio_final: Tensor
+    resample_tries: Tensor
+    draws: Tensor
+    unit_accepted: Tensor | None
+
+
+class TraceStatistics:
+    """What tables, figures and the app read of a :class:`Trace`: counts per maker, acceptance rates, per-step
+    reductions and the scalars of :meth:`summary`."""
+
+    maker: np.ndarray
+    ar_step: np.ndarray
+    accept_prob: np.ndarray
+    resample_tries: np.ndarray
+    distance_aligned: np.ndarray
+    distance_independent: np.ndarray
+    step_sizes: list[int]
+    target_passes: int
+    draft_passes: int
+    times: dict[str, float]
+    unit_accepted: np.ndarray | None
+    block_steps: list[tuple[int, int]]
+
+    @property
+    def batch(self) -> int:
+        return int(self.maker.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.maker.shape[1])
+
+    def count(self, maker: Maker) -> int:
+        return int((self.maker == maker).sum())
+
+    @property
+    def verified(self) -> np.ndarray:
+        """(B, N) bool: tokens that went through verification."""
+        return np.isin(self.maker, [Maker.ACCEPTED, Maker.RESAMPLED, Maker.CAPPED, Maker.ZEROED])
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Fraction of verified (drafted) tokens that were accepted; NaN when nothing was drafted."""
+        n = int(self.verified.sum())
+        return float("nan") if n == 0 else self.count(Maker.ACCEPTED) / n
+
+    @property
+    def mean_accept_prob(self) -> float:
+        v = self.accept_prob[self.verified]
+        return float("nan") if v.size == 0 else float(v.mean())
+
+    def per_step(self, values: np.ndarray, reduce=np.nanmean) -> np.ndarray:
+        """Reduce a (B, N) per-token array to (B, S) per image and AR step (NaN where empty)."""
+        out = np.full((self.batch, len(self.step_sizes)), np.nan, dtype=np.float64)
+        for s in range(len(self.step_sizes)):
+            sel = self.ar_step == s
+            for b in range(self.batch):
+                vals = values[b][sel[b]]
+                vals = vals[~np.isnan(vals)] if vals.dtype.kind == "f" else vals
+                if vals.size:
+                    out[b, s] = reduce(vals)
+        return out
+
+    def acceptance_per_step(self) -> np.ndarray:
+        """(B, S) fraction of verified tokens accepted at each AR step (NaN where none verified)."""
+        acc = np.where(self.verified, (self.maker == Maker.ACCEPTED).astype(np.float32), np.nan)
+        return self.per_step(acc)
+
+    def summary(self) -> dict:
+        """Scalars for tables and the app."""
+        tries = self.resample_tries[self.resample_tries > 0]
+        return {
+            "tokens": self.batch * self.num_tokens,
+            "prefill": self.count(Maker.PREFILL),
+            "accepted": self.count(Maker.ACCEPTED),
+            "resampled": self.count(Maker.RESAMPLED),
+            "capped": self.count(Maker.CAPPED),
+            "zeroed": self.count(Maker.ZEROED),
+            "acceptance_rate": self.acceptance_rate,
+            "unit_acceptance_rate": self.unit_acceptance_rate,
+            "mean_accept_prob": self.mean_accept_prob,
+            "mean_resample_tries": float(tries.mean()) if tries.size else float("nan"),
+            "distance_aligned": float(np.nanmean(self.distance_aligned))
+            if np.isfinite(self.distance_aligned).any()
+            else float("nan"),
+            "distance_independent": float(np.nanmean(self.distance_independent))
+            if np.isfinite(self.distance_independent).any()
+            else float("nan"),
+            "target_passes": self.target_passes,
+            "draft_passes": self.draft_passes,
+            "steps_kept_per_block": self.steps_kept_per_block,
+            "time_total": float(sum(self.times.values())),
+        }
+
+    @property
+    def steps_kept_per_block(self) -> float:
+        """Mean AR steps committed per drafted block; NaN when nothing was drafted."""
+        return float(np.mean([k for k, _ in self.block_steps])) if self.block_steps else float("nan")
+
+    @property
+    def unit_acceptance_rate(self) -> float:
+        """Fraction of the verified rows' tokens accepted (acceptance_unit "token"); NaN otherwise."""
+        if self.unit_accepted is None or not self.verified.any():
+            return float("nan")
+        return float(np.nanmean(self.unit_accepted[self.verified]))
+
+
 @dataclass
-class Trace:
-    """Per token (arrays of shape (B, N), indexed by grid position) and per run.
+class Trace(TraceStatistics):
+    """Per token (arrays of shape (B, N), indexed by grid position) and per run; read through
+    :class:`TraceStatistics`.
 
     Float arrays hold NaN where a quantity does not apply (e.g. acceptance of pre-filled tokens); they are
     float32 (float64 for a run at precision "float64", :meth:`empty`'s ``dtype``).
@@ -179,128 +302,30 @@ class Trace:
         mean[rows, p, :steps] = per_step(traj.mean)
         std[rows, p, :steps] = per_step(traj.std)
 
-    def record_accept_draw(self, pos: Tensor, uniforms: Tensor) -> None:
-        if self.details is not None:
-            _put(self.details.accept_draw, pos, uniforms, self.pending)
-
     def record_distance(self, pos: Tensor, distance: Tensor, aligned: bool) -> None:
         """||x^q - x^p|| of a block's tokens, with shared (``aligned``) or independent noise."""
         _put(self.distance_aligned if aligned else self.distance_independent, pos, distance, self.pending)
 
-    def record_block(
-        self,
-        pos: Tensor,
-        block: int,
-        maker: Tensor,
-        accept_prob: Tensor,
-        log_ratio_trajectory: Tensor,
-        log_ratio_final: Tensor,
-        resample_tries: Tensor,
-    ) -> None:
-        """What verification decided for a block's tokens at ``pos`` (B, k); values per row (B*k,)."""
+    def record_block(self, r: BlockRecord) -> None:
+        """What verification decided for a block: the AR step of every drafted token, who made each committed
+        one and the criterion's values for it, the acceptance draws and per-token acceptance of every drafted
+        row, and how many of its AR steps the block kept."""
+        for step, pos in zip(r.steps, r.pos.split(r.sizes, dim=1), strict=True):
+            _put(self.ar_step, pos, step, self.pending)
+        kept = r.pos[:, : sum(r.sizes[: r.kept])]
         for arr, values in (
-            (self.maker, maker),
-            (self.block, block),
-            (self.accept_prob, accept_prob),
-            (self.log_ratio_trajectory, log_ratio_trajectory),
-            (self.log_ratio_final, log_ratio_final),
-            (self.resample_tries, resample_tries),
+            (self.maker, r.maker),
+            (self.block, r.index),
+            (self.accept_prob, r.accept_prob),
+            (self.log_ratio_trajectory, r.log_ratio_trajectory),
+            (self.log_ratio_final, r.log_ratio_final),
+            (self.resample_tries, r.resample_tries),
         ):
-            _put(arr, pos, values, self.pending)
-
-    def record_kept(self, kept: int, drafted: int) -> None:
-        """A block committed ``kept`` of its ``drafted`` AR steps."""
-        self.block_steps.append((kept, drafted))
-
-    @property
-    def steps_kept_per_block(self) -> float:
-        """Mean AR steps committed per drafted block; NaN when nothing was drafted."""
-        return float(np.mean([k for k, _ in self.block_steps])) if self.block_steps else float("nan")
-
-    def record_unit_acceptance(self, pos: Tensor, fraction: Tensor | None) -> None:
-        """Under acceptance_unit "token": the fraction of the tokens of each row at ``pos`` accepted (None: the
-        rows were tested whole, nothing to record)."""
-        if fraction is None:
-            return
-        if self.unit_accepted is None:
-            self.unit_accepted = np.full(self.maker.shape, np.nan, dtype=self.accept_prob.dtype)
-        _put(self.unit_accepted, pos, fraction, self.pending)
-
-    @property
-    def unit_acceptance_rate(self) -> float:
-        """Fraction of the verified rows' tokens accepted (acceptance_unit "token"); NaN otherwise."""
-        if self.unit_accepted is None or not self.verified.any():
-            return float("nan")
-        return float(np.nanmean(self.unit_accepted[self.verified]))
-
-    # --- summaries ---------------------------------------------------------------------------
-
-    @property
-    def batch(self) -> int:
-        return int(self.maker.shape[0])
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.maker.shape[1])
-
-    def count(self, maker: Maker) -> int:
-        return int((self.maker == maker).sum())
-
-    @property
-    def verified(self) -> np.ndarray:
-        """(B, N) bool: tokens that went through verification."""
-        return np.isin(self.maker, [Maker.ACCEPTED, Maker.RESAMPLED, Maker.CAPPED, Maker.ZEROED])
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Fraction of verified (drafted) tokens that were accepted; NaN when nothing was drafted."""
-        n = int(self.verified.sum())
-        return float("nan") if n == 0 else self.count(Maker.ACCEPTED) / n
-
-    @property
-    def mean_accept_prob(self) -> float:
-        v = self.accept_prob[self.verified]
-        return float("nan") if v.size == 0 else float(v.mean())
-
-    def per_step(self, values: np.ndarray, reduce=np.nanmean) -> np.ndarray:
-        """Reduce a (B, N) per-token array to (B, S) per image and AR step (NaN where empty)."""
-        out = np.full((self.batch, len(self.step_sizes)), np.nan, dtype=np.float64)
-        for s in range(len(self.step_sizes)):
-            sel = self.ar_step == s
-            for b in range(self.batch):
-                vals = values[b][sel[b]]
-                vals = vals[~np.isnan(vals)] if vals.dtype.kind == "f" else vals
-                if vals.size:
-                    out[b, s] = reduce(vals)
-        return out
-
-    def acceptance_per_step(self) -> np.ndarray:
-        """(B, S) fraction of verified tokens accepted at each AR step (NaN where none verified)."""
-        acc = np.where(self.verified, (self.maker == Maker.ACCEPTED).astype(np.float32), np.nan)
-        return self.per_step(acc)
-
-    def summary(self) -> dict:
-        """Scalars for tables and the app."""
-        tries = self.resample_tries[self.resample_tries > 0]
-        return {
-            "tokens": self.batch * self.num_tokens,
-            "prefill": self.count(Maker.PREFILL),
-            "accepted": self.count(Maker.ACCEPTED),
-            "resampled": self.count(Maker.RESAMPLED),
-            "capped": self.count(Maker.CAPPED),
-            "zeroed": self.count(Maker.ZEROED),
-            "acceptance_rate": self.acceptance_rate,
-            "unit_acceptance_rate": self.unit_acceptance_rate,
-            "mean_accept_prob": self.mean_accept_prob,
-            "mean_resample_tries": float(tries.mean()) if tries.size else float("nan"),
-            "distance_aligned": float(np.nanmean(self.distance_aligned))
-            if np.isfinite(self.distance_aligned).any()
-            else float("nan"),
-            "distance_independent": float(np.nanmean(self.distance_independent))
-            if np.isfinite(self.distance_independent).any()
-            else float("nan"),
-            "target_passes": self.target_passes,
-            "draft_passes": self.draft_passes,
-            "steps_kept_per_block": self.steps_kept_per_block,
-            "time_total": float(sum(self.times.values())),
-        }
+            _put(arr, kept, values, self.pending)
+        if self.details is not None:
+            _put(self.details.accept_draw, r.pos, r.draws, self.pending)
+        if r.unit_accepted is not None:
+            if self.unit_accepted is None:
+                self.unit_accepted = np.full(self.maker.shape, np.nan, dtype=self.accept_prob.dtype)
+            _put(self.unit_accepted, r.pos, r.unit_accepted, self.pending)
+        self.block_steps.append((r.kept, len(r.steps)))

@@ -295,8 +295,6 @@ def test_a_fused_float32_chain_is_the_float64_loop_within_float32_rounding():
 def test_a_deferred_trace_writes_nothing_until_flushed_then_what_an_immediate_one_writes():
     """The trace of a CUDA run keeps its per-token writes (tensors where they are) until the run ends: the same
     arrays once flushed. Forced here on the CPU, through a whole target-only and CSD run."""
-    import csd.sampling
-    import csd.speculative
     from csd.trace import Maker, Trace
 
     pos = torch.tensor([[0, 2], [1, 3]])
@@ -324,7 +322,7 @@ def test_a_deferred_trace_writes_nothing_until_flushed_then_what_an_immediate_on
     empty = Trace.empty
     deferred = lambda *a, **k: empty(*a, **(k | {"defer": True}))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(csd.sampling.Trace, "empty", deferred)
+        mp.setattr(Trace, "empty", deferred)
         forced = runs()
     for a, b in zip(plain, forced, strict=True):
         assert_same64(b.tokens, a.tokens)
