@@ -1,6 +1,6 @@
 """Faults: a model run that fails (out of memory, a kernel error, anything unexpected) is answered by name.
 
-A fault is caught where it happens, inside the GPU call (:meth:`demo.application.App.job_events`): its
+A fault is caught where it happens, inside the GPU call (:meth:`demo.runs.ModelRuns.job_events`): its
 traceback goes to the server's log, the cached device memory is released there (:func:`release_memory`), and
 the call ends with a plain :class:`~demo.gpu.Ended` event of status :data:`FAULT` whose ``kind`` says what
 failed (:func:`kind_of`). The main process turns that event into the visitor's message (:func:`fault_error`),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from urllib.parse import urlencode
 
 import gradio as gr
 import numpy as np
@@ -15,22 +14,19 @@ import numpy as np
 from csd.experiments.analysis import Run, run_csd, run_single
 from csd.experiments.defaults import PRESETS
 from csd.serving.jobs import Job, Step
-from csd.serving.pairs import EXAMPLE_PROMPTS
 from csd.trace import Maker
-from demo import showcase
 from demo.application import App, fixed_controls
 from demo.cards import model_line
 from demo.estimate import words
 from demo.gpu import task
 from demo.requests import Request, twin_events
 from demo.tab import Page, shown_refusal
+from demo.tabs.generate_layout import LINKED, GenerateLayout
 from demo.tabs.inspect import Inspected
-from demo.views import image_grid, run_summary, side_by_side, speed_figure, stats_markdown, time_figure
-from visualize.images import display_grid, legend_html, token_map
+from demo.views import image_grid, run_summary, speed_figure, stats_markdown
+from visualize.images import display_grid, token_map
 
 RUNS = ["target-only", "CSD", "draft-only"]
-IMAGE = {"type": "numpy", "format": "png", "elem_classes": "csd-img", "interactive": False, "min_width": 120}
-LINKED = ("pair_name", "class_name", "prompt", "seed", "batch_size", "ar_steps", "gamma", "prefill", "cfg_scale")
 
 
 @dataclass(frozen=True)
@@ -135,22 +131,12 @@ def estimate_line(app: App, **controls) -> str:
     return f"{parts[0]} (presets: {', '.join(parts[1:])}; a request may take up to {most:.0f} s)."
 
 
-def settings_link(controls: dict) -> str:
-    """A link that opens the page on these settings (read back by :meth:`GenerateTab.from_link`)."""
-    query = urlencode({k: controls[k] for k in LINKED if k in controls})
-    return f"[Link to these settings](?{query})"
-
-
-class GenerateTab:
-    """Layout and handlers; :meth:`build` puts the controls (the other tabs read them), the session's latest
-    run (the Inspect tab reads it) and the Generate event on the page."""
+class GenerateTab(GenerateLayout):
+    """The handlers of the Generate tab's page (:class:`~demo.tabs.generate_layout.GenerateLayout`);
+    :meth:`build` puts the controls (the other tabs read them), the session's latest run (the Inspect tab
+    reads it) and the Generate event on the page."""
 
     title = "Generate"
-
-    def __init__(self, app: App):
-        self.app = app
-        served = {n: app.store.source(n).weights for n in app.store.names}
-        self.shown = showcase.load(weights=served)
 
     # --- handlers ---------------------------------------------------------------------------------
 
@@ -192,18 +178,6 @@ class GenerateTab:
             self.inspected: c.inspected,
             self.results: c.pair_name,
         }
-
-    def _extras(self, target, csd, token_map, controls: dict) -> dict:
-        return {
-            self.slider: (target, csd),
-            self.composite: side_by_side([target, csd, token_map]),
-            self.link: settings_link(controls),
-        }
-
-    def generate_stopped(self):
-        """What Stop shows: nothing of the stopped run (and nothing to inspect)."""
-        message = "Stopped: the run was cancelled, and nothing from it is shown."
-        return {**dict.fromkeys(self.outputs), self.stats: message}
 
     def pair_changed(self, pair_name: str, ar_steps, cfg_schedule, saved: dict | None, results: str | None = None):
         """The class choice for a class-conditional pair, the prompt (and its examples) for a text pair;
@@ -248,20 +222,6 @@ class GenerateTab:
         value = {} if made is None else {"value": made["class_name"] if made.get("class_name") in names else names[0]}
         return out | {c["class_name"]: gr.update(choices=names, visible=True, **value)}
 
-    def example_of(self, pair_name: str) -> showcase.Shown | None:
-        """The pair's first precomputed comparison served (None when it has none)."""
-        return next((s for s in self.shown if s.controls.get("pair_name") == pair_name), None)
-
-    def pair_results(self, pair_name: str) -> dict:
-        """The result panes for a pair just chosen: its own precomputed comparison, or every pane cleared and
-        one line saying to generate; never another pair's results."""
-        shown = self.example_of(pair_name)
-        if shown is not None:
-            return self._shown(shown)
-        panes = (self.target, self.csd, self.map, self.draft, self.speed, self.summary, self.slider, self.composite)
-        line = f"Press **Generate** to see this pair (*{pair_name}*): no precomputed comparison of it is served."
-        return dict.fromkeys(panes) | {self.stats: line, self.link: "", self.results: pair_name}
-
     def apply_preset(self, name: str, **controls):
         """The controls after a preset (the pair's fixed knobs stay as they are)."""
         if name not in PRESETS:
@@ -275,19 +235,6 @@ class GenerateTab:
         shown = self.shown[evt.index]
         out = {self.controls[k]: v for k, v in shown.controls.items() if k in self.controls}
         return out | self._shown(shown)
-
-    def _shown(self, shown: showcase.Shown) -> dict:
-        im = shown.images
-        return {
-            self.target: im["target"],
-            self.csd: im["csd"],
-            self.map: im["map"],
-            self.draft: im["draft"],
-            self.stats: shown_stats(shown, " Press **Generate** to run it on this server."),
-            self.speed: shown_figure(shown),
-            self.summary: shown.summary,
-            self.results: shown.controls["pair_name"],
-        } | self._extras(im["target"], im["csd"], im["map"], shown.controls)
 
     def from_link(self, request: gr.Request):
         """Controls from the page's address (a settings link), each as its control would take it; a link to
@@ -310,7 +257,7 @@ class GenerateTab:
     def estimate(self, **controls) -> str:
         return estimate_line(self.app, **controls)
 
-    # --- layout -----------------------------------------------------------------------------------
+    # --- the page and its events ------------------------------------------------------------------
 
     def build(self, page: Page) -> None:
         app = self.app
@@ -332,69 +279,6 @@ class GenerateTab:
         app.components = self.controls
         event = self._events(page, run, stop, preset, gallery)
         page.controls, page.inspected, page.generated = self.controls, self.inspected, event
-
-    def _controls_column(self) -> tuple[gr.Button, gr.Button, gr.Radio]:
-        """Generate, Stop, the expected time, the presets and every control (the advanced ones folded)."""
-        app = self.app
-        with gr.Row():
-            run = gr.Button("Generate", variant="primary", elem_id="generate", scale=2, min_width=100)
-            stop = gr.Button("Stop", scale=1, min_width=60)
-        self.estimate_md = gr.Markdown("", elem_id="estimate")
-        preset = gr.Radio(list(PRESETS), value="default", label="Preset", elem_id="preset")
-        self.controls = {}
-        for name, c in app.controls.items():
-            if c.advanced:
-                continue
-            self.controls[name] = c.component()
-            if name == "pair_name":
-                self.card = gr.Markdown(model_line(app.store.source(c.default)), elem_id="model-card")
-            if name == "prompt":
-                self.examples = self._prompt_examples(self.controls[name])
-        with gr.Accordion("Advanced", open=False):
-            self.controls |= {name: c.component() for name, c in app.controls.items() if c.advanced}
-        return run, stop, preset
-
-    def _results_column(self, first: showcase.Shown | None) -> gr.Gallery | None:
-        """The four image panes, the status, the slider, the image to share, the speed chart, the summary and
-        the gallery of precomputed examples (None when none is served), opening on ``first``."""
-        im = first.images if first else {}
-        with gr.Row(equal_height=True, elem_classes="csd-pair"):
-            self.target = gr.Image(im.get("target"), elem_id="img-target", label="Target only", **IMAGE)
-            self.csd = gr.Image(im.get("csd"), elem_id="img-csd", label="Speculative (CSD)", **IMAGE)
-        with gr.Row(equal_height=True, elem_classes="csd-pair"):
-            self.map = gr.Image(im.get("map"), elem_id="img-map", label="Who made each token (CSD)", **IMAGE)
-            self.draft = gr.Image(im.get("draft"), elem_id="img-draft", label="Draft only (same seeds)", **IMAGE)
-        gr.HTML(legend_html())
-        intro = "Press **Generate**: target-only, CSD and draft-only run with the same seeds."
-        self.stats = gr.Markdown(shown_stats(first) if first else intro, elem_id="gen-status")
-        with gr.Accordion("Slide between target-only and CSD", open=False):
-            self.slider = gr.ImageSlider(
-                (first.images["target"], first.images["csd"]) if first else None,
-                label="target-only | CSD",
-                elem_id="img-slider",
-                interactive=False,
-            )
-        with gr.Accordion("One image to share: target | CSD | token map", open=False):
-            self.composite = gr.Image(
-                first.composite() if first else None,
-                elem_id="img-composite",
-                buttons=["download"],
-                **{k: v for k, v in IMAGE.items() if k != "min_width"},
-            )
-            self.link = gr.Markdown(settings_link(first.controls) if first else "", elem_id="settings-link")
-        self.speed = gr.Plot(shown_figure(first) if first else None, label="Speedup", elem_id="speed-plot")
-        with gr.Accordion("Run summary (JSON)", open=False):
-            self.summary = gr.JSON(first.summary if first else None)
-        if not self.shown:
-            return None
-        return gr.Gallery(
-            [(s.composite(), s.title) for s in self.shown],
-            label="Precomputed examples (click one to load its settings and images)",
-            columns=3,
-            height="auto",
-            allow_preview=False,
-            elem_id="showcase",
-        )
 
     def _events(self, page: Page, run, stop, preset, gallery):
         """Generate (the page's and the API's event), Stop, another pair, an example, a preset and the expected
@@ -420,31 +304,3 @@ class GenerateTab:
         preset.input(self.apply_preset, inputs_kwargs={"name": preset, **c}, outputs=list(c.values()), **quick)
         gr.on([x.change for x in c.values()], self.estimate, inputs_kwargs=c, outputs=self.estimate_md, **quick)
         return event
-
-    def _prompt_examples(self, prompt: gr.Textbox) -> gr.Dataset:
-        """Example prompts one click away: the first text pair's."""
-        store = self.app.store
-        text = [store.source(n) for n in store.names if store.source(n).is_text]
-        examples = gr.Dataset(
-            components=[gr.Textbox(visible=False)],
-            samples=[[p] for p in (text[0].prompts if text else EXAMPLE_PROMPTS)],
-            label="Example prompts",
-            visible=store.source(store.names[0]).is_text,
-            elem_id="prompt-examples",
-        )
-        examples.click(pick_example, examples, prompt, api_visibility="private")
-        return examples
-
-
-def shown_stats(shown: showcase.Shown, after: str = "") -> str:
-    """A precomputed comparison's numbers, and a line naming it and the pair it was made on."""
-    return f"{shown.stats}\n\n*Precomputed on {shown.controls['pair_name']}: {shown.title}.{after}*"
-
-
-def shown_figure(shown: showcase.Shown):
-    """A precomputed comparison's time split, as the chart shows it after a click (None without its phases)."""
-    return time_figure(shown.phases, shown.summary) if shown.phases else None
-
-
-def pick_example(sample: list) -> str:
-    return sample[0]

@@ -113,7 +113,7 @@ def images(client: Client, application: App) -> list[np.ndarray]:
 
 
 def assert_nothing_left_broken(application: App) -> None:
-    assert not any(lock.locked() for lock in application._rates_locks.values())  # no timing lock held
+    assert not any(lock.locked() for lock in application.timings.locks.values())  # no timing lock held
     assert not any(lock.locked() for lock in application.store._locks.values())  # no pair half-loaded
     assert stub.OPEN[0] == 0  # every GPU call closed
 
@@ -137,7 +137,7 @@ def serving(application: App):
 
 def timed_app(rates) -> App:
     application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), LIMITS)
-    application._rates[RANDOM_SOURCE.name] = rates
+    application.timings.known[RANDOM_SOURCE.name] = rates
     return application
 
 
@@ -236,7 +236,7 @@ def test_a_model_run_that_raises_mid_stream_on_the_cpu_is_named(cpu_served, case
         for hook in hooks:
             hook.remove()
     assert calls[0] >= 3 and application.history[-1]["status"] == faults.FAULT
-    assert not any(lock.locked() for lock in application._rates_locks.values())
+    assert not any(lock.locked() for lock in application.timings.locks.values())
     for a, b in zip(before, images(client, application), strict=True):
         np.testing.assert_array_equal(a, b)
 

@@ -165,7 +165,7 @@ def test_generate_reports_progress_through_the_api_at_each_runs_ends_and_at_most
 
 def test_the_page_hears_of_a_runs_first_and_last_step_and_of_the_others_at_most_every_quarter_second():
     from csd.serving.jobs import Step
-    from demo.application import PROGRESS_SECONDS, Throttle
+    from demo.runs import PROGRESS_SECONDS, Throttle
 
     now = [0.0]
     throttle = Throttle(clock=lambda: now[0])
@@ -292,7 +292,7 @@ def test_a_run_past_the_time_limit_still_ends_with_an_error_naming_the_limit():
     limits = Limits(max_batch=1, max_steps=64, max_seconds=0.2)
     application = App(PairStore([SLOW_SOURCE], torch.device("cpu")), limits)
     zero = dict.fromkeys(("target", "draft", "csd"), 0.0)
-    application._rates[RANDOM_NAME] = Rates(zero, zero)  # a (wrong) estimate that fits
+    application.timings.known[RANDOM_NAME] = Rates(zero, zero)  # a (wrong) estimate that fits
     controls = _controls(application)
     with pytest.raises(
         gr.Error, match=r"ran past the time limit of 0.2 s per request on this server and was stopped: ask for fewer"
@@ -426,7 +426,7 @@ def test_a_chosen_pair_starts_its_recomputes_at_the_images_its_own_rates_fit():
     for name, per_step in ((mar, 0.002), (xar, 0.08)):
         store.get(name)
         one = {k: per_step for k in ("target", "draft", "csd")}
-        application._rates[name] = Rates(one, {k: 4 * v for k, v in one.items()}, batch=4)  # linear in the batch
+        application.timings.known[name] = Rates(one, {k: 4 * v for k, v in one.items()}, batch=4)  # linear in the batch
     assert tab.analysis_images(mar) == 4 and tab.frontier_images(mar) == 4
     n = tab.analysis_images(xar)
     assert 1 <= n < 4
