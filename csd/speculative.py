@@ -73,7 +73,8 @@ def make_step(
     noise (``{phase}_head``), and their tokens written to the canvas. The draft's steps (``phase`` "draft")
     run on its sampler settings and state of the generation. Returns the step's trajectories, noise and chains."""
     pos, noise = run.plan.positions(s), run.noise("chain", run.plan.sizes[s], steps)
-    config, state = (run.draft_sampling, run.draft_state) if phase == "draft" else (run.sampling, run.target_state)
+    drafting = phase == "draft" and run.draft is not None  # a block's step, not a draft-only run's
+    config, state = (run.draft_sampling, run.draft_state) if drafting else (run.sampling, run.target_state)
     with run.recorder.timed(f"{phase}_backbone"):
         cfg = torch.full((pos.numel(),), run.plan.cfg[s], device=pos.device, dtype=config.dtype)
         chain = model.predict(state, tokens, mask, pos, cfg, steps)
