@@ -202,10 +202,19 @@ class ModelFamily(Protocol):
         returns them) under ``config``: every :meth:`predict` and :meth:`verify` of the generation takes it."""
 
     def predict(
-        self, state: ModelState, tokens: Tensor, mask: Tensor, pos: Tensor, cfg: Tensor, steps: int
+        self,
+        state: ModelState,
+        tokens: Tensor,
+        mask: Tensor,
+        pos: Tensor,
+        cfg: Tensor,
+        steps: int,
+        known: int | None = None,
     ) -> TokenChain:
         """One AR step: read the context (``tokens`` (B, N, d) where ``~mask``) and return the chains of
-        the tokens at ``pos`` (B, k), guided per row by ``cfg`` (B*k,), of ``steps`` transitions."""
+        the tokens at ``pos`` (B, k), guided per row by ``cfg`` (B*k,), of ``steps`` transitions. ``known``:
+        the tokens (rows) every image has made so far, as the decoding loop knows them on the host; a family
+        uses it instead of reading the mask or positions back from the device (None: it may read them)."""
 
     def verify(
         self,
@@ -217,13 +226,15 @@ class ModelFamily(Protocol):
         steps: int,
         drafted: Tensor | None = None,
         sizes: Sequence[int] | None = None,
+        known: int | None = None,
     ) -> TokenChain:
         """The chains of a whole drafted block (``pos`` (B, k): all its AR steps' positions) from the
         context before the block, in one verification pass. ``drafted`` (B*k, d): the draft's tokens
         of the block, for a family whose later positions are conditioned on the earlier ones (xAR:
         each drafted cell is verified given the cells drafted before it); MAR-like families ignore it,
         unless ``sizes`` (the block's tokens per AR step) asks for the exact block: each step's chains
-        given the context plus the block's drafted steps before it."""
+        given the context plus the block's drafted steps before it. ``known``: the tokens every image had
+        made before the block (as in :meth:`predict`)."""
 
     def join(self, chains: Sequence[TokenChain], batch: int) -> TokenChain:
         """The chains of several AR steps of a block as one, rows image-major over the whole block."""

@@ -80,11 +80,12 @@ ALONE = {
 class Recorder:
     """A run's trace (:class:`csd.trace.Trace`), its phases' times and work (:class:`PhaseTimer`), and its
     progress (``on_step``, see :data:`csd.decoding.StepCallback`), for a run on the canvas ``tokens`` (B, N, d)
-    in AR steps of ``sizes`` tokens. The trace is in the canvas's precision (float64 or float32), kept on the
-    device until the run ends on CUDA, and keeps :class:`csd.trace.TokenDetails` of chains up to
-    ``detail_steps`` transitions where given. ``maker``: who makes the pre-filled tokens (``Maker.PREFILL``
-    under CSD, else ``Maker.TARGET`` or ``Maker.DRAFT``), which names the pre-fill's phases (:data:`ALONE`);
-    ``aligned``: whether the target's chains run on the draft's noise (CSD's ``align``)."""
+    in AR steps of ``sizes`` tokens. The trace is in the canvas's precision (float64 or float32); its writes
+    are kept on the device until the run ends (on every device: the loop never reads it on the host), and it
+    keeps :class:`csd.trace.TokenDetails` of chains up to ``detail_steps`` transitions where given.
+    ``maker``: who makes the pre-filled tokens (``Maker.PREFILL`` under CSD, else ``Maker.TARGET`` or
+    ``Maker.DRAFT``), which names the pre-fill's phases (:data:`ALONE`); ``aligned``: whether the target's
+    chains run on the draft's noise (CSD's ``align``)."""
 
     def __init__(
         self,
@@ -98,7 +99,7 @@ class Recorder:
     ):
         (b, n, d), device = tokens.shape, tokens.device
         dtype = np.float64 if tokens.dtype == torch.float64 else np.float32
-        self.trace = Trace.empty(b, n, sizes, settings, dtype, defer=device.type == "cuda")
+        self.trace = Trace.empty(b, n, sizes, settings, dtype, defer=True)  # written when the run ends
         if detail_steps is not None:
             self.trace.keep_details(detail_steps, d)
         self.timer, self.maker, self.aligned = PhaseTimer(device), maker, aligned

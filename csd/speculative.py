@@ -77,7 +77,7 @@ def make_step(
     config, state = (run.draft_sampling, run.draft_state) if drafting else (run.sampling, run.target_state)
     with run.recorder.timed(f"{phase}_backbone"):
         cfg = torch.full((pos.numel(),), run.plan.cfg[s], device=pos.device, dtype=config.dtype)
-        chain = model.predict(state, tokens, mask, pos, cfg, steps)
+        chain = model.predict(state, tokens, mask, pos, cfg, steps, known=sum(run.plan.sizes[:s]))
     with run.recorder.timed(f"{phase}_head", tokens=pos.numel(), steps=config.head_calls(steps)):  # Heun: two calls
         traj = chain.run(noise)
     commit(tokens, mask, pos, traj.x)
@@ -124,10 +124,11 @@ def verify(run: Run, block: Block) -> Proposal:
     sizes = None if run.csd.block == "published" else block.sizes
     passes = 1 if sizes is None or run.target.traits.verifies_in_context else len(sizes)
     with run.recorder.timed("target_backbone", calls=passes):
-        scales = torch.tensor([run.plan.cfg[j] for j in block.steps], dtype=run.dtype)  # per AR step
-        cfg = scales.repeat_interleave(torch.tensor(block.sizes)).repeat(run.batch).to(run.tokens.device)  # per row
+        per_row = [run.plan.cfg[j] for j, size in zip(block.steps, block.sizes, strict=True) for _ in range(size)]
+        cfg = torch.tensor(per_row * run.batch, dtype=run.dtype, device=run.tokens.device)  # image-major rows
+        known = sum(run.plan.sizes[: block.steps.start])
         chain_p = run.target.verify(
-            run.target_state, run.tokens, run.mask, block.pos, cfg, block.t_p, block.draft.x, sizes
+            run.target_state, run.tokens, run.mask, block.pos, cfg, block.t_p, block.draft.x, sizes, known=known
         )
     rows = block.pos.shape[1]
     noise = block.noise if run.csd.align else run.noise("independent", rows, block.t_p)

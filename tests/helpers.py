@@ -61,7 +61,7 @@ class ToyARModel(MaskedARFamily, nn.Module):
         self.table = nn.Parameter(torch.tensor(shifts).unsqueeze(-1).repeat(1, chain.token_dim), requires_grad=False)
         self.head = _Head(chain)
 
-    def conditions(self, tokens: Tensor, mask: Tensor, labels: Tensor, guided: bool):
+    def conditions(self, tokens: Tensor, mask: Tensor, labels: Tensor, guided: bool, known: int | None = None):
         z = self.table[labels].unsqueeze(1).expand(-1, self.seq_len, -1)
         return z, (z if guided else None)
 

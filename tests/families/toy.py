@@ -136,7 +136,7 @@ class ToyAR(nn.Module):
         """Nothing is kept between passes: the state is the conditions and the settings."""
         return ModelState(conditions, config)
 
-    def predict(self, state: ModelState, tokens, mask, pos, cfg, steps: int) -> HeadChain:
+    def predict(self, state: ModelState, tokens, mask, pos, cfg, steps: int, known=None) -> HeadChain:
         config = state.config
         z, z_uncond = self.conditions(tokens, state.conditions, config)
         cond = (
@@ -146,7 +146,9 @@ class ToyAR(nn.Module):
         )
         return HeadChain(self.head.chain(steps), cond, config.temperature)
 
-    def verify(self, state: ModelState, tokens, mask, pos, cfg, steps: int, drafted=None, sizes=None) -> HeadChain:
+    def verify(
+        self, state: ModelState, tokens, mask, pos, cfg, steps: int, drafted=None, sizes=None, known=None
+    ) -> HeadChain:
         """One pass with the drafted tokens (B*k, d) in place: each is verified given those drafted before it."""
         if drafted is not None:
             tokens = tokens.scatter(1, pos[..., None].expand(-1, -1, self.token_dim), drafted.reshape(*pos.shape, -1))

@@ -100,15 +100,15 @@ def test_generation_is_seeded_and_batch_invariant(pair64):
     assert_differ64(other.tokens[0], both.tokens[0], "another prompt", by=1e-2)  # the prompt conditions the image
 
 
-def _recomputed(model, tokens, mask, prompts, guided, prompt_kv=None):
+def _recomputed(model, tokens, mask, prompts, guided, prompt_kv=None, known=None):
     """What Harmon.conditions computes, with the prompt run again in the pass (``prompt_kv``, the generation's
     prompt caches, left unread)."""
     b = tokens.shape[0]
     if not guided:
-        return model.backbone(tokens, mask, prompts.ids, prompts.attn), None
+        return model.backbone(tokens, mask, prompts.ids, prompts.attn, known=known), None
     ids, attn, null_ids, null_attn = prompts.both(model.tokenizer.pad_token_id)
     two = lambda t: torch.cat([t, t])
-    z = model.backbone(two(tokens), two(mask), torch.cat([ids, null_ids]), torch.cat([attn, null_attn]))
+    z = model.backbone(two(tokens), two(mask), torch.cat([ids, null_ids]), torch.cat([attn, null_attn]), known=known)
     return z[:b], z[b:]
 
 

@@ -190,15 +190,19 @@ class Harmon(MaskedARFamily, nn.Module):
         attn: Tensor,
         prompt_cache: DynamicCache | None = None,
         decoder: DecoderPass | None = None,
+        known: int | None = None,
     ) -> Tensor:
         """tokens (B, N, d), mask (B, N) True = unknown, prompt ids and attention mask (B, L) ->
         per-position conditions z (B, N, dec).
 
         ``prompt_cache``: the LLM's keys and values of these prompts (:meth:`prompt_cache`); the pass
         then runs the image rows only, on top of it, and crops the cache back to the prompt after (the
-        official sampler's cache). Without it the prompt runs again in the same pass."""
+        official sampler's cache). Without it the prompt runs again in the same pass. ``known``: the known
+        tokens of every row, where the caller knows them (:meth:`csd.models.mar.MAR.forward_mae_encoder`)."""
         b, buf = tokens.shape[0], self.config.mar.buffer_size
-        x_enc = self.mar.forward_mae_encoder(tokens, mask, self.mar.fake_latent.expand(b, -1))  # (B, buf + known, enc)
+        x_enc = self.mar.forward_mae_encoder(
+            tokens, mask, self.mar.fake_latent.expand(b, -1), known
+        )  # (B, buf+known, enc)
         rows = self.proj_in(x_enc)
         rows = torch.cat([rows[:, buf:], rows[:, :buf]], dim=1)  # the buffer moves to the end
         full = torch.cat([attn, attn.new_ones(b, rows.shape[1])], dim=1)
@@ -219,7 +223,7 @@ class Harmon(MaskedARFamily, nn.Module):
             prompt_cache.crop(-rows.shape[1])  # drop the rows just appended
         out = out.last_hidden_state[:, -rows.shape[1] :]
         out = torch.cat([out[:, -buf:], out[:, :-buf]], dim=1)  # and back to the start
-        return self.mar.forward_mae_decoder(x_enc + self.proj_out(out).to(x_enc.dtype), mask, decoder)
+        return self.mar.forward_mae_decoder(x_enc + self.proj_out(out).to(x_enc.dtype), mask, decoder, known)
 
     def prompt_cache(self, ids: Tensor, attn: Tensor) -> DynamicCache:
         """The LLM's keys and values of the prompts ids, attn (B, L): what every AR step's pass reads
@@ -236,11 +240,12 @@ class Harmon(MaskedARFamily, nn.Module):
         guided: bool,
         decoder: DecoderPass | None = None,
         prompt_kv: dict[bool, DynamicCache] | None = None,
+        known: int | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Conditional z and, when ``guided``, the null prompt's z from one doubled-batch pass.
         ``prompt_kv``: a generation's prompt keys and values per guidance (its state's): made at the first
         pass of each guidance and read by the later ones, which run the image rows only; without it the
-        prompts run in the pass."""
+        prompts run in the pass. ``known`` as :meth:`backbone`."""
         b = tokens.shape[0]
         if guided:
             ids, attn, null_ids, null_attn = prompts.both(self.tokenizer.pad_token_id)
@@ -253,7 +258,7 @@ class Harmon(MaskedARFamily, nn.Module):
             if guided not in prompt_kv:
                 prompt_kv[guided] = self.prompt_cache(ids, attn)
             cache = prompt_kv[guided]
-        z = self.backbone(tokens, mask, ids, attn, cache, decoder)
+        z = self.backbone(tokens, mask, ids, attn, cache, decoder, known)
         return (z[:b], z[b:]) if guided else (z, None)
 
     # --- training -----------------------------------------------------------------------------------

@@ -110,32 +110,41 @@ class MaskedARFamily:
         return MaskedState(conditions, config)
 
     def guided_conditions(
-        self, state: MaskedState, tokens: Tensor, mask: Tensor, pos: Tensor | None = None
+        self, state: MaskedState, tokens: Tensor, mask: Tensor, pos: Tensor | None = None, known: int | None = None
     ) -> tuple[Tensor, Tensor | None]:
         """One backbone pass, under autocast when a reduced precision is asked; z comes back in float32.
         With the condition cache (``config.cond_cache``) a guided pass that is not a full one runs
         the conditional half only and takes z_uncond = z + the last full pass's difference. With the
         token cache (``config.token_cache``) the decoder recomputes part of its rows at most passes,
         always those at ``pos`` (B, k), the positions the pass is for. Both caches are the generation's
-        (``state``)."""
+        (``state``). ``known``: the known tokens of every row, where the caller knows them (the backbone then
+        reads nothing on the host: :meth:`csd.models.mar.MAR.forward_mae_encoder`)."""
         config = state.config
         decoder = decoder_pass(state.decoder, config, pos)
         if not (config.guided and config.cond_cache is not None):
-            return self._conditions(state, tokens, mask, config.guided, decoder)
+            return self._conditions(state, tokens, mask, config.guided, decoder, known)
         cache = state.guidance
         full, cache.passes = config.full_guidance_pass(cache.passes), cache.passes + 1
         if not full and cache.difference is not None:
-            z, _ = self._conditions(state, tokens, mask, False, decoder)
+            z, _ = self._conditions(state, tokens, mask, False, decoder, known)
             return z, z + cache.difference
-        z, z_uncond = self._conditions(state, tokens, mask, True, decoder)
+        z, z_uncond = self._conditions(state, tokens, mask, True, decoder, known)
         cache.difference = z_uncond - z
         return z, z_uncond
 
     def _conditions(
-        self, state: MaskedState, tokens: Tensor, mask: Tensor, guided: bool, decoder: DecoderPass | None = None
+        self,
+        state: MaskedState,
+        tokens: Tensor,
+        mask: Tensor,
+        guided: bool,
+        decoder: DecoderPass | None = None,
+        known: int | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         dtype = PRECISIONS[state.config.precision]
         extra = {} if decoder is None else {"decoder": decoder}
+        if known is not None:
+            extra["known"] = known
         if state.prompt_kv is not None:
             extra["prompt_kv"] = state.prompt_kv
         if dtype is None:
@@ -144,12 +153,12 @@ class MaskedARFamily:
             z, z_uncond = self.conditions(tokens, mask, state.conditions, guided, **extra)
         return z.float(), None if z_uncond is None else z_uncond.float()
 
-    def predict(self, state: MaskedState, tokens, mask, pos, cfg, steps: int) -> HeadChain | DetailChains:
+    def predict(self, state: MaskedState, tokens, mask, pos, cfg, steps: int, known=None) -> HeadChain | DetailChains:
         """One backbone pass and the head's chains of the tokens at ``pos``, on ``config.sampler``. Under
         GtR's FTS a reconstruction step's chains are :class:`csd.models.mar.DetailChains`: ``steps`` for
         its detail tokens, GtR's head steps for the others."""
         config = state.config
-        z, z_uncond = self.guided_conditions(state, tokens, mask, pos)
+        z, z_uncond = self.guided_conditions(state, tokens, mask, pos, known)
         if z_uncond is None:
             cond = HeadCondition(gather_rows(z, pos))
         else:
@@ -172,7 +181,9 @@ class MaskedARFamily:
             return self.head.chain(steps, *sampler)
         return self.head.chain(steps, *sampler, autocast=PRECISIONS[config.precision])
 
-    def verify(self, state: MaskedState, tokens, mask, pos, cfg, steps: int, drafted=None, sizes=None) -> HeadChain:
+    def verify(
+        self, state: MaskedState, tokens, mask, pos, cfg, steps: int, drafted=None, sizes=None, known=None
+    ) -> HeadChain:
         """The published block (``sizes`` None): one pass over the context before the block gives every
         position's condition, so verifying a block is predicting all of its positions at once (the drafted
         tokens play no part). The exact block (``sizes``: the block's tokens per AR step): each step's
@@ -180,13 +191,14 @@ class MaskedARFamily:
         image-major), one backbone pass per step (the encoder keeps the known tokens of every row of a pass,
         as many in each: the views, which know more tokens step by step, cannot share one)."""
         if sizes is None or len(sizes) == 1:
-            return self.predict(state, tokens, mask, pos, cfg, steps)
+            return self.predict(state, tokens, mask, pos, cfg, steps, known)
         b, config = tokens.shape[0], state.config
         view_tokens, view_mask = block_views(tokens, mask, pos, drafted, sizes)
         conds, start, cfg = [], 0, cfg.reshape(b, -1)
         for k, size in enumerate(sizes):  # step k's rows from view k
             at, rows = pos[:, start : start + size], slice(k * b, (k + 1) * b)
-            z, z_uncond = self.guided_conditions(state, view_tokens[rows], view_mask[rows])
+            view_known = None if known is None else known + start  # view k knows the block's steps before k
+            z, z_uncond = self.guided_conditions(state, view_tokens[rows], view_mask[rows], known=view_known)
             if z_uncond is None:
                 conds.append(HeadCondition(gather_rows(z, at)))
             else:

@@ -217,6 +217,14 @@ def training_mask(config: MARConfig, batch: int, n: int, generator: torch.Genera
     return mask
 
 
+def kept_index(mask: Tensor, buffer: int, known: int) -> Tensor:
+    """The positions the encoder keeps, in order: the ``buffer`` rows, then every known token (``~mask``
+    (B, N), ``known`` of them in each row): (B, buffer + known), found on the device (a stable sort puts the
+    kept positions first, each in its place), so the host reads nothing."""
+    keep = torch.cat([torch.ones_like(mask[:, :buffer]), ~mask], dim=1).to(torch.uint8)
+    return keep.sort(dim=1, descending=True, stable=True).indices[:, : buffer + known]
+
+
 def resize_grid(pos: Tensor, side: int, buffer: int) -> Tensor:
     """Position embeddings (1, buffer + s*s, D) for a side x side token grid: the buffer rows kept, the
     image rows resized bilinearly (as Harmon does for 512 px, a 32 x 32 grid of a 16 x 16 MAR)."""
@@ -293,10 +301,10 @@ class MAR(MaskedARFamily, nn.Module):
         """(B, enc) embeddings of class ids; ``labels=None`` gives the unconditional embedding."""
         if labels is None:
             return self.fake_latent.expand(batch, -1)
-        if labels.device.type != "cpu":  # checked on the device: reading the labels back would wait for it
-            torch._assert_async(((labels >= 0) & (labels < self.config.class_num)).all())
-        elif labels.numel() and (labels.min() < 0 or labels.max() >= self.config.class_num):
-            raise ValueError(f"class labels must be in [0, {self.config.class_num - 1}], got {labels.tolist()}")
+        # checked on the device (reading the labels back would make the host wait for it): a RuntimeError
+        # naming the range where one is out of it (a run's labels are checked before it starts, by the family)
+        in_range = ((labels >= 0) & (labels < self.config.class_num)).all()
+        torch._assert_async(in_range, f"class labels must be in [0, {self.config.class_num - 1}]")
         return self.class_emb(labels)
 
     def _side(self, tokens: Tensor) -> int:
@@ -305,31 +313,41 @@ class MAR(MaskedARFamily, nn.Module):
             raise ValueError(f"tokens must form a square grid, got {tokens.shape[1]} per image")
         return side
 
-    def forward_mae_encoder(self, tokens: Tensor, mask: Tensor, class_emb: Tensor) -> Tensor:
+    def forward_mae_encoder(self, tokens: Tensor, mask: Tensor, class_emb: Tensor, known: int | None = None) -> Tensor:
         """tokens (B, N, d), mask (B, N) True = unknown, class_emb (B, enc) -> (B, buffer + known, enc).
 
-        Every row must have the same number of known tokens (true for MAR's schedules). A grid other
+        Every row must have the same number of known tokens (true for MAR's schedules); ``known``, that
+        number where the caller knows it (a decoding loop does), gathers them without reading the mask on the
+        host (:func:`kept_index`); None reads it (boolean indexing, as the official code does). A grid other
         than the model's own (N != seq_len) takes resized position embeddings (:func:`resize_grid`)."""
         b = tokens.shape[0]
         x = self.z_proj(tokens)
         buf = self.config.buffer_size
         x = torch.cat([class_emb.unsqueeze(1).expand(b, buf, -1).to(x.dtype), x], dim=1)
         x = self.z_proj_ln(x + resize_grid(self.encoder_pos_embed_learned, self._side(tokens), buf))
-        keep = torch.cat([torch.ones(b, buf, dtype=torch.bool, device=x.device), ~mask], dim=1)
-        x = x[keep].reshape(b, -1, x.shape[-1])
+        if known is None:
+            keep = torch.cat([torch.ones(b, buf, dtype=torch.bool, device=x.device), ~mask], dim=1)
+            x = x[keep].reshape(b, -1, x.shape[-1])
+        else:
+            x = x.gather(1, kept_index(mask, buf, known)[..., None].expand(-1, -1, x.shape[-1]))
         for block in self.encoder_blocks:
             x = block(x)
         return self.encoder_norm(x)
 
-    def forward_mae_decoder(self, x: Tensor, mask: Tensor, decoder: DecoderPass | None = None) -> Tensor:
+    def forward_mae_decoder(
+        self, x: Tensor, mask: Tensor, decoder: DecoderPass | None = None, known: int | None = None
+    ) -> Tensor:
         """Encoder output and mask -> per-position conditions z (B, N, dec). ``decoder``: this pass under
-        LazyMAR's token cache (:mod:`csd.models.mar.token_cache`)."""
+        LazyMAR's token cache (:mod:`csd.models.mar.token_cache`); ``known`` as :meth:`forward_mae_encoder`."""
         b = x.shape[0]
         x = self.decoder_embed(x)
         buf = self.config.buffer_size
         keep = torch.cat([torch.ones(b, buf, dtype=torch.bool, device=x.device), ~mask], dim=1)
         full = self.mask_token.to(x.dtype).expand(b, keep.shape[1], -1).clone()
-        full[keep] = x.reshape(-1, x.shape[-1])
+        if known is None:
+            full[keep] = x.reshape(-1, x.shape[-1])
+        else:
+            full = full.scatter(1, kept_index(mask, buf, known)[..., None].expand(-1, -1, x.shape[-1]), x)
         side = self._side(mask.unsqueeze(-1))
         x = full + resize_grid(self.decoder_pos_embed_learned, side, buf)
         if decoder is not None:
@@ -339,23 +357,35 @@ class MAR(MaskedARFamily, nn.Module):
                 x = block(x)
         return self.decoder_norm(x)[:, buf:] + resize_grid(self.diffusion_pos_embed_learned, side, 0)
 
-    def backbone(self, tokens: Tensor, mask: Tensor, class_emb: Tensor, decoder: DecoderPass | None = None) -> Tensor:
-        """One backbone pass (encoder then decoder): per-position conditions z (B, N, dec)."""
-        return self.forward_mae_decoder(self.forward_mae_encoder(tokens, mask, class_emb), mask, decoder)
+    def backbone(
+        self, tokens: Tensor, mask: Tensor, class_emb: Tensor, decoder: DecoderPass | None = None, known=None
+    ) -> Tensor:
+        """One backbone pass (encoder then decoder): per-position conditions z (B, N, dec); ``known`` as
+        :meth:`forward_mae_encoder`."""
+        x = self.forward_mae_encoder(tokens, mask, class_emb, known)
+        return self.forward_mae_decoder(x, mask, decoder, known)
 
     def conditions(
-        self, tokens: Tensor, mask: Tensor, labels: Tensor, guided: bool, decoder: DecoderPass | None = None
+        self,
+        tokens: Tensor,
+        mask: Tensor,
+        labels: Tensor,
+        guided: bool,
+        decoder: DecoderPass | None = None,
+        known: int | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Conditional z and, when ``guided``, unconditional z from one doubled-batch pass."""
+        """Conditional z and, when ``guided``, unconditional z from one doubled-batch pass; ``known`` as
+        :meth:`forward_mae_encoder`."""
         b = tokens.shape[0]
         cond = self.class_embedding(labels)
         if not guided:
-            return self.backbone(tokens, mask, cond, decoder), None
+            return self.backbone(tokens, mask, cond, decoder, known), None
         z = self.backbone(
             torch.cat([tokens, tokens]),
             torch.cat([mask, mask]),
             torch.cat([cond, self.class_embedding(None, b)]),
             decoder,
+            known,
         )
         return z[:b], z[b:]
 

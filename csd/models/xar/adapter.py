@@ -51,6 +51,21 @@ def reused_tokens(cached: Tensor | None, clean: Tensor, cell_len: int) -> int:
     return int(same.cumprod(0).sum()) * cell_len
 
 
+def _first_cell(pos: Tensor, k: int, known: int | None, message: str) -> int:
+    """The first of the k consecutive cells every image makes at ``pos`` (B, k): ``known`` where the caller
+    knows it (checked on the device: the host reads nothing), else read from ``pos`` and checked there."""
+    if pos.shape[1] != k:
+        raise ValueError(message)
+    first = int(pos[0, 0]) if known is None else known
+    same = (pos == torch.arange(first, first + k, device=pos.device)).all()
+    if known is None:
+        if not bool(same):
+            raise ValueError(message)
+    else:
+        torch._assert_async(same, message)
+    return first
+
+
 class XARFamily:
     """:class:`csd.family.ModelFamily` for xAR models (see the module doc)."""
 
@@ -69,21 +84,18 @@ class XARFamily:
         """A generation's state: its labels and settings, the KV cache empty."""
         return XARState(conditions, config)
 
-    def predict(self, state: XARState, tokens, mask, pos, cfg, steps) -> CellChain:
-        """The chain of the next cell of every image: its context is every earlier cell, clean."""
-        cell = int(pos[0, 0])
-        if pos.shape[1] != 1 or bool((pos != cell).any()):
-            raise ValueError("xAR predicts one cell per AR step, the same for every image")
+    def predict(self, state: XARState, tokens, mask, pos, cfg, steps, known=None) -> CellChain:
+        """The chain of the next cell of every image: its context is every earlier cell, clean. ``known``:
+        the cells made so far (the next one's index), where the caller knows it; None reads it from ``pos``."""
+        cell = _first_cell(pos, 1, known, "xAR predicts one cell per AR step, the same for every image")
         return self._chain(state, tokens[:, :cell], cell, 1, cfg, steps)
 
-    def verify(self, state: XARState, tokens, mask, pos, cfg, steps, drafted=None, sizes=None) -> CellChain:
+    def verify(self, state: XARState, tokens, mask, pos, cfg, steps, drafted=None, sizes=None, known=None) -> CellChain:
         """The chains of a drafted block of consecutive cells in one pass per flow step: each drafted
         cell conditioned on the clean cells before it, the context's and the drafted ones (what the exact
         block asks for, ``sizes`` given or not)."""
-        first, k = int(pos[0, 0]), pos.shape[1]
-        expected = torch.arange(first, first + k, device=pos.device)
-        if bool((pos != expected).any()):
-            raise ValueError("xAR verifies consecutive cells, the same for every image")
+        k = pos.shape[1]
+        first = _first_cell(pos, k, known, "xAR verifies consecutive cells, the same for every image")
         if drafted is None:
             raise ValueError("xAR verifies each drafted cell given the cells drafted before it: pass drafted")
         b = tokens.shape[0]

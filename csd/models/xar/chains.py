@@ -32,6 +32,12 @@ def flow_times(num_steps: int, grid: str = "official") -> Tensor:
     return torch.cat([torch.linspace(1.0, 0.04, num_steps, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
 
 
+@functools.cache
+def flow_time_floats(num_steps: int, grid: str = "official") -> tuple[float, ...]:
+    """:func:`flow_times` as Python floats, made once per grid: what every transition reads on the host."""
+    return tuple(flow_times(num_steps, grid).tolist())
+
+
 @dataclass(frozen=True)
 class CellCondition:
     """What the chains of ``cells`` consecutive cells per image, from cell ``first``, are conditioned on:
@@ -97,7 +103,7 @@ class CellFlow:
     ):
         check_choice("head_sampler (a flow chain's)", sampler, FLOW_SAMPLERS)
         self.model, self.times = model, flow_times(num_steps, grid)  # an xAR network (csd.models.xar.network.XAR)
-        self._times = self.times.tolist()  # read at every transition, as Python floats
+        self._times = flow_time_floats(num_steps, grid)  # read at every transition, as Python floats
         self.token_dim, self.precision, self.sampler = model.token_dim, precision, sampler
         # the chains' tokens and statistics come out in the run's dtype: float64 for a float64 model
         self.out_dtype = torch.float64 if model.z_proj.weight.dtype == torch.float64 else torch.float32

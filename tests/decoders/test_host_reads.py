@@ -1,0 +1,51 @@
+"""The decoding loop reads nothing back from the device per AR step (issue 69): counted on the CPU, under a
+dispatch mode, as every op whose result the host must read (:mod:`csd.core.host_reads`), between two stops of
+the same run, so that set-up and teardown cancel.
+
+Target-only decoding reads nothing per AR step, for every family. CSD reads what is left to remove: the
+resampler selects the rejected rows of a block on the host (``nonzero``), once per block even when nothing is
+rejected, and redraws them in a loop that reads; with the target drafting for itself at gamma 1 (every token
+accepted, nothing redrawn) the selection is all it reads."""
+
+from __future__ import annotations
+
+import pytest
+
+from csd.config import CSDConfig, SamplingConfig
+from csd.core.host_reads import reads_per_step
+from csd.dispatch import Method
+from csd.models.registry import FAMILIES
+from csd.serving.pairs import random_spec, random_spec_pair
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def pair(request):
+    """A family's untrained pair, in float64 (where the target drafts for itself, every token is accepted)."""
+    return random_spec_pair(random_spec(request.param)).at_precision("float64")
+
+
+def runner(pair, method: Method, draft=None):
+    t = pair.traits
+    steps = t.fixed_num_steps or 8
+    settings = SamplingConfig.from_knobs(num_steps=steps, cfg_scale=2.0, head_steps=2, precision="float64")
+    conditions = list(pair.prompts[:1]) * 2 if pair.is_text else [0, 1]
+    draft = pair.draft if draft is None else draft
+    return lambda on_step: method.run(pair.target, draft, conditions, [0, 1], settings, on_step)
+
+
+def test_target_only_decoding_reads_nothing_back_per_ar_step(pair):
+    steps = pair.traits.fixed_num_steps or 8
+    per_step, by_op = reads_per_step(runner(pair, Method.target()), steps // 2, steps)
+    assert per_step == 0, by_op
+
+
+def test_csd_reads_only_the_rejected_rows_once_per_block(pair):
+    """Gamma 1 with the target drafting for itself: every token is accepted, and the loop's one read per
+    block is the resampler's selection of the rejected rows (none)."""
+    steps = pair.traits.fixed_num_steps or 8
+    method = Method.speculative(CSDConfig(gamma=1, prefill=0.0))
+    per_step, by_op = reads_per_step(runner(pair, method, draft=pair.target), steps // 2, steps)
+    assert by_op == {"nonzero": steps - steps // 2}, by_op  # one per block of one AR step
+    assert per_step == 1.0
