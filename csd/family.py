@@ -157,6 +157,12 @@ class ModelState:
     conditions: Any
     config: SamplingConfig
 
+    def rewind(self, known: int) -> None:
+        """The canvas may change from token (row) ``known`` on: a block's drafted tokens, now decided (some
+        redrawn). A state that keeps something of those tokens forgets it, to make it again from the canvas
+        at the next pass; the decoding loop calls this after every block, so that a state never compares the
+        canvas with what it keeps (a read on the host). Nothing to forget here."""
+
 
 class TokenChain(Protocol):
     """The Gaussian chains of ``rows`` tokens (or cells), bound to their conditions and temperature.

@@ -179,6 +179,8 @@ def _keep(run: Run, block: Block, accepted: Tensor) -> Tensor:
 def commit_block(run: Run, block: Block, decision: Decision) -> None:
     """Commit the kept steps of the block (:func:`_keep`); the next block starts after them."""
     commit(run.tokens, run.mask, block.pos[:, : block.kept_rows], block.kept_of(decision.x))
+    for state in (run.target_state, run.draft_state):  # the block's drafted tokens are decided: kept from here on
+        state.rewind(sum(run.plan.sizes[: block.steps.start]))
     run.committed = block.steps.start + block.kept
     run.recorder.committed(block, decision)
 

@@ -8,8 +8,10 @@ in time. :class:`HostReads` counts those ops on any device, the CPU included, un
   ``aten.equal``, ``aten.is_nonzero``;
 * outputs sized by the data: ``nonzero``, ``masked_select``, ``bincount``, ``unique``, ``repeat_interleave``
   with a tensor of repeats, and indexing or index-assignment with a boolean mask;
-* whole-tensor reads the dispatcher does not see: ``Tensor.tolist``, ``Tensor.numpy`` and
-  ``Tensor.__array__`` (wrapped while the mode is on).
+* reads through the tensor's Python methods, which the dispatcher does not always see (``int(t)`` and
+  ``t.item()`` of an inference tensor skip it): ``tolist``, ``numpy``, ``__array__``, ``item``, ``__int__``,
+  ``__float__``, ``__index__`` and ``__bool__``, wrapped while the mode is on and counted once each (the ops
+  they dispatch are not counted again).
 
 :func:`reads_per_step` counts a decoding run's reads per AR step inside its loop: the run is stopped (through its
 ``on_step`` callback) after two different numbers of AR steps, so the reads of set-up cancel in the difference
@@ -38,7 +40,7 @@ SIZED_BY_DATA = {
     aten.repeat_interleave.Tensor,
 }
 INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
-HOST_METHODS = ("tolist", "numpy", "__array__")
+HOST_METHODS = ("tolist", "numpy", "__array__", "item", "__int__", "__float__", "__index__", "__bool__")
 
 
 def _boolean_index(args: tuple) -> bool:
@@ -62,13 +64,14 @@ class HostReads(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.counts: Counter = Counter()
+        self._in_method = False  # inside a wrapped method: counted there, not again by what it dispatches
 
     @property
     def total(self) -> int:
         return sum(self.counts.values())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if is_host_read(func, args):
+        if not self._in_method and is_host_read(func, args):
             self.counts[func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
 
@@ -78,8 +81,14 @@ class HostReads(TorchDispatchMode):
 
         def counted(name: str, method: Callable) -> Callable:
             def read(tensor, *args, **kwargs):
+                if self._in_method:
+                    return method(tensor, *args, **kwargs)
                 self.counts[name] += 1
-                return method(tensor, *args, **kwargs)
+                self._in_method = True
+                try:
+                    return method(tensor, *args, **kwargs)
+                finally:
+                    self._in_method = False
 
             return read
 

@@ -21,7 +21,8 @@ def test_each_kind_of_host_read_is_counted_once_and_device_side_ops_not_at_all()
         torch.bincount(idx), torch.repeat_interleave(idx)
         x.tolist(), x.numpy()
     assert reads.counts == {
-        "_local_scalar_dense": 2,
+        "__float__": 1,
+        "__bool__": 1,
         "index": 1,
         "nonzero": 1,
         "index_put_": 1,
@@ -53,7 +54,17 @@ def _loop(reads_per_step: int, setup_reads: int):
 def test_reads_per_step_cancels_set_up_and_stops_before_teardown(per_step):
     total, by_op = reads_per_step(_loop(per_step, setup_reads=5), 4, 10)
     assert total == per_step and sum(by_op.values()) == 6 * per_step
-    assert reads_until(_loop(per_step, 5), 4) == (4, {"_local_scalar_dense": 5 + 4 * per_step})
+    assert reads_until(_loop(per_step, 5), 4) == (4, {"item": 5, "__bool__": 4 * per_step} if per_step else {"item": 5})
+
+
+def test_scalar_reads_of_inference_tensors_are_counted():
+    """Under inference mode, ``int(t)`` and ``t.item()`` do not reach a dispatch mode: the wrapped methods see
+    them, each once."""
+    with torch.inference_mode():
+        t = torch.arange(4)
+        with HostReads().watching() as reads:
+            int(t.sum()), t.sum().item(), float(t[0]), bool(t.any()), [0, 1][t[1]]
+    assert reads.counts == {"__int__": 1, "item": 1, "__float__": 1, "__bool__": 1, "__index__": 1}
 
 
 def test_what_a_first_run_does_once_is_not_counted_as_the_loops():
@@ -76,6 +87,6 @@ def test_drafted_steps_do_not_stop_the_count_and_a_short_run_is_named():
                 torch.ones(1).item()
                 on_step(s + 1, 8, "verify")
 
-    assert reads_until(run, 2) == (4, {"_local_scalar_dense": 1})
+    assert reads_until(run, 2) == (4, {"item": 1})
     with pytest.raises(ValueError, match="ended before committing 9"):
         reads_until(run, 9)

@@ -278,8 +278,11 @@ def _encoded_cells(model: XAR, monkeypatch) -> list[int]:
 @pytest.mark.kernels
 def test_a_generation_encodes_each_clean_cell_once(xar_pair, monkeypatch):
     """The KV cache of a generation grows by one cell per AR step, as the official sampler's: 15 cells encoded
-    for 16 (re-encoding the context at every step would be 120). With the target drafting for itself, every
-    drafted cell is committed as drafted, and each model again encodes each clean cell once: 15 + 15."""
+    for 16 (re-encoding the context at every step would be 120). Under CSD the loop rewinds both states to
+    each block's start once it is decided (a redrawn cell is not compared on the host), so each model encodes
+    a block's cells once more in the next block: with the target drafting for itself (gamma 5, cells 0-1
+    pre-filled, blocks 2-6, 7-11, 12-15, every cell accepted) the draft encodes 6 + 9 + 8 and the target
+    1 + 5 + 9 + 8: 23 each."""
     from csd.config import CSDConfig
     from csd.sampling import generate
     from csd.speculative import speculative_generate
@@ -291,7 +294,7 @@ def test_a_generation_encodes_each_clean_cell_once(xar_pair, monkeypatch):
     assert calls == [1] * 15
     calls.clear()
     same = speculative_generate(target, target, [1, 2], [5, 6], s, CSDConfig(gamma=5, prefill=0.1))
-    assert same.trace.acceptance_rate == 1.0 and sum(calls) == 2 * 15
+    assert same.trace.acceptance_rate == 1.0 and sum(calls) == 2 * 23
 
 
 @pytest.mark.kernels

@@ -39,6 +39,11 @@ class XARState(ModelState):
 
     cells: Tensor | None = None
     kv: list[tuple[Tensor, Tensor]] | None = None
+    valid: int = 0  # cells held that equal the canvas's, as the decoding loop keeps it (see rewind)
+
+    def rewind(self, known: int) -> None:
+        """Cells from ``known`` on may have changed: encoded again at the next pass that reads them."""
+        self.valid = min(self.valid, known)
 
 
 def reused_tokens(cached: Tensor | None, clean: Tensor, cell_len: int) -> int:
@@ -88,7 +93,7 @@ class XARFamily:
         """The chain of the next cell of every image: its context is every earlier cell, clean. ``known``:
         the cells made so far (the next one's index), where the caller knows it; None reads it from ``pos``."""
         cell = _first_cell(pos, 1, known, "xAR predicts one cell per AR step, the same for every image")
-        return self._chain(state, tokens[:, :cell], cell, 1, cfg, steps)
+        return self._chain(state, tokens[:, :cell], cell, 1, cfg, steps, known is not None)
 
     def verify(self, state: XARState, tokens, mask, pos, cfg, steps, drafted=None, sizes=None, known=None) -> CellChain:
         """The chains of a drafted block of consecutive cells in one pass per flow step: each drafted
@@ -100,22 +105,29 @@ class XARFamily:
             raise ValueError("xAR verifies each drafted cell given the cells drafted before it: pass drafted")
         b = tokens.shape[0]
         clean = torch.cat([tokens[:, :first], drafted.reshape(b, k, -1)[:, : k - 1].to(tokens.dtype)], dim=1)
-        return self._chain(state, clean, first, k, cfg, steps)
+        return self._chain(state, clean, first, k, cfg, steps, known is not None)
 
-    def _chain(self, state: XARState, clean_cells: Tensor, first: int, k: int, cfg, steps) -> CellChain:
-        """Chains of cells first .. first + k - 1 over the clean cells (B, C, cell width) before the last."""
+    def _chain(
+        self, state: XARState, clean_cells: Tensor, first: int, k: int, cfg, steps, loop: bool = False
+    ) -> CellChain:
+        """Chains of cells first .. first + k - 1 over the clean cells (B, C, cell width) before the last.
+        ``loop``: called by the decoding loop (which rewinds the state after every block), see :meth:`_context`."""
         b, c, config = clean_cells.shape[0], self.config, state.config
-        cache = self._context(state, clean_cells.reshape(b, -1, c.token_dim))
+        cache = self._context(state, clean_cells.reshape(b, -1, c.token_dim), loop)
         cond = CellCondition(state.conditions, first, k, cache, cfg if config.guided else None)
         sampler = config.sampler.kind or "euler-maruyama"
         flow = CellFlow(self, self.head_steps(steps), PRECISIONS[config.precision], sampler, config.sampler.flow_grid)
         return CellChain(flow, cond, config.temperature)
 
-    def _context(self, state: XARState, clean: Tensor) -> list[tuple[Tensor, Tensor]] | None:
+    def _context(self, state: XARState, clean: Tensor, loop: bool = False) -> list[tuple[Tensor, Tensor]] | None:
         """Every block's keys and values of the clean cells (B, n, d) (None for none), from the state's cache:
-        the cells it already holds are read, the others encoded (once) and appended."""
-        n = clean.shape[1]
-        kept = reused_tokens(state.cells, clean, self.config.cell_len)
+        the cells it already holds are read, the others encoded (once) and appended. Which cells it holds are
+        still the canvas's: under the decoding loop, its ``valid`` ones (the loop rewinds the state after every
+        block: :meth:`XARState.rewind`); for any other caller, those equal to ``clean`` (compared: a read on
+        the host)."""
+        n, cell = clean.shape[1], self.config.cell_len
+        held = 0 if state.cells is None else min(state.cells.shape[1], n)
+        kept = min(state.valid * cell, held) if loop else reused_tokens(state.cells, clean, cell)
         if kept < n:
             labels, guided = state.conditions, state.config.guided
             new = clean[:, kept:]
@@ -125,6 +137,7 @@ class XARFamily:
             with torch.autocast(clean.device.type, dtype=precision or torch.float32, enabled=precision is not None):
                 state.kv = self.context_cache(torch.cat([new, new]) if guided else new, both, past)
             state.cells = torch.cat([state.cells[:, :kept], new], dim=1) if kept else new.clone()
+        state.valid = n // cell
         return None if n == 0 else _first_tokens(state.kv, n)
 
     def join(self, chains, batch: int) -> JoinedCells:
