@@ -225,6 +225,26 @@ def kept_index(mask: Tensor, buffer: int, known: int) -> Tensor:
     return keep.sort(dim=1, descending=True, stable=True).indices[:, : buffer + known]
 
 
+def keep_rows(x: Tensor, mask: Tensor, buffer: int, known: int | None) -> Tensor:
+    """The rows of x (B, buffer + N, D) the encoder keeps: the buffer and the known tokens, (B, buffer + known,
+    D); found by the mask on the host where ``known`` is None (boolean indexing, as the official code)."""
+    if known is None:
+        keep = torch.cat([torch.ones_like(mask[:, :buffer]), ~mask], dim=1)
+        return x[keep].reshape(x.shape[0], -1, x.shape[-1])
+    return x.gather(1, kept_index(mask, buffer, known)[..., None].expand(-1, -1, x.shape[-1]))
+
+
+def place_rows(full: Tensor, x: Tensor, mask: Tensor, buffer: int, known: int | None) -> Tensor:
+    """``full`` (B, buffer + N, D) with the kept rows x (B, buffer + known, D) put back in their places (the
+    inverse of :func:`keep_rows`; a new tensor)."""
+    if known is None:
+        keep = torch.cat([torch.ones_like(mask[:, :buffer]), ~mask], dim=1)
+        full = full.clone()
+        full[keep] = x.reshape(-1, x.shape[-1])
+        return full
+    return full.scatter(1, kept_index(mask, buffer, known)[..., None].expand(-1, -1, x.shape[-1]), x)
+
+
 def resize_grid(pos: Tensor, side: int, buffer: int) -> Tensor:
     """Position embeddings (1, buffer + s*s, D) for a side x side token grid: the buffer rows kept, the
     image rows resized bilinearly (as Harmon does for 512 px, a 32 x 32 grid of a 16 x 16 MAR)."""
@@ -325,11 +345,7 @@ class MAR(MaskedARFamily, nn.Module):
         buf = self.config.buffer_size
         x = torch.cat([class_emb.unsqueeze(1).expand(b, buf, -1).to(x.dtype), x], dim=1)
         x = self.z_proj_ln(x + resize_grid(self.encoder_pos_embed_learned, self._side(tokens), buf))
-        if known is None:
-            keep = torch.cat([torch.ones(b, buf, dtype=torch.bool, device=x.device), ~mask], dim=1)
-            x = x[keep].reshape(b, -1, x.shape[-1])
-        else:
-            x = x.gather(1, kept_index(mask, buf, known)[..., None].expand(-1, -1, x.shape[-1]))
+        x = keep_rows(x, mask, buf, known)
         for block in self.encoder_blocks:
             x = block(x)
         return self.encoder_norm(x)
@@ -342,12 +358,7 @@ class MAR(MaskedARFamily, nn.Module):
         b = x.shape[0]
         x = self.decoder_embed(x)
         buf = self.config.buffer_size
-        keep = torch.cat([torch.ones(b, buf, dtype=torch.bool, device=x.device), ~mask], dim=1)
-        full = self.mask_token.to(x.dtype).expand(b, keep.shape[1], -1).clone()
-        if known is None:
-            full[keep] = x.reshape(-1, x.shape[-1])
-        else:
-            full = full.scatter(1, kept_index(mask, buf, known)[..., None].expand(-1, -1, x.shape[-1]), x)
+        full = place_rows(self.mask_token.to(x.dtype).expand(b, buf + mask.shape[1], -1), x, mask, buf, known)
         side = self._side(mask.unsqueeze(-1))
         x = full + resize_grid(self.decoder_pos_embed_learned, side, buf)
         if decoder is not None:

@@ -6,7 +6,7 @@ Each pair decodes a batch of 2 at 16 AR steps (xAR: its 16 cells), 2 head steps,
 block starts depends on the verdicts). Reads are counted up to 8 and up to 16 committed AR steps; the
 difference over the steps between is what the loop reads per AR step.
 
-    python -m csd.experiments.host_reads --out bench/results/host_reads/host_reads.json
+    python -m csd.experiments.loop_reads --out bench/results/host_reads/host_reads.json
 """
 
 from __future__ import annotations
