@@ -1,4 +1,4 @@
-"""One value for what runs (issue 67): :class:`csd.Method` is target-only, draft-only or CSD with its settings;
+"""One value for what runs: :class:`csd.Method` is target-only, draft-only or CSD with its settings;
 its ``run`` is the direct sampler call it names (the same tokens and trace), its label the tools' name, and it
 is a frozen, hashable value."""
 

@@ -1,4 +1,4 @@
-"""The decoding loop reads nothing back from the device per AR step (issue 69): counted on the CPU, under a
+"""The decoding loop reads nothing back from the device per AR step: counted on the CPU, under a
 dispatch mode, as every op whose result the host must read (:mod:`csd.core.host_reads`), between two stops of
 the same run, so that set-up and teardown cancel.
 

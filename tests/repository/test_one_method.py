@@ -1,4 +1,4 @@
-"""One value for what runs (issue 67): the harnesses (the experiments, the app, the scripts, the records) choose
+"""One value for what runs: the harnesses (the experiments, the app, the scripts, the records) choose
 target-only, draft-only or CSD as a :class:`csd.Method` and run it; none of them calls ``generate`` or
 ``speculative_generate`` itself. Read from the source with ``ast`` (imports, calls and code held in strings,
 such as a worker script's), so neither an alias, a ``functools.partial`` of the sampler nor a lazy import hides a
@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLERS = {"generate", "speculative_generate"}
 SAMPLER_MODULES = {"csd", "csd.sampling", "csd.speculative"}
-# The harnesses issue 67 lists, each of which chose between the samplers itself, and two that did too.
+# The harnesses that each chose between the samplers themselves, and two more that did too.
 HARNESSES = (
     "csd/experiments/evaluate.py",
     "csd/experiments/prompts.py",
