@@ -174,6 +174,12 @@ class HeadAnneal:
 # --- LazyMAR's caches (masked families) ------------------------------------------------------------------
 
 
+def full_pass(index: int, start: int, every: int) -> bool:
+    """Whether LazyMAR's cache runs backbone pass ``index`` (0-based) in full: the first ``start`` passes, then
+    every ``every``-th."""
+    return index < start or (index - start) % every == 0
+
+
 @dataclass(frozen=True)
 class CondCache:
     """LazyMAR's condition cache (guided runs): a model's first ``start`` backbone passes and every
@@ -207,7 +213,7 @@ class CondCache:
 
     def full(self, index: int) -> bool:
         """Whether backbone pass ``index`` (0-based) runs both CFG halves."""
-        return index < self.start or (index - self.start) % self.every == 0
+        return full_pass(index, self.start, self.every)
 
 
 @dataclass(frozen=True)
@@ -258,7 +264,7 @@ class TokenCache:
 
     def full(self, index: int) -> bool:
         """Whether backbone pass ``index`` (0-based) runs the decoder over every row."""
-        return index < self.start or (index - self.start) % self.every == 0
+        return full_pass(index, self.start, self.every)
 
 
 # --- GtR (Yan et al., ICLR 2026; masked families) ---------------------------------------------------------
