@@ -26,6 +26,7 @@ from tests.fake_hub import fake_hub
 from tests.stubs import spaces as stub
 
 LIMITS = Limits(max_batch=2, max_steps=64, max_images=2)
+RUN_TIMEOUT_MS = 120_000  # a tiny pair's run takes seconds; a stall fails in two minutes, with what the page shows
 MAR_OFFICIAL = [s.name for s in pair_specs("official") if s.family == "mar"]  # H/B, L/B
 
 
@@ -107,11 +108,23 @@ def test_an_official_pair_in_chromium_gallery_token_map_and_an_inspector_click(o
     with open_page(url) as page:
         page.get_by_label("Model pair").first.click()
         page.get_by_role("option", name=MAR_OFFICIAL[1]).click()
-        page.get_by_role("button", name="Generate", exact=True).click()
+        # The pair's change has landed (its card line names it) before Generate: a visitor sees it first too.
         page.wait_for_function(
-            "() => { const t = document.querySelector('#gen-status')?.innerText || '';"
-            " return t.includes('Speedup') && !t.includes('Precomputed'); }"
+            "name => (document.querySelector('#model-card')?.innerText || '').includes(name)", arg=MAR_OFFICIAL[1]
         )
+        page.get_by_role("button", name="Generate", exact=True).click()
+        try:
+            page.wait_for_function(
+                "() => { const t = document.querySelector('#gen-status')?.innerText || '';"
+                " return t.includes('Speedup') && !t.includes('Precomputed'); }",
+                timeout=RUN_TIMEOUT_MS,
+            )
+        except Exception as err:  # say what the page and the server show, not only that the wait ran out
+            status = page.evaluate("() => document.querySelector('#gen-status')?.innerText")
+            raise AssertionError(
+                f"no result on the page: status {status!r}; runs {list(application.history)[-3:]}; GPU calls "
+                f"{[c['task'] for c in stub.CALLS]}"
+            ) from err
         for box in ("#img-target", "#img-csd", "#img-map", "#img-draft"):
             page.locator(f"{box} img").wait_for(state="visible")
         natural = page.evaluate("() => document.querySelector('#img-map img').naturalWidth")
