@@ -15,7 +15,12 @@
 7. the head chain eager, compiled and compiled with CUDA graphs (``DiffusionHead.use_kernels``,
    csd/models/kernels.py), a MAR-L-size head (random weights, 100 steps, guided) at batch 1 and 256 (4 tokens
    per AR step): milliseconds per chain (on a CPU eager and compiled only);
-8. ``DIR/gpu_check.json``, ``DIR/gpu_check.md`` and ``DIR/screenshot.png`` (the page in Chromium where
+8. the head roofline: the head chain of MAR-B, MAR-L and MAR-H's head sizes (``MAR_CONFIGS``, random weights,
+   100 steps, guided, 4, 32 and 256 tokens per chain) run as in 7, against the device's memory bound: the
+   bandwidth of a 1 GiB ``copy_`` and the bytes the chain must move at least (each transition's weights, in
+   its products' dtype, and its AdaLN modulations); per run milliseconds, the bound's milliseconds, their
+   ratio and GFLOP/s;
+9. ``DIR/gpu_check.json``, ``DIR/gpu_check.md`` and ``DIR/screenshot.png`` (the page in Chromium where
    Playwright and Chromium are installed, else the images ``/generate`` returned, side by side).
 
 A step that fails is recorded and the next one still runs; the exit code is 1 if any failed. gradio,
@@ -252,20 +257,11 @@ def head_chain(device: torch.device, tiny: bool) -> dict:
     chain (median of 10 after 3 warm-ups) and the largest difference of each row's tokens from eager's, relative
     to the largest eager token (an untrained, unclipped head's tokens reach ~1e4)."""
     from csd.core.chain import HeadCondition, standard_noise
-    from csd.models.head import DiffusionHead
-    from csd.models.kernels import EAGER, HeadKernels
 
     width, depth, z_dim, steps = (64, 2, 32, 10) if tiny else (1280, 8, 1024, 100)
-    head = DiffusionHead(16, z_dim, width, depth, sampling_steps=steps).to(device).eval()
     gen = torch.Generator(device).manual_seed(0)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.copy_(0.02 * torch.randn(p.shape, generator=gen, device=device))
-    cuda = device.type == "cuda"
-    products = torch.bfloat16 if cuda else None
-    runs = {"eager": (EAGER, None), "compiled": (HeadKernels(graphs=False), products)}
-    if cuda:
-        runs["compiled + graphs"] = (HeadKernels(), products)
+    head = _random_head(16, z_dim, width, depth, steps, gen, device)
+    runs = _head_runs(device)
     result = {}
     for batch in (1, 256):
         n = 4 * batch
@@ -283,6 +279,121 @@ def head_chain(device: torch.device, tiny: bool) -> dict:
                 row[f"{name} token diff"] = float((out - eager).abs().max() / eager.abs().max())
         head.use_kernels(None)
         result[f"batch {batch}"] = row
+    return result
+
+
+def _random_head(token_dim: int, z_dim: int, width: int, depth: int, steps: int, gen, device: torch.device):
+    """A diffusion head of the given size, every parameter 0.02 N(0, 1) from ``gen`` (an untrained head's
+    modulations and output layers start at zero: random ones make every layer do work)."""
+    from csd.models.head import DiffusionHead
+
+    head = DiffusionHead(token_dim, z_dim, width, depth, sampling_steps=steps).to(device).eval()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(0.02 * torch.randn(p.shape, generator=gen, device=device))
+    return head
+
+
+def _head_runs(device: torch.device) -> dict:
+    """How the head steps run a chain: name -> (kernels, autocast dtype). Eager in float32; compiled with
+    bfloat16 products on CUDA (a bfloat16 run's head), float32 elsewhere; on CUDA also compiled + graphs."""
+    from csd.models.kernels import EAGER, HeadKernels
+
+    cuda = device.type == "cuda"
+    products = torch.bfloat16 if cuda else None
+    runs = {"eager": (EAGER, None), "compiled": (HeadKernels(graphs=False), products)}
+    if cuda:
+        runs["compiled + graphs"] = (HeadKernels(), products)
+    return runs
+
+
+def copy_bandwidth(device: torch.device, tiny: bool) -> dict:
+    """The device's achievable memory bandwidth: ``dst.copy_(src)`` of a float32 tensor (1 GiB on CUDA, 256
+    MiB on a CPU, 64 MiB with ``--tiny``), the bytes read and written over the median of 10 copies after 3."""
+    size = 64 << 20 if tiny else (1 << 30 if device.type == "cuda" else 256 << 20)
+    src = torch.ones(size // 4, device=device)
+    dst = torch.empty_like(src)
+    samples = []
+    for rep in range(13):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if rep >= 3:
+            samples.append(time.perf_counter() - t0)
+    seconds = float(np.median(samples))
+    return {"bytes": 2 * size, "ms": seconds * 1e3, "GB/s": 2 * size / seconds / 1e9}
+
+
+def chain_traffic(config, tokens: int, product_bytes: int, state_bytes: int = 4) -> dict:
+    """The bytes one guided chain of ``tokens`` tokens (2 x tokens rows: conditional and unconditional) of a
+    MAR config's head must move at least, and the products' FLOPs, counted for the fused sampler
+    (csd/models/head.py, ``FusedSampler``) over its ``num_sampling_steps`` transitions.
+
+    Per transition, the weights its products read, each once: the input projection, each block's two MLP
+    layers and the output layer's eps half in the products' dtype (``product_bytes``), the variance layer in
+    the states' (``state_bytes``); and the AdaLN modulations the fewer of two ways: their weights in the
+    products' dtype (made per transition) or the modulations themselves in the states' dtype (made once per
+    chain, 2 x tokens x width x (3 x depth + 2) read per transition: the fewer at the official sizes up to 256
+    tokens). Not counted: the time and condition embeddings (made once per chain or kept across chains), the
+    network's other activations (a fused transition keeps them on chip), states, noise and outputs (tokens x
+    16 each). Each byte is counted once per transition from memory: a cache that keeps a head's weights
+    between transitions lets a run go under the bound (a ratio below 1).
+
+    FLOPs: 2 x rows x weights of each product (biases not counted): the input projection and the variance
+    layer on the state's ``tokens`` rows, the blocks, the eps output and the modulations on all 2 x tokens."""
+    d, w, depth, steps = config.token_dim, config.diffloss_w, config.diffloss_d, config.num_sampling_steps
+    rows = 2 * tokens
+    network = (d * w + w + depth * 2 * (w * w + w) + w * d + d) * product_bytes + (w * d + d) * state_bytes
+    modulation_weights = (depth * 3 * (w * w + w) + 2 * (w * w + w)) * product_bytes
+    modulations = min(modulation_weights, rows * w * (3 * depth + 2) * state_bytes)
+    flops = 2 * (tokens * 2 * d * w + rows * (depth * 2 * w * w + w * d) + rows * (depth * 3 + 2) * w * w)
+    return {"bytes": steps * (network + modulations), "flops": steps * flops}
+
+
+HEAD_SIZES = {"MAR-B": "mar_base", "MAR-L": "mar_large", "MAR-H": "mar_huge"}
+
+
+def head_roofline(device: torch.device, tiny: bool) -> dict:
+    """The head chain of MAR-B, MAR-L and MAR-H's sizes (``MAR_CONFIGS``: head width and depth, 16-dim tokens,
+    z of the decoder's width, 100 steps; with ``--tiny`` scripts/random_official.py's tiny stand-ins, 10
+    steps) against the device's memory bound: random weights, guided, 4, 32 and 256 tokens per chain (4 and
+    32 with ``--tiny``), run as the head chain step runs it (eager, compiled, on CUDA compiled + graphs).
+    Per run: milliseconds per chain (median of 10 after 3 warm-ups), the bytes it must move at least
+    (:func:`chain_traffic`, in the run's products' dtype), the bound = bytes / the copy bandwidth
+    (:func:`copy_bandwidth`), ratio = ms / bound ms, and GFLOP/s."""
+    from csd.core.chain import HeadCondition, standard_noise
+    from csd.models.kernels import product_dtype
+    from csd.models.mar.network import MAR_CONFIGS
+    from scripts.random_official import TINY
+
+    bandwidth = copy_bandwidth(device, tiny)
+    result = {"bandwidth GB/s": bandwidth["GB/s"], "copy": bandwidth}
+    gen = torch.Generator(device).manual_seed(0)
+    runs = _head_runs(device)
+    for size, name in HEAD_SIZES.items():
+        c = (TINY if tiny else MAR_CONFIGS)[name]
+        steps, z_dim = c.num_sampling_steps, c.decoder_embed_dim
+        head = _random_head(c.token_dim, z_dim, c.diffloss_w, c.diffloss_d, steps, gen, device)
+        entry = {"width": c.diffloss_w, "depth": c.diffloss_d, "z dim": z_dim, "steps": steps}
+        for tokens in (4, 32) if tiny else (4, 32, 256):
+            z, zu = (torch.randn(tokens, z_dim, generator=gen, device=device) for _ in range(2))
+            cond = HeadCondition(z, zu, torch.full((tokens,), 3.0, device=device))
+            noise = standard_noise(tokens, c.token_dim, steps, gen, device, torch.float32)
+            row = {"rows": 2 * tokens}
+            for mode, (kernels, autocast) in runs.items():
+                head.use_kernels(kernels)
+                ms, _ = _time_chain(head.chain(steps, autocast=autocast), cond, noise, device)
+                products = product_dtype(autocast, kernels) or torch.float32  # the head's weights: float32
+                traffic = chain_traffic(c, tokens, products.itemsize)
+                bound_ms = traffic["bytes"] / (bandwidth["GB/s"] * 1e9) * 1e3
+                row[mode] = {"ms": ms, "bound ms": bound_ms, "ratio": ms / bound_ms} | traffic
+                row[mode]["GFLOP/s"] = traffic["flops"] / (ms * 1e-3) / 1e9
+            head.use_kernels(None)
+            entry[f"tokens {tokens}"] = row
+        result[size] = entry
     return result
 
 
@@ -348,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         _step(record, "cuda tests", lambda: cuda_tests(args.out))
     _step(record, "host syncs", lambda: sync_counts(device, args.tiny))
     _step(record, "head chain", lambda: head_chain(device, args.tiny))
+    _step(record, "head roofline", lambda: head_roofline(device, args.tiny))
     with ExitStack() as stack:
         serve = lambda: serve_official(stack, args.tiny, device)
         served = None if args.skip_serve else _step(record, "serve", serve, lambda out: out[2])
