@@ -24,6 +24,8 @@ import torch
 from starlette.middleware import Middleware
 
 from csd.cli import add_machine_flags, check_threads, start_up
+from csd.models import kernels
+from csd.models.kernels import EAGER, HeadKernels
 from csd.records.panel_data import Panels
 from csd.serving.pairs import RANDOM_SOURCE, PairStore, discover, fetch_official
 from demo import limits as limits_module
@@ -93,6 +95,16 @@ def build(app: App) -> gr.Blocks:
     return demo
 
 
+HEAD_KERNELS = ("auto", "eager", "compiled")
+
+
+def head_kernels(choice: str) -> HeadKernels:
+    """The heads' kernels on CUDA for ``--head-kernels`` (a CPU runs eager whatever is chosen)."""
+    if choice == "auto":
+        choice = "eager" if zero_gpu() else "compiled"
+    return EAGER if choice == "eager" else HeadKernels()
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="Serve the continuous speculative decoding demo.")
     ap.add_argument(
@@ -118,6 +130,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     default_threads = CPU_THREADS if DEVICE.type == "cpu" else torch.get_num_threads()
     threads = limits_module.env_setting("CSD_THREADS", default_threads, int)
     add_machine_flags(ap, threads, device=False, where=f"; CSD_THREADS; else {CPU_THREADS} on a CPU-only machine")
+    ap.add_argument(
+        "--head-kernels",
+        choices=HEAD_KERNELS,
+        default=os.environ.get("CSD_HEAD_KERNELS", "auto"),
+        help="the diffusion heads on CUDA: compiled (each chain one CUDA graph, csd/models/kernels.py) or eager; "
+        "auto: eager on ZeroGPU (each GPU call runs in a worker process of its own, where the compiles and "
+        "graphs would be made again), compiled elsewhere; CSD_HEAD_KERNELS",
+    )
     ap.add_argument("--share", action="store_true", help="create a public gradio.live link (off by default)")
     ap.add_argument(
         "--gradio-env",
@@ -125,6 +145,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"honour Gradio's widening environment variables ({', '.join(WIDENING_ENV)}); off by default",
     )
     args = ap.parse_args(argv)
+    if args.head_kernels not in HEAD_KERNELS:  # from the environment: argparse checks only the flag
+        ap.error(f"CSD_HEAD_KERNELS must be one of {', '.join(HEAD_KERNELS)}, got {args.head_kernels!r}")
     try:
         limits_module.from_args(args)
         check_threads(args.threads)
@@ -240,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     # Expected refusals are one line each (demo.errors); real faults keep their tracebacks.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     start_up(args)
+    kernels.ON_CUDA = head_kernels(args.head_kernels)
     limits = limits_module.from_args(args)
     app = make_app(args.checkpoints, limits, args.hub_repo)
     log = lambda line: print(line, flush=True)
@@ -247,6 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     # up, docs/space.md): a request on a pair being timed waits for it in the queue and says so, one on a pair
     # timed already runs at once; the page says "measured when this pair is first used" until it is in.
     where = f"ZeroGPU (GPU calls of at most {limits.gpu_seconds:.0f} s)" if zero_gpu() else f"device {DEVICE}"
+    where += f", heads {'compiled' if kernels.ON_CUDA.compiled else 'eager'} on CUDA" if DEVICE.type == "cuda" else ""
     log(f"Pairs: {app.store.names}; {where}; serving, then timing each pair")
     demo = build(app)
     serve(demo, limits, args.host, args.port, args.share, block=False, gradio_env=args.gradio_env)

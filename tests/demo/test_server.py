@@ -437,3 +437,23 @@ def test_a_chosen_pair_starts_its_recomputes_at_the_images_its_own_rates_fit():
     check_analysis(application, n, None, False, budget, **pair_defaults(application, controls, xar))  # fits
     with pytest.raises(gr.Error, match="fewer images"):
         check_analysis(application, n + 1, None, False, budget, **pair_defaults(application, controls, xar))
+
+
+def test_the_heads_run_eager_on_zero_gpu_and_compiled_on_other_cuda_unless_the_operator_says(monkeypatch, capsys):
+    """``--head-kernels auto``: eager on ZeroGPU (each GPU call in a worker process of its own would compile and
+    capture again), compiled with graphs elsewhere; the flag and CSD_HEAD_KERNELS choose; a bad value is named."""
+    from csd.models.kernels import EAGER, HeadKernels
+    from demo.gpu import ZERO_GPU_FLAG
+
+    monkeypatch.delenv("CSD_HEAD_KERNELS", raising=False)
+    monkeypatch.setenv(ZERO_GPU_FLAG, "true")
+    assert server.head_kernels(server.parse_args([]).head_kernels) is EAGER
+    assert server.head_kernels(server.parse_args(["--head-kernels", "compiled"]).head_kernels) == HeadKernels()
+    monkeypatch.delenv(ZERO_GPU_FLAG)
+    assert server.head_kernels(server.parse_args([]).head_kernels) == HeadKernels(compiled=True, graphs=True)
+    monkeypatch.setenv("CSD_HEAD_KERNELS", "eager")
+    assert server.head_kernels(server.parse_args([]).head_kernels) is EAGER
+    monkeypatch.setenv("CSD_HEAD_KERNELS", "fast")
+    with pytest.raises(SystemExit):
+        server.parse_args([])
+    assert "CSD_HEAD_KERNELS must be one of auto, eager, compiled, got 'fast'" in capsys.readouterr().err
