@@ -20,7 +20,7 @@ from torch import Tensor
 from csd.config import CSDConfig
 from csd.core.chain import ChainNoise, Trajectory
 from csd.core.gaussian import normal_logpdf
-from csd.core.resample import Resampled, resample_gaussian, resample_paths, resample_proposals
+from csd.core.resample import Resampled, resample_gaussian, resample_one_pass, resample_paths, resample_proposals
 from csd.family import TokenChain
 from csd.settings import Exact, Published
 
@@ -111,44 +111,53 @@ class Proposal:
 
 class RowDraws(Protocol):
     """Random numbers for the rejected rows, drawn image by image (an image's draws never depend on the
-    others'). ``pending`` (m_all,) marks the rejected rows still waiting; results have one row per True."""
+    others'). ``pending`` (m_all,) marks the rejected rows still waiting; results have one row per True.
+    ``pending`` None (a one-pass resampler's): one row per row of the block, the same count for every image."""
 
-    def normal(self, pending: Tensor, *shape: int) -> Tensor: ...
+    def normal(self, pending: Tensor | None, *shape: int) -> Tensor: ...
 
-    def uniform(self, pending: Tensor, *shape: int) -> Tensor: ...
+    def uniform(self, pending: Tensor | None, *shape: int) -> Tensor: ...
 
 
 @dataclass(frozen=True)
 class Decision:
     """A block's verification, one entry per tested unit (a row, or each token of it under :class:`PerToken`),
     image-major: the values committed, log r, the uniform u each unit was tested with (u < min(1, r)
-    accepts; NaN where a row's tokens were tested alone), whether it was accepted, the rejected units'
-    indices and how the resampler redrew them. ``unit_accepted`` (rows,): the fraction of each row's
+    accepts; NaN where a row's tokens were tested alone), whether it was accepted, which units were rejected
+    (and committed: redrawn) and how the resampler redrew them, per unit: its tries (0 where not redrawn) and
+    whether it hit the cap (None: nothing redrawn). ``unit_accepted`` (rows,): the fraction of each row's
     tokens accepted when they were tested alone; None when rows were tested whole."""
 
     x: Tensor  # (units, d)
     verdict: Verdict
     draws: Tensor  # (units,)
     accepted: Tensor  # (units,) bool
-    rejected: Tensor  # (m,) indices
-    resampled: Resampled | None
+    rejected: Tensor  # (units,) bool
+    resampled: Resampled | None  # tries and capped (units,); x None
     unit_accepted: Tensor | None = None
 
 
 class Criterion(Protocol):
     """An acceptance test, its resampler and its results per row. ``units``: tokens tested per row (1: whole
-    rows)."""
+    rows). ``one_pass``: its resampler draws every row's tries at once (rows None), not in rounds."""
 
     units: int
+    one_pass: bool
 
     def verdict(self, p: Proposal) -> tuple[Verdict, Tensor]:
         """log r of every row and the tokens (rows, d) an accepted row commits."""
 
-    def resample(self, p: Proposal, verdict: Verdict, rejected: Tensor, draws: RowDraws) -> Resampled:
-        """Redraw the ``rejected`` rows (indices) from max(0, p - q) / Z; a capped row takes the target's own sample."""
+    def resample(self, p: Proposal, verdict: Verdict, rows: Tensor | None, draws: RowDraws) -> Resampled:
+        """Redraw ``rows`` (the rejected rows' indices; None: every row, in one pass) from max(0, p - q) / Z; a
+        capped row takes its fallback (the target's own sample, or zero)."""
 
     def rows(self, decision: Decision) -> Decision:
         """The decision with one entry per row of the block (what the trace records)."""
+
+
+def of_rows(a: Tensor, rows: Tensor | None) -> Tensor:
+    """``a``'s entries at ``rows`` (indices; None: all of them)."""
+    return a if rows is None else a[rows]
 
 
 class WholeRows:
@@ -159,16 +168,16 @@ class WholeRows:
     def rows(self, decision: Decision) -> Decision:
         return decision
 
-    def fallback_values(self, p: Proposal, rejected: Tensor) -> Tensor:
+    def fallback_values(self, p: Proposal, rows: Tensor | None) -> Tensor:
         """What a rejected row the resampler never accepts becomes: the target's own sample, or zero."""
-        x = p.target.x[rejected]
+        x = of_rows(p.target.x, rows)
         return torch.zeros_like(x) if self.fallback == "zero" else x
 
 
 @dataclass(frozen=True)
 class AlignedCriterion(WholeRows):
     """Criterion (a), the paper's approximation; the resampler draws from the final Gaussians, q weighted
-    by the trajectory term (both widened by ``widening``)."""
+    by the trajectory term (both widened by ``widening``), in rounds or in one pass (``one_pass``)."""
 
     tau_v: float = 42.0
     trajectory_term: str = "derived"
@@ -176,33 +185,37 @@ class AlignedCriterion(WholeRows):
     max_tries: int = 100
     units: int = 1
     fallback: str = "target"
+    one_pass: bool = False
 
     def verdict(self, p: Proposal) -> tuple[Verdict, Tensor]:
         return aligned_verdict(p.draft, p.target, self.tau_v, self.trajectory_term), p.draft.x.clone()
 
-    def resample(self, p: Proposal, verdict: Verdict, rejected: Tensor, draws: RowDraws) -> Resampled:
+    def resample(self, p: Proposal, verdict: Verdict, rows: Tensor | None, draws: RowDraws) -> Resampled:
         w, d = self.widening, p.target.x.shape[-1]
         return resample_gaussian(
-            p_mean=p.target.final_mean[rejected],
-            p_std=w * p.target.final_std[rejected],
-            q_mean=p.draft.final_mean[rejected],
-            q_std=w * p.draft.final_std[rejected],
+            p_mean=of_rows(p.target.final_mean, rows),
+            p_std=w * of_rows(p.target.final_std, rows),
+            q_mean=of_rows(p.draft.final_mean, rows),
+            q_std=w * of_rows(p.draft.final_std, rows),
             draws=lambda k, pending: (draws.normal(pending, k, d), draws.uniform(pending, k)),
-            fallback=self.fallback_values(p, rejected),
+            fallback=self.fallback_values(p, rows),
             max_tries=self.max_tries,
-            log_weight=-verdict.trajectory[rejected],
+            log_weight=-of_rows(verdict.trajectory, rows),
             fallback_name=self.fallback,
+            one_pass=self.one_pass,
         )
 
 
 @dataclass(frozen=True)
 class ExactCriterion(WholeRows):
     """Criterion (b), speculative sampling on paths: the target's transitions on the draft path; the
-    resampler proposes whole target paths and keeps them with probability max(0, 1 - q/p)."""
+    resampler proposes whole target paths and keeps them with probability max(0, 1 - q/p), in rounds (each
+    proposal is a whole target chain: no one-pass resampler)."""
 
     max_tries: int = 100
     units: int = 1
     fallback: str = "target"
+    one_pass = False
 
     def verdict(self, p: Proposal) -> tuple[Verdict, Tensor]:
         mean_p, std_p = p.chain_p.evaluate(p.draft.states)
@@ -265,8 +278,9 @@ class PublishedCriterion(WholeRows):
     ``DistributionProcessor``, read at d91f721): the aligned test with the published sign, as products of
     densities in ``dtype`` (:func:`published_ratio`), the scale slots holding ``scale`` of the final step; its
     resampler proposes from the target's final Gaussian on that scale and keeps a proposal with probability
-    max(0, p - q / fixed) / p (un-widened densities, :func:`published_keep`), at most ``max_tries`` tries; a
-    token never accepted becomes ``fallback`` (the published code leaves it zero)."""
+    max(0, p - q / fixed) / p (un-widened densities, :func:`published_keep`), at most ``max_tries`` tries, in
+    rounds or in one pass (``one_pass``); a token never accepted becomes ``fallback`` (the published code
+    leaves it zero)."""
 
     tau_v: float = 42.0
     max_tries: int = 100
@@ -274,6 +288,7 @@ class PublishedCriterion(WholeRows):
     scale: str = "std"
     fallback: str = "zero"
     units: int = 1
+    one_pass: bool = False
 
     def verdict(self, p: Proposal) -> tuple[Verdict, Tensor]:
         log_fixed = published_log_fixed(p.draft, p.target, self.dtype)
@@ -282,12 +297,13 @@ class PublishedCriterion(WholeRows):
         verdict = Verdict(trajectory=log_fixed.to(out), final=(ratio.log() - log_fixed).to(out))
         return verdict, p.draft.x.clone()
 
-    def resample(self, p: Proposal, verdict: Verdict, rejected: Tensor, draws: RowDraws) -> Resampled:
+    def resample(self, p: Proposal, verdict: Verdict, rows: Tensor | None, draws: RowDraws) -> Resampled:
         """Proposals in the run's dtype, each one's probability of being kept in the products' dtype."""
         d, dtype = p.target.x.shape[-1], self.dtype
-        mp, mq = p.target.final_mean[rejected], p.draft.final_mean[rejected]
-        sp, sq = published_scales(p.target, self.scale)[rejected], published_scales(p.draft, self.scale)[rejected]
-        fixed = torch.exp(published_log_fixed(p.draft, p.target, dtype)[rejected])
+        mp, mq = of_rows(p.target.final_mean, rows), of_rows(p.draft.final_mean, rows)
+        sp = of_rows(published_scales(p.target, self.scale), rows)
+        sq = of_rows(published_scales(p.draft, self.scale), rows)
+        fixed = torch.exp(of_rows(published_log_fixed(p.draft, p.target, dtype), rows))
 
         def keep(cand: Tensor, idx: Tensor) -> Tensor:
             row = lambda a: a[idx].unsqueeze(1).to(dtype)
@@ -295,7 +311,9 @@ class PublishedCriterion(WholeRows):
             return published_keep(cand.to(dtype), (row(mp), row(sp)), q, fixed[idx].unsqueeze(1)).to(cand.dtype)
 
         normal = lambda k, pending: (draws.normal(pending, k, d), draws.uniform(pending, k))
-        fallback = self.fallback_values(p, rejected)
+        fallback = self.fallback_values(p, rows)
+        if self.one_pass:
+            return resample_one_pass(mp, sp, keep, normal, fallback, self.max_tries, self.fallback)
         return resample_proposals(mp, sp, keep, normal, fallback, self.max_tries, fallback_name=self.fallback)
 
 
@@ -313,39 +331,39 @@ class PerToken:
     inner: AlignedCriterion
     units: int
 
+    @property
+    def one_pass(self) -> bool:
+        return self.inner.one_pass
+
     def _split(self, p: Proposal) -> Proposal:
         return Proposal(split_rows(p.draft, self.units), split_rows(p.target, self.units), p.chain_q, p.chain_p)
 
     def verdict(self, p: Proposal) -> tuple[Verdict, Tensor]:
         return self.inner.verdict(self._split(p))
 
-    def resample(self, p: Proposal, verdict: Verdict, rejected: Tensor, draws: RowDraws) -> Resampled:
-        return self.inner.resample(self._split(p), verdict, rejected, draws)
+    def resample(self, p: Proposal, verdict: Verdict, rows: Tensor | None, draws: RowDraws) -> Resampled:
+        return self.inner.resample(self._split(p), verdict, rows, draws)
 
     def rows(self, decision: Decision) -> Decision:
         """Per-token results as per-row ones: the row's tokens side by side, log r summed over them, a row
-        accepted when all of its tokens are, its tries summed and capped when any token was, no single
-        draw (NaN); and each row's accepted fraction."""
+        accepted when all of its tokens are (rejected otherwise), its tries summed and capped when any token
+        was, no single draw (NaN); and each row's accepted fraction."""
         d = decision
         by_row = lambda a: a.reshape(-1, self.units)
         tries = torch.zeros(d.accepted.shape, dtype=torch.long, device=d.accepted.device)
         capped = torch.zeros(d.accepted.shape, dtype=torch.bool, device=d.accepted.device)
         if d.resampled is not None:
-            tries[d.rejected], capped[d.rejected] = d.resampled.tries.long(), d.resampled.capped
+            tries, capped = d.resampled.tries.long(), d.resampled.capped
         row_ok = by_row(d.accepted).all(1)
-        row_rejected = (~row_ok).nonzero().squeeze(-1)
         per_row = Resampled(
-            x=None,
-            tries=by_row(tries).sum(1)[row_rejected],
-            capped=by_row(capped).any(1)[row_rejected],
-            fallback=self.inner.fallback,
+            x=None, tries=by_row(tries).sum(1), capped=by_row(capped).any(1), fallback=self.inner.fallback
         )
         return Decision(
             x=d.x.reshape(row_ok.shape[0], -1),
             verdict=Verdict(by_row(d.verdict.trajectory).sum(1), by_row(d.verdict.final).sum(1)),
             draws=torch.full(row_ok.shape, float("nan"), dtype=d.draws.dtype, device=d.draws.device),
             accepted=row_ok,
-            rejected=row_rejected,
+            rejected=~row_ok,
             resampled=per_row,
             unit_accepted=by_row(d.accepted).float().mean(1),
         )
@@ -357,10 +375,13 @@ def criterion_of(csd: CSDConfig, tokens_per_row: int = 1) -> Criterion:
     c, fallback = csd.criterion, csd.cap_fallback
     if isinstance(c, Exact):
         return ExactCriterion(c.max_tries, fallback=fallback)
+    one_pass = c.resampler == "one_pass"
     if isinstance(c, Published):
         dtype = torch.float64 if c.product_precision == "float64" else torch.float32
-        return PublishedCriterion(c.tau_v, c.max_tries, dtype, c.published_scale, fallback)
-    aligned = AlignedCriterion(c.tau_v, c.trajectory_term, c.resample_widening, c.max_tries, fallback=fallback)
+        return PublishedCriterion(c.tau_v, c.max_tries, dtype, c.published_scale, fallback, one_pass=one_pass)
+    aligned = AlignedCriterion(
+        c.tau_v, c.trajectory_term, c.resample_widening, c.max_tries, fallback=fallback, one_pass=one_pass
+    )
     if c.acceptance_unit == "token":
         return PerToken(aligned, tokens_per_row)
     return aligned

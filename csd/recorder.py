@@ -147,11 +147,12 @@ class Recorder:
         who made each committed token (accepted, resampled, capped or zeroed) read from the resampler's result."""
         maker = torch.full_like(decision.accepted, int(Maker.ACCEPTED), dtype=torch.int8)
         tries = torch.zeros_like(decision.accepted, dtype=torch.int32)
-        if decision.resampled is not None:
+        if decision.resampled is not None:  # by mask, not by index: nothing read on the host
             res = decision.resampled
             cap = Maker.ZEROED if res.fallback == "zero" else Maker.CAPPED
-            maker[decision.rejected] = torch.where(res.capped, int(cap), int(Maker.RESAMPLED)).to(torch.int8)
-            tries[decision.rejected] = res.tries.to(torch.int32)
+            redrawn = torch.where(res.capped, int(cap), int(Maker.RESAMPLED)).to(torch.int8)
+            maker = torch.where(decision.rejected, redrawn, maker)
+            tries = res.tries.to(torch.int32)
         v, kept = decision.verdict, block.kept_of
         self.trace.record_block(
             BlockRecord(

@@ -20,6 +20,7 @@ from csd.core.schedule import HEAD_SCHEDULES
 
 CRITERIA = ("aligned", "exact", "published")
 PRODUCT_PRECISIONS = ("float32", "float64")  # of the published test's density products
+RESAMPLERS = ("rounds", "one_pass")  # the resampler's draws: rounds for the rejected rows, or all at once
 FALLBACKS = ("target", "zero")  # a token the resampler never accepts: the target's own sample, or zero
 SCALE_SLOTS = ("std", "variance")  # what the published code's scale slots hold
 TRAJECTORY_TERMS = ("derived", "published", "none")
@@ -350,6 +351,16 @@ def _max_tries():
     )
 
 
+def _resampler():
+    return knob(
+        "rounds",
+        "how the resampler draws: rounds (tries for the rejected rows only, read on the host) or one_pass "
+        "(max_tries tries for every row of the block at once, nothing read on the host; other draws, same law)",
+        "choice",
+        choices=RESAMPLERS,
+    )
+
+
 def _fallback():
     return knob(
         None,
@@ -380,7 +391,8 @@ class Aligned(_Criterion):
     """Criterion (a), the paper's approximation: ``tau_v`` widens the final Gaussians of the test,
     ``resample_widening`` those of the resampler; ``trajectory_term`` "derived", "published" (the reference
     code's sign) or "none" (the final-step term alone); ``acceptance_unit`` "token" tests each token of a
-    multi-token row alone (a cell counts as accepted when all of its tokens are)."""
+    multi-token row alone (a cell counts as accepted when all of its tokens are); ``resampler`` "one_pass"
+    draws ``max_tries`` proposals for every row of a block at once (:func:`csd.core.resample.resample_one_pass`)."""
 
     kind: ClassVar[str] = "aligned"
     trajectory_term: str = knob(
@@ -398,6 +410,7 @@ class Aligned(_Criterion):
         "choice",
         choices=ACCEPTANCE_UNITS,
     )
+    resampler: str = _resampler()
 
     def __post_init__(self) -> None:
         check_knobs(self)
@@ -405,7 +418,8 @@ class Aligned(_Criterion):
 
 @dataclass(frozen=True)
 class Exact(_Criterion):
-    """Criterion (b), speculative sampling on paths: no knob of its own beyond the resampler's."""
+    """Criterion (b), speculative sampling on paths: no knob of its own beyond the resampler's cap and fallback
+    (its proposals are whole target chains, drawn in rounds: no one-pass resampler)."""
 
     kind: ClassVar[str] = "exact"
     max_tries: int = _max_tries()
@@ -419,7 +433,7 @@ class Exact(_Criterion):
 class Published(_Criterion):
     """What the published code computes: the aligned test as products of densities in
     ``product_precision``, its scale slots holding the final step's ``published_scale``; a token never
-    accepted becomes zero unless ``fallback`` says otherwise."""
+    accepted becomes zero unless ``fallback`` says otherwise; ``resampler`` as :class:`Aligned`'s."""
 
     kind: ClassVar[str] = "published"
     own_fallback: ClassVar[str] = "zero"
@@ -438,6 +452,7 @@ class Published(_Criterion):
         choices=SCALE_SLOTS,
     )
     fallback: str | None = _fallback()
+    resampler: str = _resampler()
 
     def __post_init__(self) -> None:
         check_knobs(self)
@@ -530,7 +545,8 @@ GTR = value_slot(GtR, "gtr_stages", (), _gtr_off)
 
 def _criterion_slot() -> Slot:
     """The criterion as its flat knobs: ``criterion`` names the kind; a knob the kind has not is unused
-    (acceptance_unit "token" on a criterion that tests whole rows only is an error)."""
+    (acceptance_unit "token" on a criterion that tests whole rows only, and resampler "one_pass" on the exact
+    criterion, are errors)."""
     knobs, defaults = {"criterion": CRITERION_KNOB}, {"criterion": "aligned"}
     for cls in CRITERION_KINDS.values():
         for key, (_, k, default) in field_knobs(cls).items():
@@ -544,6 +560,12 @@ def _criterion_slot() -> Slot:
                 f"acceptance_unit {values['acceptance_unit']!r} needs criterion 'aligned' (the exact test "
                 "compares whole rows)",
                 "acceptance_unit",
+            )
+        if values["resampler"] != "rounds" and cls is Exact:
+            raise SettingError(
+                f"resampler {values['resampler']!r} needs criterion 'aligned' or 'published' (the exact "
+                "criterion's proposals are whole target chains, drawn in rounds)",
+                "resampler",
             )
         return _of(cls, values)
 

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from csd.acceptance import Decision, Proposal, accept
+from csd.acceptance import Decision, Proposal, Verdict, accept
 from csd.config import CSDConfig, SamplingConfig
 from csd.core.chain import ChainNoise, Trajectory
+from csd.core.resample import Resampled
 from csd.core.rng import ImageStreams
 from csd.decoding import Block, Generation, StepCallback, commit
 from csd.family import ModelFamily, TokenChain
@@ -144,7 +145,8 @@ def verify(run: Run, block: Block) -> Proposal:
 
 def accept_or_resample(run: Run, block: Block, proposal: Proposal) -> Decision:
     """The criterion's test for every unit it tests (a row, or each token of it); rejected ones are redrawn
-    from max(0, p - q). Returns the decision per row."""
+    from max(0, p - q), in rounds or, where the criterion's resampler is one-pass, in one pass. Returns the
+    decision per row."""
     crit, per_image = run.criterion, block.pos.shape[1] * run.criterion.units
     with run.recorder.timed("verify"):
         verdict, x = crit.verdict(proposal)
@@ -152,13 +154,39 @@ def accept_or_resample(run: Run, block: Block, proposal: Proposal) -> Decision:
         accepted = accept(verdict, uniforms)
         live = _keep(run, block, accepted)
     with run.recorder.timed("resample"):
-        rejected = (~accepted & live).nonzero().squeeze(-1)
-        resampled = None
-        if rejected.numel():
-            draws = _RowDraws(run.streams["resample"], rejected, per_image, run.batch, run.dtype)
-            resampled = crit.resample(proposal, verdict, rejected, draws)
-            x[rejected] = resampled.x
+        rejected = ~accepted & live  # (units,) the committed units to redraw
+        redraw = _resample_one_pass if crit.one_pass else _resample_rounds
+        x, resampled = redraw(run, proposal, verdict, x, rejected, per_image)
     return crit.rows(Decision(x, verdict, uniforms, accepted, rejected, resampled))
+
+
+def _resample_rounds(
+    run: Run, proposal: Proposal, verdict: Verdict, x: Tensor, rejected: Tensor, per_image: int
+) -> tuple[Tensor, Resampled | None]:
+    """Redraw the ``rejected`` units (x's rows, in place) in rounds of tries for those still pending: their
+    selection, each round and each image's count of draws are read on the host. Returns x and the
+    resampler's tries and capped per unit (None where nothing is rejected)."""
+    rows = rejected.nonzero().squeeze(-1)
+    if not rows.numel():
+        return x, None
+    draws = _RowDraws(run.streams["resample"], rows, per_image, run.batch, run.dtype)
+    res = run.criterion.resample(proposal, verdict, rows, draws)
+    x[rows] = res.x
+    tries = torch.zeros_like(rejected, dtype=res.tries.dtype).index_put_((rows,), res.tries)
+    capped = torch.zeros_like(rejected).index_put_((rows,), res.capped)
+    return x, Resampled(None, tries, capped, res.fallback)
+
+
+def _resample_one_pass(
+    run: Run, proposal: Proposal, verdict: Verdict, x: Tensor, rejected: Tensor, per_image: int
+) -> tuple[Tensor, Resampled]:
+    """Redraw the ``rejected`` units in one pass: every unit of the block draws ``max_tries`` proposals, the
+    same count in every image (:class:`_BlockDraws`), and a rejected one takes its first kept one. Fixed
+    shapes only: nothing is read on the host. Returns x and the tries and capped per unit."""
+    draws = _BlockDraws(run.streams["resample"], per_image, run.dtype)
+    res = run.criterion.resample(proposal, verdict, None, draws)
+    x = torch.where(rejected.unsqueeze(-1), res.x, x)
+    return x, Resampled(None, torch.where(rejected, res.tries, 0), res.capped & rejected, res.fallback)
 
 
 def _keep(run: Run, block: Block, accepted: Tensor) -> Tensor:
@@ -169,8 +197,9 @@ def _keep(run: Run, block: Block, accepted: Tensor) -> Tensor:
     block.kept = len(block.steps)
     if run.csd.block == "exact" and block.kept > 1:
         rejected = ~accepted.reshape(b, -1, units).all(-1)  # (B, rows per image)
-        per_step = torch.stack([part.any() for part in rejected.split(block.sizes, dim=1)])
-        block.kept = int(per_step.to(torch.int8).argmax()) + 1 if bool(per_step.any()) else block.kept
+        per_step = [part.any() for part in rejected.split(block.sizes, dim=1)]
+        first = torch.stack([*per_step, per_step[0].new_ones(())]).to(torch.int8).argmax()  # past the end: none
+        block.kept = min(int(first) + 1, block.kept)
     live = torch.zeros(b, sum(block.sizes), units, dtype=torch.bool, device=accepted.device)
     live[:, : block.kept_rows] = True
     return live.reshape(-1)
@@ -203,3 +232,20 @@ class _RowDraws:
 
     def uniform(self, pending: Tensor, *shape: int) -> Tensor:
         return self.stream.rand_rows(self._counts(pending), *shape).to(self.dtype)
+
+
+@dataclass(frozen=True)
+class _BlockDraws:
+    """The one-pass resampler's random numbers: one row per row of the block (``pending`` None), drawn as
+    fixed shapes from each image's stream, so an image's draws depend neither on the verdicts nor on the
+    other images."""
+
+    stream: ImageStreams
+    per_image: int  # rows per image in the block
+    dtype: torch.dtype  # the run's: drawn in float32 (every precision's numbers), then cast
+
+    def normal(self, pending: None, *shape: int) -> Tensor:
+        return self.stream.randn(self.per_image, *shape).reshape(-1, *shape).to(self.dtype)
+
+    def uniform(self, pending: None, *shape: int) -> Tensor:
+        return self.stream.rand(self.per_image, *shape).reshape(-1, *shape).to(self.dtype)
