@@ -86,6 +86,11 @@ class Run:
         """Every AR step committed."""
         return self.committed >= self.plan.num_steps
 
+    def uniforms(self, stream: str, k: int) -> Tensor:
+        """k uniforms per image from ``stream``, image-major (B*k,), drawn in float32 (every precision's
+        numbers), cast to the run's dtype."""
+        return self.streams[stream].rand(k).reshape(-1).to(self.dtype)
+
     def noise(self, stream: str, k: int, steps: int) -> ChainNoise:
         """Noise from ``stream`` for k tokens per image and chains of ``steps`` transitions, rows image-major:
         xi (B*k, d), eps (T-1, B*k, d), drawn in float32 (every precision's numbers), cast to the run's dtype."""

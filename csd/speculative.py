@@ -150,7 +150,7 @@ def accept_or_resample(run: Run, block: Block, proposal: Proposal) -> Decision:
     crit, per_image = run.criterion, block.pos.shape[1] * run.criterion.units
     with run.recorder.timed("verify"):
         verdict, x = crit.verdict(proposal)
-        uniforms = run.streams["accept"].rand(per_image).reshape(-1).to(run.dtype)
+        uniforms = run.uniforms("accept", per_image)
         accepted = accept(verdict, uniforms)
         live = _keep(run, block, accepted)
     with run.recorder.timed("resample"):
