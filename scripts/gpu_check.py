@@ -10,7 +10,8 @@
 4. target-only and CSD tokens of the same requests finite, and their statistics alike (CSD's tokens come from
    the target's distribution: mean within a quarter of a standard deviation, standard deviations within 2x);
 5. one paper-scale cell timed (``python -m csd.experiments.paper_scale``, MAR-L / MAR-B, batch 8, gamma 8);
-6. host synchronisations: target-only and CSD on each family's untrained pair under
+6. host synchronisations: target-only and CSD (its resampler in rounds, and in one pass) on each family's
+   untrained pair under
    ``torch.cuda.set_sync_debug_mode("warn")``, counted before, inside and after the AR loop (per AR step);
 7. the head chain eager, compiled and compiled with CUDA graphs (``DiffusionHead.use_kernels``,
    csd/models/kernels.py), a MAR-L-size head (random weights, 100 steps, guided) at batch 1 and 256 (4 tokens
@@ -218,6 +219,7 @@ def _family_syncs(device: torch.device, family: str, pair) -> dict:
     sampling = SamplingConfig(num_steps=steps, cfg_scale=3.0, cfg_schedule=pair.traits.cfg_schedule or "linear")
     conditions = list(pair.prompts[:1] or [1]) * 2
     methods = {"target": Method.target(), "csd": Method.speculative(CSDConfig(gamma=4))}
+    methods["csd one_pass"] = Method.speculative(CSDConfig.from_knobs(gamma=4, resampler="one_pass"))
     runs = {
         mode: lambda cb, m=m, p=pair, s=sampling, c=conditions: m.run(p.target, p.draft, c, [0, 1], s, on_step=cb)
         for mode, m in methods.items()

@@ -43,7 +43,7 @@ def test_the_device_check_runs_every_step_at_tiny_sizes(tmp_path):
     ]
     assert all(s["ok"] for s in steps.values())
     syncs = steps["host syncs"]["result"]
-    assert set(syncs) == {f"{f} {m}" for f in ("mar", "xar", "harmon") for m in ("target", "csd")}
+    assert set(syncs) == {f"{f} {m}" for f in ("mar", "xar", "harmon") for m in ("target", "csd", "csd one_pass")}
     assert all(row["callbacks"] >= 2 and row["in_loop"] == 0 for row in syncs.values())  # a CPU never waits
     chains = steps["head chain"]["result"]  # on a CPU: eager and compiled, no CUDA graph
     assert set(chains) == {"batch 1", "batch 256"}
