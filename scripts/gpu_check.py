@@ -17,7 +17,7 @@
    csd/models/kernels.py), a MAR-L-size head (random weights, 100 steps, guided) at batch 1 and 256 (4 tokens
    per AR step): milliseconds per chain (on a CPU eager and compiled only);
 8. the head roofline: the head chain of MAR-B, MAR-L and MAR-H's head sizes (``MAR_CONFIGS``, random weights,
-   100 steps, guided, 4, 32 and 256 tokens per chain) run as in 7, against the device's memory bound: the
+   100 steps, guided, 4, 32, 256 and 1024 tokens per chain) run as in 7, against the device's memory bound: the
    bandwidth of a 1 GiB ``copy_`` and the bytes the chain must move at least (each transition's weights, in
    its products' dtype, and its AdaLN modulations); per run milliseconds, the bound's milliseconds, their
    ratio and GFLOP/s;
@@ -361,11 +361,11 @@ HEAD_SIZES = {"MAR-B": "mar_base", "MAR-L": "mar_large", "MAR-H": "mar_huge"}
 def head_roofline(device: torch.device, tiny: bool) -> dict:
     """The head chain of MAR-B, MAR-L and MAR-H's sizes (``MAR_CONFIGS``: head width and depth, 16-dim tokens,
     z of the decoder's width, 100 steps; with ``--tiny`` scripts/random_official.py's tiny stand-ins, 10
-    steps) against the device's memory bound: random weights, guided, 4, 32 and 256 tokens per chain (4 and
-    32 with ``--tiny``), run as the head chain step runs it (eager, compiled, on CUDA compiled + graphs).
-    Per run: milliseconds per chain (median of 10 after 3 warm-ups), the bytes it must move at least
-    (:func:`chain_traffic`, in the run's products' dtype), the bound = bytes / the copy bandwidth
-    (:func:`copy_bandwidth`), ratio = ms / bound ms, and GFLOP/s."""
+    steps) against the device's memory bound: random weights, guided, 4, 32, 256 and 1024 tokens per chain
+    (batch 1, 8, 64 and 256 at MAR's 4 tokens per AR step; 4 and 32 with ``--tiny``), run as the head chain
+    step runs it (eager, compiled, on CUDA compiled + graphs). Per run: milliseconds per chain (median of 10
+    after 3 warm-ups), the bytes it must move at least (:func:`chain_traffic`, in the run's products' dtype),
+    the bound = bytes / the copy bandwidth (:func:`copy_bandwidth`), ratio = ms / bound ms, and GFLOP/s."""
     from csd.core.chain import HeadCondition, standard_noise
     from csd.models.kernels import product_dtype
     from csd.models.mar.network import MAR_CONFIGS
@@ -380,7 +380,7 @@ def head_roofline(device: torch.device, tiny: bool) -> dict:
         steps, z_dim = c.num_sampling_steps, c.decoder_embed_dim
         head = _random_head(c.token_dim, z_dim, c.diffloss_w, c.diffloss_d, steps, gen, device)
         entry = {"width": c.diffloss_w, "depth": c.diffloss_d, "z dim": z_dim, "steps": steps}
-        for tokens in (4, 32) if tiny else (4, 32, 256):
+        for tokens in (4, 32) if tiny else (4, 32, 256, 1024):  # batch 1, 8, 64, 256 at 4 tokens per AR step
             z, zu = (torch.randn(tokens, z_dim, generator=gen, device=device) for _ in range(2))
             cond = HeadCondition(z, zu, torch.full((tokens,), 3.0, device=device))
             noise = standard_noise(tokens, c.token_dim, steps, gen, device, torch.float32)
