@@ -4,6 +4,10 @@ Every image of a batch owns one ``torch.Generator`` per purpose (orders, chain n
 draws, ...), seeded from (image seed, stream name). Draws are made image by image, so image i
 of a batch gets exactly the numbers it would get when generated alone with the same seed, and a
 speculative run sees the same orders and chain noise as a target-only run with that seed.
+
+The generators are the CPU's on every device: a draw is made on the host and reaches an accelerator as one
+copy (from pinned memory, without waiting for the device), not as one generator kernel per image, and a
+seed gives the same numbers on a GPU as on a CPU (the same image, up to the devices' rounding).
 """
 
 from __future__ import annotations
@@ -52,43 +56,47 @@ def check_seeds(seeds: Sequence[int]) -> list[int]:
 
 
 class ImageStreams:
-    """One generator per image for one named stream; draws return (B, *shape) tensors."""
+    """One CPU generator per image for one named stream; draws return (B, *shape) tensors on ``device``."""
 
     def __init__(self, seeds: Sequence[int], stream: str, device: torch.device | str = "cpu"):
         if stream not in STREAMS:
             raise ValueError(f"unknown random stream {stream!r}; choose from {STREAMS}")
         self.device = torch.device(device)
-        self.generators = [
-            torch.Generator(device=self.device).manual_seed(stream_seed(s, stream)) for s in check_seeds(seeds)
-        ]
+        self.generators = [torch.Generator().manual_seed(stream_seed(s, stream)) for s in check_seeds(seeds)]
 
     def __len__(self) -> int:
         return len(self.generators)
 
+    def _placed(self, drawn: Tensor) -> Tensor:
+        """A host draw on the streams' device: on CUDA copied from pinned memory without a host wait."""
+        if self.device.type == "cpu":
+            return drawn
+        if self.device.type == "cuda":
+            drawn = drawn.pin_memory()
+        return drawn.to(self.device, non_blocking=True)
+
     def randn(self, *shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
-        return torch.stack([torch.randn(shape, generator=g, device=self.device, dtype=dtype) for g in self.generators])
+        return self._placed(torch.stack([torch.randn(shape, generator=g, dtype=dtype) for g in self.generators]))
 
     def rand(self, *shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
-        return torch.stack([torch.rand(shape, generator=g, device=self.device, dtype=dtype) for g in self.generators])
+        return self._placed(torch.stack([torch.rand(shape, generator=g, dtype=dtype) for g in self.generators]))
 
     def randperm(self, n: int) -> Tensor:
-        return torch.stack([torch.randperm(n, generator=g, device=self.device) for g in self.generators])
+        return self._placed(torch.stack([torch.randperm(n, generator=g) for g in self.generators]))
 
     def randn_rows(self, counts: Tensor, *shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
         """``counts[i]`` rows of shape ``shape`` for image i, concatenated image by image: (sum, *shape).
 
         Images with no rows draw nothing, so what an image gets never depends on the others."""
-        parts = [
-            torch.randn((int(c), *shape), generator=g, device=self.device, dtype=dtype)
-            for g, c in zip(self.generators, counts.tolist(), strict=True)
-            if c
-        ]
-        return torch.cat(parts) if parts else torch.empty((0, *shape), device=self.device, dtype=dtype)
+        return self._rows(torch.randn, counts, shape, dtype)
 
     def rand_rows(self, counts: Tensor, *shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        return self._rows(torch.rand, counts, shape, dtype)
+
+    def _rows(self, draw, counts: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
         parts = [
-            torch.rand((int(c), *shape), generator=g, device=self.device, dtype=dtype)
+            draw((int(c), *shape), generator=g, dtype=dtype)
             for g, c in zip(self.generators, counts.tolist(), strict=True)
             if c
         ]
-        return torch.cat(parts) if parts else torch.empty((0, *shape), device=self.device, dtype=dtype)
+        return self._placed(torch.cat(parts) if parts else torch.empty((0, *shape), dtype=dtype))

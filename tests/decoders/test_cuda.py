@@ -43,13 +43,15 @@ def test_float64_on_cuda_is_batch_invariant_for_target_only_and_csd(pair_gpu):
 
 def test_a_float32_cuda_run_is_the_cpu_float64_run_up_to_float32_rounding(pair_gpu):
     s = SamplingConfig(num_steps=8, cfg_scale=2.0, head_steps=5)
-    on_gpu = generate(pair_gpu.target, [1, 2], [3, 4], s).tokens  # the same random numbers: drawn on CUDA
+    on_gpu = generate(pair_gpu.target, [1, 2], [3, 4], s).tokens  # the CPU's random numbers, copied over
     reference = random_pair().at_precision("float64")
     s64 = s.with_knobs(**{"precision": "float64"})
-    cpu = generate(reference.target, [1, 2], [3, 4], s64).tokens
+    cpu = generate(reference.target, [1, 2], [3, 4], s64).tokens.to(on_gpu.device)
     gap = float((on_gpu.double() - cpu).abs().max())
-    # CUDA's generators give other numbers than the CPU's: compare statistics, not values
-    assert torch.isfinite(on_gpu).all() and abs(float(on_gpu.mean()) - float(cpu.mean())) < 0.25, gap
+    # The streams draw on the host (csd/core/rng.py): the same numbers as the CPU's, so the values compare. A
+    # float32 CPU run of this pair lies up to 2.0e-4 from float64 (tests/data/golden_rounding.json, bound 4e-4
+    # in test_same_tokens); CUDA's float32 kernels round alike (TF32 is off for products): 2.5x that bound.
+    assert torch.isfinite(on_gpu).all() and gap < 1e-3, gap
     again = generate(pair_gpu.target, [1, 2], [3, 4], s).tokens
     assert float((again - on_gpu).abs().max()) < F32_ATOL  # the same seeds: the same image, up to rounding
 
