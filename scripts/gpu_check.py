@@ -25,8 +25,8 @@
    Playwright and Chromium are installed, else the images ``/generate`` returned, side by side).
 
 A step that fails is recorded and the next one still runs; the exit code is 1 if any failed. gradio,
-gradio_client and spaces must be installed (on a machine without a registry, carry them as wheels:
-docs/space.md). Commit the result under bench/results/gpu/.
+gradio_client and spaces must be installed (on a machine without a registry, carry them as wheels that
+``python -m scripts.device_wheels`` prepares: docs/space.md). Commit the result under bench/results/gpu/.
 """
 
 from __future__ import annotations
