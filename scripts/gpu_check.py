@@ -10,19 +10,24 @@
 4. target-only and CSD tokens of the same requests finite, and their statistics alike (CSD's tokens come from
    the target's distribution: mean within a quarter of a standard deviation, standard deviations within 2x);
 5. one paper-scale cell timed (``python -m csd.experiments.paper_scale``, MAR-L / MAR-B, batch 8, gamma 8);
-6. host synchronisations: target-only and CSD (its resampler in rounds, and in one pass) on each family's
+6. with ``--before TREE`` (a git worktree of an older tree; else recorded as skipped), MAR-L / MAR-B whole
+   images at paper scale (64 AR steps, bfloat16, random weights both trees build alike) at batch 1, 8 and 64,
+   target-only and CSD (gamma 8), in this tree and in TREE, each in its own worker
+   (scripts/paper_scale_probe.py), alternating every repeat: each tree's median seconds per batch, the
+   speed-up (median of the paired ratios) and whether the tokens are the same;
+7. host synchronisations: target-only and CSD (its resampler in rounds, and in one pass) on each family's
    untrained pair under
    ``torch.cuda.set_sync_debug_mode("warn")``, counted before, inside and after the AR loop (per AR step);
-7. the head chain eager, compiled and compiled with CUDA graphs (``DiffusionHead.use_kernels``,
+8. the head chain eager, compiled and compiled with CUDA graphs (``DiffusionHead.use_kernels``,
    csd/models/kernels.py), a MAR-L-size head (random weights, 100 steps, guided) at batch 1 and 256 (4 tokens
    per AR step): milliseconds per chain (on a CPU eager and compiled only);
-8. the head roofline: the head chain of MAR-B, MAR-L and MAR-H's head sizes (``MAR_CONFIGS``, random weights,
-   100 steps, guided, 4, 32, 256 and 1024 tokens per chain) run as in 7, against the device's memory bound: the
+9. the head roofline: the head chain of MAR-B, MAR-L and MAR-H's head sizes (``MAR_CONFIGS``, random weights,
+   100 steps, guided, 4, 32, 256 and 1024 tokens per chain) run as in 8, against the device's memory bound: the
    bandwidth of a 1 GiB ``copy_`` and the bytes the chain must move at least (each transition's weights, in
    its products' dtype, and its AdaLN modulations); per run milliseconds, the bound's milliseconds, their
    ratio and GFLOP/s;
-9. ``DIR/gpu_check.json``, ``DIR/gpu_check.md`` and ``DIR/screenshot.png`` (the page in Chromium where
-   Playwright and Chromium are installed, else the images ``/generate`` returned, side by side).
+10. ``DIR/gpu_check.json``, ``DIR/gpu_check.md`` and ``DIR/screenshot.png`` (the page in Chromium where
+    Playwright and Chromium are installed, else the images ``/generate`` returned, side by side).
 
 A step that fails is recorded and the next one still runs; the exit code is 1 if any failed. gradio,
 gradio_client and spaces must be installed (on a machine without a registry, carry them as wheels that
@@ -160,6 +165,46 @@ def paper_scale_cell(out: Path, tiny: bool, device: torch.device) -> dict:
     stem = "paper_scale_tiny" if tiny else "paper_scale"
     result = json.loads((out / "paper_scale" / f"{stem}.json").read_text())
     return {"file": f"paper_scale/{stem}.json", "pairs": result.get("pairs", [])}
+
+
+def paper_scale_paired(
+    out: Path, tiny: bool, device: torch.device, before: Path | None, repeats: int = 3, budget_s: float | None = None
+) -> dict:
+    """MAR-L / MAR-B whole images (the published sampler: 64 AR steps; ``--tiny``: the tiny configs, 8 steps)
+    at batch 1, 8 and 64 (``--tiny``: 1 and 2), target-only and CSD (gamma 8; ``--tiny``: 2), bfloat16
+    backbones on CUDA (float32 on a CPU), timed in this tree and in ``before`` (a git worktree of an older
+    tree), each in its own worker (scripts/paper_scale_probe.py) alive across the repeats: one untimed run
+    per tree, then ``repeats`` timed, the trees alternating every repeat (the order flipping). Per cell each
+    tree's median seconds per batch, the speed-up (median of the paired before / after ratios) and whether the
+    tokens are the same. Both trees build the same seeded random weights (checked by their digest). A cell
+    not started within ``budget_s`` is named as skipped; without ``before`` the step is skipped."""
+    from csd.experiments.roofline import _commit
+    from scripts.paper_scale_probe import Worker, paired
+
+    if before is None:
+        return {"skipped": "no --before TREE (a git worktree of the older tree to compare with)"}
+    if repeats < 1:
+        raise ValueError(f"--paired-repeats must be >= 1, got {repeats}")
+    trees = {"before": before.resolve(), "after": ROOT}
+    args = ["--gamma", "2" if tiny else "8", "--device", device.type] + (["--tiny"] if tiny else [])
+    deadline = None if budget_s is None else time.perf_counter() + budget_s
+    workers: dict = {}
+    try:
+        for name, tree in trees.items():
+            workers[name] = Worker(tree, args, out / f"paper_scale_paired_{name}.log")
+        hello = {name: w.read() for name, w in workers.items()}
+        digests = {name: h["weights_digest"] for name, h in hello.items()}
+        if len(set(digests.values())) != 1:
+            raise RuntimeError(f"the trees built different weights: {digests}")
+        cases = [{"batch": b, "mode": m} for b in ((1, 2) if tiny else (1, 8, 64)) for m in ("target", "csd")]
+        log = lambda s: print(s, file=sys.stderr, flush=True)
+        cells = paired(workers, cases, repeats, warmup=1, deadline=deadline, log=log)
+    finally:
+        for w in workers.values():
+            w.close()
+    keep = ("pair", "weights", "weights_digest", "num_steps", "head_steps", "precision", "gamma", "device")
+    result = {"trees": {name: _commit(tree) for name, tree in trees.items()}, "repeats": repeats}
+    return result | {k: hello["after"][k] for k in keep} | {"cells": cells}
 
 
 def screenshot(url: str, images: list[str], path: Path) -> dict:
@@ -449,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-tests", action="store_true", help="skip step 1 (pytest -m cuda)")
     p.add_argument("--skip-serve", action="store_true", help="skip steps 2-4 and the screenshot (the served app)")
     p.add_argument("--only", nargs="+", default=None, help="run only these steps (their names in the summary)")
+    p.add_argument("--before", type=Path, default=None, help="an older tree (git worktree) for paper scale paired")
+    p.add_argument("--paired-repeats", type=int, default=3, help="timed repeats per tree of paper scale paired")
+    p.add_argument("--paired-budget-s", type=float, default=None, help="paper scale paired starts no cell after this")
     args = p.parse_args(argv)
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from csd.cli import resolve_device
@@ -472,6 +520,10 @@ def main(argv: list[str] | None = None) -> int:
             shot = args.out / "screenshot.png"
             _step(record, "screenshot", lambda: screenshot(url, api.get("images", []), shot))
     _step(record, "paper scale cell", lambda: paper_scale_cell(args.out, args.tiny, device))
+    paired = lambda: paper_scale_paired(
+        args.out, args.tiny, device, args.before, args.paired_repeats, args.paired_budget_s
+    )
+    _step(record, "paper scale paired", paired)
     record["total_s"] = round(time.perf_counter() - t0, 1)
     steps = record["steps"]
     (args.out / "gpu_check.json").write_text(json.dumps(record, indent=1, default=str) + "\n")

@@ -4,12 +4,15 @@ head roofline counts the head's weights and products as the fused sampler makes 
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -18,6 +21,7 @@ from csd.core.chain import HeadCondition, standard_noise
 from csd.models.kernels import EAGER
 from csd.models.mar.network import MAR_CONFIGS
 from scripts.gpu_check import HEAD_SIZES, _random_head, chain_traffic
+from scripts.paper_scale_probe import paired, weights_digest
 from scripts.random_official import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,8 +44,10 @@ def test_the_device_check_runs_every_step_at_tiny_sizes(tmp_path):
         "token statistics",
         "screenshot",
         "paper scale cell",
+        "paper scale paired",
     ]
     assert all(s["ok"] for s in steps.values())
+    assert set(steps["paper scale paired"]["result"]) == {"skipped"}  # no --before TREE
     syncs = steps["host syncs"]["result"]
     assert set(syncs) == {f"{f} {m}" for f in ("mar", "xar", "harmon") for m in ("target", "csd", "csd one_pass")}
     assert all(row["callbacks"] >= 2 and row["in_loop"] == 0 for row in syncs.values())  # a CPU never waits
@@ -55,6 +61,108 @@ def test_the_device_check_runs_every_step_at_tiny_sizes(tmp_path):
     assert all(row["finite"] and row["alike"] for row in steps["token statistics"]["result"].values())
     assert (tmp_path / "screenshot.png").stat().st_size > 10_000
     assert "| generate api | yes |" in (tmp_path / "gpu_check.md").read_text()
+
+
+BEFORE = "e1b9e0a"  # the tree the paired paper-scale step was first asked to compare with
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("commit", ["HEAD", BEFORE])
+def test_the_paired_paper_scale_step_times_both_trees_on_the_same_weights(tmp_path, commit):
+    """The step at --tiny against a worktree of ``commit``: both trees build the same weights, every cell has
+    both trees' medians of three paired repeats and a finite positive speed-up, each tree's repeats make the
+    same tokens; against HEAD itself (the same code both sides) the tokens and decisions are the same."""
+    if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        pytest.skip(f"{commit} is not in this checkout's history")
+    tree = tmp_path / "before"
+    assert _git("worktree", "add", "--detach", str(tree), commit).returncode == 0
+    try:
+        cmd = [sys.executable, "-m", "scripts.gpu_check", "--out", str(tmp_path / "out"), "--tiny", "--skip-tests"]
+        cmd += ["--skip-serve", "--device", "cpu", "--only", "paper scale paired", "--before", str(tree)]
+        run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    finally:
+        _git("worktree", "remove", "--force", str(tree))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    steps = json.loads((tmp_path / "out" / "gpu_check.json").read_text())["steps"]
+    assert list(steps) == ["paper scale paired"] and steps["paper scale paired"]["ok"]
+    result = steps["paper scale paired"]["result"]
+    assert result["trees"]["before"].split()[0] == _git("rev-parse", "--short", commit).stdout.strip()
+    assert (result["pair"], result["precision"], result["gamma"], result["repeats"]) == (
+        "MAR-L / MAR-B",
+        "float32",
+        2,
+        3,
+    )
+    assert (result["num_steps"], result["head_steps"]) == (8, 4)  # the tiny sampler
+    assert result["weights"] == "random (seed 0)"  # and the same in both trees: the step checks their digests
+    assert set(result["cells"]) == {f"batch {b} {m}" for b in (1, 2) for m in ("target", "csd")}
+    for cell in result["cells"].values():
+        assert len(cell["before_samples"]) == len(cell["after_samples"]) == 3
+        assert (
+            cell["before_s"] == sorted(cell["before_samples"])[1]
+            and cell["after_s"] == sorted(cell["after_samples"])[1]
+        )
+        assert math.isfinite(cell["speedup"]) and cell["speedup"] > 0
+        assert cell["repeatable"]
+        if commit == "HEAD":
+            assert cell["max_token_diff"] == 0.0 and cell["same_decisions"]
+
+
+def _linear(seed: int) -> torch.nn.Linear:
+    layer, gen = torch.nn.Linear(4, 3), torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+    return layer
+
+
+def test_the_weights_digest_tells_equal_weights_from_different_ones():
+    a, b, c = _linear(0), _linear(0), _linear(1)
+    assert weights_digest(a) == weights_digest(b) != weights_digest(c)
+    with torch.no_grad():
+        b.bias[0] = torch.nextafter(b.bias[0], torch.tensor(math.inf))  # one float's last bit
+    assert weights_digest(a) != weights_digest(b)
+    assert weights_digest(_linear(0).to(torch.float64)) != weights_digest(a)  # the dtype counts too
+
+
+class _FakeWorker:
+    """Answers a worker's requests from a list of seconds, logging the order it was asked in."""
+
+    def __init__(self, name: str, seconds: list[float], tokens: np.ndarray, asked: list[str]):
+        self.name, self.seconds, self.tokens, self.asked = name, list(seconds), tokens, asked
+
+    def ask(self, request: dict) -> dict:
+        self.asked.append(f"{self.name} {request['op']}")
+        if request["op"] == "warm":
+            return {"warm": True}
+        answer = {"seconds": self.seconds.pop(0), "digest": "same"}
+        if request["tokens"]:
+            answer["tokens_f32"] = base64.b64encode(self.tokens.astype(np.float32).tobytes()).decode()
+            answer["maker"] = base64.b64encode(np.array([0, 1, 1], dtype=np.int8).tobytes()).decode()
+        return answer
+
+
+def test_the_paired_timing_alternates_the_trees_and_takes_the_median_of_the_paired_ratios():
+    asked: list[str] = []
+    workers = {
+        "before": _FakeWorker("before", [2.0, 9.0, 3.0], np.array([1.0, 2.0, 3.0]), asked),
+        "after": _FakeWorker("after", [1.0, 1.0, 2.0], np.array([1.0, 2.5, 3.0]), asked),
+    }
+    rows = paired(workers, [{"batch": 1, "mode": "csd"}], repeats=3, log=lambda s: None)
+    assert asked == ["before warm", "after warm"] + ["before time", "after time", "after time", "before time"] + [
+        "before time",
+        "after time",
+    ]
+    row = rows["batch 1 csd"]
+    assert (row["before_s"], row["after_s"]) == (3.0, 1.0)
+    assert row["speedup"] == 2.0  # the median of 2 / 1, 9 / 1 and 3 / 2: not 3 / 1, the ratio of the medians
+    assert row["max_token_diff"] == 0.5 and row["same_decisions"] and row["repeatable"]
+    late = paired(workers, [{"batch": 8, "mode": "target"}], 3, deadline=time.perf_counter() - 1, log=None)
+    assert late == {"batch 8 target": {"skipped": "the step's time budget (--paired-budget-s) was spent"}}
 
 
 def _close(a: float, b: float) -> bool:
