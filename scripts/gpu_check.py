@@ -167,6 +167,13 @@ def paper_scale_cell(out: Path, tiny: bool, device: torch.device) -> dict:
     return {"file": f"paper_scale/{stem}.json", "pairs": result.get("pairs", [])}
 
 
+def tree_commit(tree: Path, commit_of) -> str:
+    """The commit a tree holds: its TREE_COMMIT file where it is an export without git (``git archive``, as a
+    device call carries it), else git's (``commit_of``)."""
+    named = tree / "TREE_COMMIT"
+    return named.read_text().strip() if named.is_file() else commit_of(tree)
+
+
 def paper_scale_paired(
     out: Path, tiny: bool, device: torch.device, before: Path | None, repeats: int = 3, budget_s: float | None = None
 ) -> dict:
@@ -203,7 +210,7 @@ def paper_scale_paired(
         for w in workers.values():
             w.close()
     keep = ("pair", "weights", "weights_digest", "num_steps", "head_steps", "precision", "gamma", "device")
-    result = {"trees": {name: _commit(tree) for name, tree in trees.items()}, "repeats": repeats}
+    result = {"trees": {name: tree_commit(tree, _commit) for name, tree in trees.items()}, "repeats": repeats}
     return result | {k: hello["after"][k] for k in keep} | {"cells": cells}
 
 

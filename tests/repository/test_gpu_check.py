@@ -226,3 +226,11 @@ def test_at_the_official_sizes_a_chain_reads_its_modulations_made_once_rather_th
             traffic = lambda tokens, b=product_bytes, c=config: chain_traffic(c, tokens, b)["bytes"]
             # from 1 to 256 tokens the bytes grow by the modulations made, the weights' way never taken
             assert traffic(256) - traffic(1) == steps * 2 * 255 * width * (3 * depth + 2) * 4
+
+
+def test_an_exported_tree_is_named_by_its_tree_commit_file_else_by_git(tmp_path):
+    from scripts.gpu_check import tree_commit
+
+    assert tree_commit(tmp_path, lambda tree: "from git") == "from git"
+    (tmp_path / "TREE_COMMIT").write_text("e1b9e0a\n")
+    assert tree_commit(tmp_path, lambda tree: "from git") == "e1b9e0a"
