@@ -341,12 +341,13 @@ def test_first_sight_shows_a_comparison_with_generate_in_view_and_target_beside_
 def test_a_refused_value_is_named_beside_its_control_and_stays(served):
     _, url = served
     with open_page(url) as page:
+        page.clock.install()  # the page's timers on a clock the test moves (time flows as usual until then)
         seed = page.get_by_label("Seed", exact=True)
         seed.fill("1.5")
         page.get_by_role("button", name="Generate", exact=True).click()
         message = page.get_by_text("Seed must be an integer", exact=False).first
         message.wait_for(state="visible")
-        time.sleep(15)
+        page.clock.run_for(15_000)  # 15 s of the page's time at once: every timer due by then fires
         assert message.is_visible()  # still there: it goes with the next action, not after 10 s
 
 
