@@ -40,10 +40,9 @@ class Verdict:
     def accept_prob(self) -> Tensor:
         return self.log_ratio.clamp(max=0.0).exp()
 
-
-def accept(verdict: Verdict, uniforms: Tensor) -> Tensor:
-    """Accept where u < min(1, r), i.e. log u < log r. uniforms: (n,) in [0, 1)."""
-    return uniforms.log() < verdict.log_ratio
+    def accept(self, uniforms: Tensor) -> Tensor:
+        """The accept decision: u < min(1, r), i.e. log u < log r. uniforms: (n,) in [0, 1)."""
+        return uniforms.log() < self.log_ratio
 
 
 def trajectory_log_std_gap(draft: Trajectory, target: Trajectory) -> Tensor:

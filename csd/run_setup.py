@@ -1,13 +1,13 @@
 """A run's set-up, shared by target-only :func:`csd.sampling.generate` and
 :func:`csd.speculative.speculative_generate`: the one place a run's settings are checked, and the run both
-samplers decode, built from them (:func:`set_up_run` -> :class:`Run`).
+samplers decode, built from them (:meth:`Run.start`).
 
 A config checks each of its knobs alone, as the knob's declaration says (:class:`csd.config.Knob`), and each
 setting value (the criterion, the head's sampler, LazyMAR's caches, GtR: :mod:`csd.settings`) checks the rules
 between its own knobs; every rule between a config's fields, between the two configs, or between a setting
 and a model is here. The rules that need
 only the settings and the family's traits are :func:`check_settings` (the app calls it before a run, to show
-an error beside its control); :func:`set_up_run` calls it, then checks what needs the models themselves.
+an error beside its control); :meth:`Run.start` calls it, then checks what needs the models themselves.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ SPECULATIVE_STREAMS = ("chain", "accept", "resample", "independent")
 
 @dataclass
 class Run:
-    """One generation, checked and set up by :func:`set_up_run`, and where it stands as it decodes.
+    """One generation, checked and set up by :meth:`start`, and where it stands as it decodes.
 
     ``target`` pre-fills: the target under CSD; in a run of one model (``draft`` and ``csd`` None), that
     model, to the end. The rest: each model's state of the generation (its conditions and caches,
@@ -60,6 +60,73 @@ class Run:
     mask: Tensor  # (B, N) True where not yet made
     committed: int = 0  # AR steps committed (where the next block starts)
     blocks: int = 0  # blocks drafted
+
+    @classmethod
+    def start(
+        cls,
+        target: ModelFamily,
+        conditions: Sequence | Tensor,
+        seeds: Sequence[int],
+        sampling: SamplingConfig,
+        csd: CSDConfig | None = None,
+        draft: ModelFamily | None = None,
+        maker: Maker = Maker.TARGET,
+        on_step: StepCallback | None = None,
+        keep_details: bool = False,
+    ) -> Run:
+        """Check a run and build it: of ``target`` alone (``csd`` and ``draft`` None; its tokens made by
+        ``maker``), or speculative (both given). Every rule on a run's settings is checked here, each a
+        ValueError (a :class:`~csd.core.checks.SettingError` where one knob is at fault) that names the knob and
+        its valid values:
+
+        * the settings and the family's traits, in order (:func:`check_settings`): the configs' rules between
+          their knobs; the family's rules on the target's settings; under CSD, where CSD is defined on them and
+          the family's rules on the draft's settings;
+        * the draft against the target: one family, the same token layout and conditions (:func:`check_pair`);
+        * each model's weights in the precision's dtype (:func:`check_model_precision`);
+        * the seeds (:func:`csd.core.rng.check_seeds`), one device for both models, the batch's conditions (the
+          family's :meth:`~csd.family.ModelFamily.check_conditions`);
+        * under CSD, a ``draft_head_steps`` other than the target's head steps only where the chains need not
+          be of equal length (:func:`check_draft_head_steps`).
+
+        What stays with a model is what its own computations need of their inputs: the family's plan checks that
+        GtR's checkerboard fits its grid (:mod:`csd.models.mar.gtr`), its ``predict`` and ``verify`` that they
+        are given positions they can make. Nothing here draws a random number: the streams are made, the plan
+        draws from its own. ``on_step`` is the run's progress callback; ``keep_details`` (CSD only) keeps every
+        token's inputs in the trace (:class:`csd.trace.TokenDetails`)."""
+        if (csd is None) != (draft is None):
+            raise ValueError("a speculative run needs both csd and draft, a target-only run neither")
+        if draft is not None:
+            check_pair(target, draft)
+        check_settings(target.traits, target.seq_len, sampling, csd, None if draft is None else draft.traits)
+        models = {"model": target} if draft is None else {"target": target, "draft": draft}
+        for who, model in models.items():
+            check_model_precision(model, sampling.precision, who)
+        seeds = check_seeds(seeds)
+        device = model_device(target)
+        if draft is not None and model_device(draft) != device:
+            raise ValueError(f"draft model is on {model_device(draft)}, the target on {device}: use one device")
+        conditions = target.check_conditions(conditions, len(seeds), device)
+        plan = target.plan(seeds, sampling, device)
+        head_steps = sampling.head_steps_per_step(target.head_steps(sampling.head_steps))
+        criterion = None
+        if csd is not None:
+            check_draft_head_steps(csd, head_steps)
+            criterion = criterion_of(csd, target.traits.tokens_per_row)
+        names = TARGET_STREAMS if csd is None else SPECULATIVE_STREAMS
+        streams = {name: ImageStreams(seeds, name, device) for name in names}
+        maker = maker if csd is None else Maker.PREFILL
+        knobs = {"maker": maker.name.lower()} if csd is None else {"csd": csd.knob_values()}
+        settings = {"sampling": sampling.knob_values()} | knobs
+        tokens = torch.zeros(len(seeds), target.seq_len, target.token_dim, device=device, dtype=sampling.dtype)
+        mask = torch.ones(tokens.shape[:2], dtype=torch.bool, device=device)
+        details = max(head_steps + [(csd and csd.draft_head_steps) or 0]) if keep_details else None
+        recorder = Recorder(tokens, plan.sizes, settings, maker, on_step, csd is None or csd.align, details)
+        states = (
+            target.start(conditions, sampling),
+            None if draft is None else draft.start(conditions, csd.draft_sampling(sampling)),
+        )
+        return cls(target, draft, *states, sampling, csd, plan, head_steps, streams, criterion, recorder, tokens, mask)
 
     @property
     def batch(self) -> int:
@@ -98,72 +165,6 @@ class Run:
         raw = self.streams[stream].randn(steps, k, d).to(self.dtype)  # (B, T, k, d)
         eps = raw[:, 1:].permute(1, 0, 2, 3).reshape(steps - 1, b * k, d)
         return ChainNoise(xi=raw[:, 0].reshape(b * k, d), eps=eps)
-
-
-def set_up_run(
-    target: ModelFamily,
-    conditions: Sequence | Tensor,
-    seeds: Sequence[int],
-    sampling: SamplingConfig,
-    csd: CSDConfig | None = None,
-    draft: ModelFamily | None = None,
-    maker: Maker = Maker.TARGET,
-    on_step: StepCallback | None = None,
-    keep_details: bool = False,
-) -> Run:
-    """Check a run and build it: of ``target`` alone (``csd`` and ``draft`` None; its tokens made by
-    ``maker``), or speculative (both given). Every rule on a run's settings is checked here, each a
-    ValueError (a :class:`~csd.core.checks.SettingError` where one knob is at fault) that names the knob and
-    its valid values:
-
-    * the settings and the family's traits, in order (:func:`check_settings`): the configs' rules between
-      their knobs; the family's rules on the target's settings; under CSD, where CSD is defined on them and
-      the family's rules on the draft's settings;
-    * the draft against the target: one family, the same token layout and conditions (:func:`check_pair`);
-    * each model's weights in the precision's dtype (:func:`check_model_precision`);
-    * the seeds (:func:`csd.core.rng.check_seeds`), one device for both models, the batch's conditions (the
-      family's :meth:`~csd.family.ModelFamily.check_conditions`);
-    * under CSD, a ``draft_head_steps`` other than the target's head steps only where the chains need not
-      be of equal length (:func:`check_draft_head_steps`).
-
-    What stays with a model is what its own computations need of their inputs: the family's plan checks that
-    GtR's checkerboard fits its grid (:mod:`csd.models.mar.gtr`), its ``predict`` and ``verify`` that they
-    are given positions they can make. Nothing here draws a random number: the streams are made, the plan
-    draws from its own. ``on_step`` is the run's progress callback; ``keep_details`` (CSD only) keeps every
-    token's inputs in the trace (:class:`csd.trace.TokenDetails`)."""
-    if (csd is None) != (draft is None):
-        raise ValueError("a speculative run needs both csd and draft, a target-only run neither")
-    if draft is not None:
-        check_pair(target, draft)
-    check_settings(target.traits, target.seq_len, sampling, csd, None if draft is None else draft.traits)
-    models = {"model": target} if draft is None else {"target": target, "draft": draft}
-    for who, model in models.items():
-        check_model_precision(model, sampling.precision, who)
-    seeds = check_seeds(seeds)
-    device = model_device(target)
-    if draft is not None and model_device(draft) != device:
-        raise ValueError(f"draft model is on {model_device(draft)}, the target on {device}: use one device")
-    conditions = target.check_conditions(conditions, len(seeds), device)
-    plan = target.plan(seeds, sampling, device)
-    head_steps = sampling.head_steps_per_step(target.head_steps(sampling.head_steps))
-    criterion = None
-    if csd is not None:
-        check_draft_head_steps(csd, head_steps)
-        criterion = criterion_of(csd, target.traits.tokens_per_row)
-    names = TARGET_STREAMS if csd is None else SPECULATIVE_STREAMS
-    streams = {name: ImageStreams(seeds, name, device) for name in names}
-    maker = maker if csd is None else Maker.PREFILL
-    knobs = {"maker": maker.name.lower()} if csd is None else {"csd": csd.knob_values()}
-    settings = {"sampling": sampling.knob_values()} | knobs
-    tokens = torch.zeros(len(seeds), target.seq_len, target.token_dim, device=device, dtype=sampling.dtype)
-    mask = torch.ones(tokens.shape[:2], dtype=torch.bool, device=device)
-    details = max(head_steps + [(csd and csd.draft_head_steps) or 0]) if keep_details else None
-    recorder = Recorder(tokens, plan.sizes, settings, maker, on_step, csd is None or csd.align, details)
-    states = (
-        target.start(conditions, sampling),
-        None if draft is None else draft.start(conditions, csd.draft_sampling(sampling)),
-    )
-    return Run(target, draft, *states, sampling, csd, plan, head_steps, streams, criterion, recorder, tokens, mask)
 
 
 def check_settings(

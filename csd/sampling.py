@@ -16,7 +16,7 @@ from torch import Tensor
 from csd.config import SamplingConfig
 from csd.decoding import Generation, StepCallback
 from csd.family import ModelFamily
-from csd.run_setup import set_up_run
+from csd.run_setup import Run
 from csd.speculative import decode
 from csd.trace import Maker
 
@@ -35,6 +35,6 @@ def generate(
     (``Maker.DRAFT`` for a draft-only run, which times and counts its steps as the draft's).
 
     Image i depends only on (seeds[i], conditions[i], config): the same as when generated alone. The run
-    is checked and set up by :func:`csd.run_setup.set_up_run`.
+    is checked and set up by :meth:`csd.run_setup.Run.start`.
     ``on_step`` (see :data:`csd.decoding.StepCallback`) is called after each AR step."""
-    return decode(set_up_run(model, conditions, seeds, config or SamplingConfig(), maker=maker, on_step=on_step))
+    return decode(Run.start(model, conditions, seeds, config or SamplingConfig(), maker=maker, on_step=on_step))

@@ -23,14 +23,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from csd.acceptance import Decision, Proposal, Verdict, accept
+from csd.acceptance import Decision, Proposal, Verdict
 from csd.config import CSDConfig, SamplingConfig
 from csd.core.chain import ChainNoise, Trajectory
 from csd.core.resample import Resampled
 from csd.core.rng import ImageStreams
 from csd.decoding import Block, Generation, StepCallback, commit
 from csd.family import ModelFamily, TokenChain
-from csd.run_setup import Run, set_up_run
+from csd.run_setup import Run
 
 
 @torch.inference_mode()
@@ -51,7 +51,7 @@ def speculative_generate(
     ``keep_details``: the trace also keeps every token's draft proposal, target sample, acceptance
     draw and both chains' transitions (:class:`csd.trace.TokenDetails`), for inspection."""
     sampling, csd = sampling or SamplingConfig(), csd or CSDConfig()
-    run = set_up_run(target, conditions, seeds, sampling, csd, draft, on_step=on_step, keep_details=keep_details)
+    run = Run.start(target, conditions, seeds, sampling, csd, draft, on_step=on_step, keep_details=keep_details)
     return decode(run)
 
 
@@ -151,7 +151,7 @@ def accept_or_resample(run: Run, block: Block, proposal: Proposal) -> Decision:
     with run.recorder.timed("verify"):
         verdict, x = crit.verdict(proposal)
         uniforms = run.uniforms("accept", per_image)
-        accepted = accept(verdict, uniforms)
+        accepted = verdict.accept(uniforms)
         live = _keep(run, block, accepted)
     with run.recorder.timed("resample"):
         rejected = ~accepted & live  # (units,) the committed units to redraw

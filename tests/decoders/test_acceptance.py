@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from csd.acceptance import Verdict, accept, aligned_verdict, exact_verdict
+from csd.acceptance import Verdict, aligned_verdict, exact_verdict
 from csd.core.chain import HeadCondition, Trajectory, evaluate_path, run_chain, standard_noise
 from tests.helpers import LinearGaussianChain
 
@@ -58,12 +58,12 @@ def test_identical_trajectories_are_always_accepted():
     q = _random_trajectory(g)
     v = aligned_verdict(q, q, 5.0)
     assert torch.all(v.log_ratio == 0)
-    assert torch.all(accept(v, torch.rand(3, generator=g)))
+    assert torch.all(v.accept(torch.rand(3, generator=g)))
 
 
 def test_accept_compares_uniform_with_min_one_ratio():
     v = Verdict(trajectory=torch.log(torch.tensor([0.3, 0.3, 2.0])), final=torch.zeros(3))
-    assert accept(v, torch.tensor([0.29, 0.31, 0.999])).tolist() == [True, False, True]
+    assert v.accept(torch.tensor([0.29, 0.31, 0.999])).tolist() == [True, False, True]
     torch.testing.assert_close(v.accept_prob, torch.tensor([0.3, 0.3, 1.0]))
 
 
