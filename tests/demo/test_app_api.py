@@ -29,6 +29,7 @@ from demo.tabs.analyze import frontier_result
 from demo.tabs.generate import Comparison, GenerateTab, compare
 from demo.views import ANALYSIS_KEYS, analysis_status, frontier_status, stats_markdown
 
+pytestmark = pytest.mark.usefixtures("shared_rates")  # each pair timed once per session (tests/demo/conftest.py)
 REFUSED = (AppError, ValidationError)  # a named refusal: in the handler, or by the validator before queueing
 LIMITS = Limits(max_batch=2, max_steps=8, max_images=2)
 SMALL = {"batch_size": 2, "ar_steps": 8, "gamma": 4}  # within LIMITS

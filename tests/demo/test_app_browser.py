@@ -24,6 +24,7 @@ from demo import server, showcase
 from demo.limits import Limits
 from tests.helpers import pair_name
 
+pytestmark = pytest.mark.usefixtures("shared_rates")  # each pair timed once per session (tests/demo/conftest.py)
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [

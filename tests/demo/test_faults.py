@@ -29,6 +29,7 @@ from demo.faults import Load
 from demo.limits import Limits
 from tests.stubs import spaces as stub
 
+pytestmark = pytest.mark.usefixtures("shared_rates")  # each pair timed once per session (tests/demo/conftest.py)
 LIMITS = Limits(max_batch=2, max_steps=64, max_images=2, max_seconds=600.0)  # estimates on a busy CPU run long
 SMALL = {"batch_size": 2, "ar_steps": 8, "gamma": 4}
 QUICK = 30.0  # seconds: a named message, not a hang (the runs it stops take a few seconds on a 2-core CPU)

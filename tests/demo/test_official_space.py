@@ -25,6 +25,7 @@ from tests.demo.test_app_browser import CHROMIUM, open_page
 from tests.fake_hub import fake_hub
 from tests.stubs import spaces as stub
 
+pytestmark = pytest.mark.usefixtures("shared_rates")  # each pair timed once per session (tests/demo/conftest.py)
 LIMITS = Limits(max_batch=2, max_steps=64, max_images=2)
 RUN_TIMEOUT_MS = 120_000  # a tiny pair's run takes seconds; a stall fails in two minutes, with what the page shows
 MAR_OFFICIAL = [s.name for s in pair_specs("official") if s.family == "mar"]  # H/B, L/B

@@ -18,6 +18,7 @@ from demo.application import App
 from demo.limits import Limits
 from demo.soak import call, default_requests, endpoints
 
+pytestmark = pytest.mark.usefixtures("shared_rates")  # each pair timed once per session (tests/demo/conftest.py)
 LIMITS = Limits(max_batch=2, max_steps=8, max_images=2, max_analysis_steps=16)
 ANY_VALUE = st.one_of(
     st.booleans(),

@@ -39,6 +39,7 @@ from demo.tabs.analyze import check_analysis, plan_analysis, plan_frontier
 from demo.tabs.generate import RUN_KINDS, GenerateTab, check_generate, compare
 from tests.stubs import spaces as stub
 
+pytestmark = pytest.mark.usefixtures("shared_rates")  # each pair timed once per session (tests/demo/conftest.py)
 ROOT = Path(__file__).resolve().parents[2]
 LIMITS = Limits(max_batch=2, max_steps=64, max_images=2)
 NO_PROGRESS = lambda *args, **kwargs: None
