@@ -7,6 +7,9 @@ time a pair at a setting times it for real (inside its GPU call, as before) and 
 temporary folder, which every worker of the session sees; a later app asking for the same pair at the same
 setting on the same threads gets those rates. What a test checks of a timing (that it runs in a GPU call, once
 per pair, before the pair's first request) stays in each app: only the model runs of the timing are shared.
+
+A pair is known by its name: a module that serves other models under a shipped pair's name (tests/demo/
+test_server.py's slowed untrained pair) must not use it, or it gets the real pair's rates.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch
 from filelock import FileLock
 
 import demo.application
-from demo.estimate import calibrate
+from demo import estimate
 
 
 def _session_dir(tmp_path_factory, worker_id: str):
@@ -42,7 +45,7 @@ def shared_rates(tmp_path_factory, worker_id):
         with FileLock(f"{path}.lock"):  # a pair being timed by the other worker is waited for, not timed twice
             if path.exists():
                 return pickle.loads(path.read_bytes())
-            rates = calibrate(pair, sampling, csd, condition)
+            rates = estimate.calibrate(pair, sampling, csd, condition)
             path.write_bytes(pickle.dumps(rates))
             return rates
 

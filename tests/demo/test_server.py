@@ -25,7 +25,6 @@ from demo.tabs.analyze import analysis_panels, analyze_stopped
 from demo.tabs.generate import GenerateTab, compare
 from tests.fake_hub import fake_hub
 
-pytestmark = pytest.mark.usefixtures("shared_rates")  # each pair timed once per session (tests/demo/conftest.py)
 OFFICIAL_REPO = {name: name.encode() * 3 for name in HUB_FILES} | {"README.md": b"not fetched"}
 STEP_DELAY = 0.02  # seconds added to every backbone pass of the slow pair: runs long enough to stop midway
 
