@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,13 +26,13 @@ ROOT = Path(__file__).resolve().parents[2]
 BOUNDS = {"F64_ATOL", "F32_ATOL", "assert_same64", "assert_differ64"}
 
 
-def start(name: str, threads: int | None) -> subprocess.Popen:
-    """``pytest -m kernels`` in a fresh process under perturbation ``name`` (``threads``: torch's default
-    thread count there, None for the machine's)."""
+def start(name: str, threads: int | None, paths: list[str]) -> subprocess.Popen:
+    """``pytest -m kernels`` over ``paths`` in a fresh process under perturbation ``name`` (``threads``:
+    torch's default thread count there, None for the machine's)."""
     env = os.environ | kernels.PERTURBATIONS[name] | {"GRADIO_ANALYTICS_ENABLED": "False"}
     if threads is not None:
         env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "kernels", "tests"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "kernels", *paths]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -49,10 +50,20 @@ def skipped(name: str) -> str | None:
     return None
 
 
-def rerun(name: str) -> subprocess.CompletedProcess | str:
-    """Perturbation ``name``'s rerun, or why it is skipped. ``threads2`` runs on two threads, the others on
-    one (a test that asks for one gets one anyway; the rest would otherwise take the machine's)."""
-    return skipped(name) or finish(start(name, None if name == "threads2" else 1))
+def kernels_modules(session: pytest.Session) -> list[str] | None:
+    """The modules of the ``kernels`` tests, where this session collected every test module (the suite: a rerun
+    then collects only those, not the suite's others, which cost it seconds of imports); None otherwise."""
+    collected = {item.path for item in session.items}
+    if collected != set((ROOT / "tests").rglob("test_*.py")):
+        return None
+    return sorted({str(item.path.relative_to(ROOT)) for item in session.items if item.get_closest_marker("kernels")})
+
+
+def rerun(name: str, paths: list[str]) -> subprocess.CompletedProcess | str:
+    """Perturbation ``name``'s rerun of the ``kernels`` tests in ``paths``, or why it is skipped. ``threads2``
+    runs on two threads, the others on one (a test that asks for one gets one anyway; the rest would otherwise
+    take the machine's)."""
+    return skipped(name) or finish(start(name, None if name == "threads2" else 1, paths))
 
 
 class Rerun:
@@ -62,8 +73,9 @@ class Rerun:
     name = ""
 
     @pytest.mark.slow
-    def test_the_float_comparing_tests_pass_under_another_kernel_choice(self):
-        run = rerun(self.name)
+    def test_the_float_comparing_tests_pass_under_another_kernel_choice(self, request):
+        paths = kernels_modules(request.session)
+        run = rerun(self.name, paths or ["tests"])
         if isinstance(run, str):
             pytest.skip(run)
         out = run.stdout.splitlines()
@@ -71,6 +83,9 @@ class Rerun:
             f"under {kernels.PERTURBATIONS[self.name]}:\n{run.stdout[-6000:]}\n{run.stderr[-2000:]}"
         )
         assert " passed" in out[-1] and " deselected" in out[-1]
+        if paths:  # every kernels test of the suite ran there, none lost to the list of modules
+            here = sum(1 for item in request.session.items if item.get_closest_marker("kernels"))
+            assert sum(int(n) for n, _ in re.findall(r"(\d+) (passed|skipped)", out[-1])) == here, out[-1]
 
 
 class TestThreads2(Rerun):
