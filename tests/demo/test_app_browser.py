@@ -328,6 +328,17 @@ def test_first_sight_shows_a_comparison_with_generate_in_view_and_target_beside_
         assert "Precomputed" in page.locator("#gen-status").inner_text()
         button = page.get_by_role("button", name="Generate", exact=True).bounding_box()
         assert button["y"] + button["height"] <= viewport["height"], button  # no scrolling to find it
+        side_by_side = """() => {  // the two images level (within 20 px), the target's on the left
+            const box = (s) => document.querySelector(s)?.getBoundingClientRect();
+            const [t, c] = [box('#img-target img'), box('#img-csd img')];
+            return t && c && Math.abs(t.y - c.y) < 20 && t.x < c.x;
+        }"""
+        from playwright.sync_api import TimeoutError as PageTimeout
+
+        try:  # as the page settles: on a loaded machine an image can land while its neighbour's pane still grows
+            page.wait_for_function(side_by_side, timeout=10_000)
+        except PageTimeout:
+            pass  # the assertion below names the boxes
         target, csd = (page.locator(f"{b} img").bounding_box() for b in ("#img-target", "#img-csd"))
         assert abs(target["y"] - csd["y"]) < 20 and target["x"] < csd["x"], (target, csd)  # side by side
         page.locator("#estimate").get_by_text("Expected on this server", exact=False).wait_for(state="visible")
