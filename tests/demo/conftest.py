@@ -3,7 +3,7 @@
 A pair's rates (:func:`demo.estimate.calibrate`: whole runs of each kind at the page's default setting) cost 3-18 s
 of a busy 2-core CPU each, and the app tests build an app per test or module: across tests/demo, 28 timings took 92
 s of model runs unshared, 18 took 57 s shared (docs/testing.md). A module that does not test the timing itself uses
-:func:`shared_rates`: the first app to time a pair at a setting times it for real (inside its GPU call, as before)
+:func:`shared_rates`: the first app to time a pair at a setting times it for real (inside its own GPU call)
 and keeps the rates in the session's temporary folder, which every worker of the session sees; a later app asking
 for the same pair at the same setting on the same threads gets those rates. What a test checks of a timing (that it
 runs in a GPU call, once per pair, before the pair's first request) stays in each app: only the model runs of the

@@ -26,7 +26,7 @@ def test_a_second_app_gets_the_first_apps_rates_and_another_setting_is_timed_ane
     def rates(steps: int):
         application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), Limits(max_steps=steps))
         out = application.rates(application.store.get(RANDOM_SOURCE.name))
-        assert application.timings.timed(RANDOM_SOURCE.name)  # each app keeps its own, as before
+        assert application.timings.timed(RANDOM_SOURCE.name)  # each app keeps its own rates
         return out
 
     first = rates(3)
