@@ -129,12 +129,14 @@ class GridTiming:
     base: float  # target-only's median seconds, the time unit
 
     def row_times(self, p: Point) -> dict:
-        """A row's measured time, the cost model's prediction and its phases, as ratios to target-only's."""
+        """A row's measured time, the cost model's prediction and its phases, as ratios to target-only's, and
+        the work the prediction charges (per phase calls, steps, token_steps)."""
         t = self.timed[p.name]
         return {
             "time": t.seconds / self.base,
             "predicted": self.costs.predict(t.work) / self.base,
             "phases": {k: v / self.base for k, v in sorted(t.times.items())},
+            "work": {k: dict(v) for k, v in sorted(t.work.items())},
         }
 
     def record(self) -> dict:
@@ -213,6 +215,7 @@ def run_frontier(
                 | quality_
                 | {
                     "phases": times["phases"],
+                    "work": times["work"],
                     "sampling": p.sampling.knob_values(),
                     "csd": p.csd and p.csd.knob_values(),
                 }
