@@ -141,7 +141,7 @@ def test_the_cost_model_predicts_every_row_from_the_per_pass_costs_of_the_same_r
         rows = result["rows"]
         assert all(r["predicted"] > 0 for r in rows)
         # each prediction is the recorded pass costs (in target-only's time unit) charged to the row's own work:
-        # logic, not timing (a bound of prediction against measured time failed in CI at 1.047 under load)
+        # arithmetic, exact on any machine; how close it comes to the measured time is noise, not checked here
         scaled = PassCosts(
             costs["target_pass"],
             costs["draft_pass"],
