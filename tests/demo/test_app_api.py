@@ -13,7 +13,6 @@ import torch
 from PIL import Image
 
 pytest.importorskip("gradio_client")
-from gradio_client import Client
 from gradio_client.exceptions import AppError, ValidationError
 
 from csd.config import CSDConfig
@@ -28,6 +27,7 @@ from demo.tab import Page
 from demo.tabs.analyze import frontier_result
 from demo.tabs.generate import Comparison, GenerateTab, compare
 from demo.views import ANALYSIS_KEYS, analysis_status, frontier_status, stats_markdown
+from tests.demo.local_client import local_client
 
 pytestmark = pytest.mark.usefixtures("shared_rates")  # each pair timed once per session (tests/demo/conftest.py)
 REFUSED = (AppError, ValidationError)  # a named refusal: in the handler, or by the validator before queueing
@@ -40,7 +40,7 @@ def served():
     application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), LIMITS)
     demo = server.build(application)
     url = server.serve(demo, LIMITS, "127.0.0.1", None, block=False)
-    yield application, Client(url, verbose=False)
+    yield application, local_client(url)
     demo.close()
 
 
@@ -268,7 +268,7 @@ def served_text():
     application = App(PairStore([text_source, RANDOM_SOURCE], torch.device("cpu")), LIMITS)
     demo = server.build(application)
     url = server.serve(demo, LIMITS, "127.0.0.1", None, block=False)
-    yield application, Client(url, verbose=False)
+    yield application, local_client(url)
     demo.close()
 
 

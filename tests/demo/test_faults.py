@@ -27,6 +27,7 @@ from demo import faults, gpu, server
 from demo.application import App
 from demo.faults import Load
 from demo.limits import Limits
+from tests.demo.local_client import local_client
 from tests.stubs import spaces as stub
 
 pytestmark = pytest.mark.usefixtures("shared_rates")  # each pair timed once per session (tests/demo/conftest.py)
@@ -129,7 +130,7 @@ def rates():
 def serving(application: App):
     """Serve ``application``; yield it, a client and its images before any fault; close it after."""
     demo = server.build(application)
-    client = Client(server.serve(demo, LIMITS, "127.0.0.1", None, block=False), verbose=False)
+    client = local_client(server.serve(demo, LIMITS, "127.0.0.1", None, block=False))
     try:
         yield application, client, images(client, application)
     finally:

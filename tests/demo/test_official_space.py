@@ -13,7 +13,6 @@ import pytest
 import torch
 
 pytest.importorskip("gradio_client")
-from gradio_client import Client
 
 from csd.serving.pairs import HUB_FILES, PairStore, discover, fetch_official, pair_specs
 from demo import gpu, server
@@ -21,6 +20,7 @@ from demo.application import App
 from demo.limits import Limits
 from demo.tabs.generate import estimate_line
 from scripts.random_official import TINY, tiny_configs, write_official
+from tests.demo.local_client import local_client
 from tests.demo.test_app_browser import CHROMIUM, open_page
 from tests.fake_hub import fake_hub
 from tests.stubs import spaces as stub
@@ -77,7 +77,7 @@ def test_the_pair_list_offers_the_official_mar_pairs_at_256_px_through_kl16(offi
 
 def test_generate_and_inspect_decode_256_px_images_and_a_16_by_16_token_grid(official):
     application, url = official
-    client = Client(url, verbose=False)
+    client = local_client(url)
     stub.CALLS.clear()
     values = controls(application, MAR_OFFICIAL[1])
     out = client.predict(**values, api_name="/generate")

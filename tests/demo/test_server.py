@@ -12,7 +12,6 @@ import pytest
 import torch
 
 pytest.importorskip("gradio_client")
-from gradio_client import Client
 
 from csd.serving import pairs
 from csd.serving.pairs import HUB_FILES, PairSource, PairStore, discover, fetch_official
@@ -23,6 +22,7 @@ from demo.limits import Limits
 from demo.tab import Page
 from demo.tabs.analyze import analysis_panels, analyze_stopped
 from demo.tabs.generate import GenerateTab, compare
+from tests.demo.local_client import local_client
 from tests.fake_hub import fake_hub
 
 OFFICIAL_REPO = {name: name.encode() * 3 for name in HUB_FILES} | {"README.md": b"not fetched"}
@@ -47,7 +47,7 @@ def served():
     application = App(PairStore([SLOW_SOURCE], torch.device("cpu")), LIMITS)
     demo = server.build(application)
     url = server.serve(demo, LIMITS, "127.0.0.1", None, block=False)
-    yield application, demo, Client(url, verbose=False)
+    yield application, demo, local_client(url)
     demo.close()
 
 

@@ -17,7 +17,8 @@ import pytest
 
 pytest.importorskip("gradio_client")
 import httpx
-from gradio_client import Client
+
+from tests.demo.local_client import local_client
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "tests" / ".times" / "start_up.json"
@@ -70,7 +71,7 @@ def test_python_app_py_serves_the_page_before_timing_its_pairs_and_then_generate
         assert server.poll() is None, log.read_text()[-3000:]
         to_page = time.monotonic() - t0
         timed_at_page = log.read_text().count("Timed ")
-        out = Client(url, verbose=False).predict(api_name="/generate")  # the page's defaults
+        out = local_client(url).predict(api_name="/generate")  # the page's defaults
         to_result = time.monotonic() - t0
     finally:
         server.terminate()

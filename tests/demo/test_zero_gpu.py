@@ -24,7 +24,6 @@ import pytest
 import torch
 
 pytest.importorskip("gradio_client")
-from gradio_client import Client
 
 import demo.application
 from csd.experiments.defaults import PRESETS
@@ -37,6 +36,7 @@ from demo.limits import Limits
 from demo.tab import Page
 from demo.tabs.analyze import check_analysis, plan_analysis, plan_frontier
 from demo.tabs.generate import RUN_KINDS, GenerateTab, check_generate, compare
+from tests.demo.local_client import local_client
 from tests.stubs import spaces as stub
 
 pytestmark = pytest.mark.usefixtures("shared_rates")  # each pair timed once per session (tests/demo/conftest.py)
@@ -90,7 +90,7 @@ def test_every_model_running_endpoint_runs_inside_a_gpu_call(on_zero_gpu):
     demo = server.build(application)
     url = server.serve(demo, LIMITS, "127.0.0.1", None, block=False)
     try:
-        client = Client(url, verbose=False)
+        client = local_client(url)
         values = controls(application)
         client.predict(**values, api_name="/generate")
         analysis = {k: v for k, v in values.items() if k != "batch_size"}
@@ -294,9 +294,9 @@ warm = lambda: made and made[0].timed(RANDOM_SOURCE.name) and spaces.CALLS[-1]["
 while not (urls and warm() and not spaces.OPEN[0]):
     assert time.monotonic() < deadline, "the server did not start"
     time.sleep(0.2)
-from gradio_client import Client
+from tests.demo.local_client import local_client
 values = {**made[0].default_controls(), "batch_size": 1, "ar_steps": 8}
-Client(urls[0], verbose=False).predict(**values, api_name="/generate")
+local_client(urls[0]).predict(**values, api_name="/generate")
 print(json.dumps({"device": str(DEVICE), "precision": PRECISION, "placed": spaces.PLACED, "calls": spaces.CALLS}))
 """
 
@@ -351,10 +351,10 @@ held = Held(slow.name)  # the stand-in's GPU is slow: the second pair's timing t
 spaces.HOLD.append(held)
 threading.Thread(target=app.main, daemon=True).start()
 assert held.started.wait(600), "the second pair's timing did not start"
-from gradio_client import Client
 from gradio_client.utils import Status
+from tests.demo.local_client import local_client
 
-client, record = Client(urls[0], verbose=False), {}
+client, record = local_client(urls[0]), {}
 values = {**made[0].default_controls(), "batch_size": 1, "ar_steps": 8}
 analysis = {k: v for k, v in values.items() if k != "batch_size"}
 
