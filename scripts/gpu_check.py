@@ -233,7 +233,7 @@ def screenshot(url: str, images: list[str], path: Path) -> dict:
         )
         Image.fromarray(row).save(path)
         return {"kind": "images /generate returned (target, CSD, token map)", "why": str(err)}
-    from tests.demo.test_app_browser import CHROMIUM_ARGS
+    from tests.demo.browser import CHROMIUM_ARGS
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)

@@ -24,6 +24,7 @@ from filelock import FileLock
 
 import demo.application
 from demo import estimate
+from tests.demo.browser import close_chromium
 
 
 def _session_dir(tmp_path_factory, worker_id: str):
@@ -53,3 +54,10 @@ def shared_rates(tmp_path_factory, worker_id):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(demo.application, "calibrate", once)
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _chromium_closed():
+    """The Chromium a test process launched for its pages (tests/demo/browser.py) is closed at its session's end."""
+    yield
+    close_chromium()

@@ -10,9 +10,7 @@ download). Without them the test is skipped, except under CI=true where it fails
 import base64
 import io
 import os
-import shutil
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -22,40 +20,19 @@ from PIL import Image
 
 from demo import server, showcase
 from demo.limits import Limits
+from tests.demo.browser import DESKTOP, PHONE, missing, open_page
 from tests.helpers import pair_name
 
 pytestmark = pytest.mark.usefixtures("shared_rates")  # each pair timed once per session (tests/demo/conftest.py)
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-# Guards against a hang, not timings: one generation of the default setting on a 2-core CPU whose other core
-# runs the suite's other worker, with margin. The default analysis recompute runs several settings: 37-65 s
-# here beside the other worker, more beside a two-thread perturbation rerun.
-TIMEOUT_MS = 300_000
+# The default analysis recompute runs several settings: 37-65 s here beside the other worker, more beside a
+# two-thread perturbation rerun.
 ANALYSIS_TIMEOUT_MS = 600_000
-
-
-def _missing() -> str | None:
-    if not Path(CHROMIUM).is_file():
-        return f"Chromium not found at {CHROMIUM} (apt-get install chromium)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "Playwright for Python is not installed (pip install playwright)"
-    return None
 
 
 @pytest.fixture(scope="module")
 def served():
-    reason = _missing()
+    reason = missing()
     if reason:
         if os.environ.get("CI") == "true":
             pytest.fail(f"browser test required under CI: {reason}")
@@ -79,25 +56,6 @@ def screenshots(tmp_path: Path) -> Path:
     CSD_SCREENSHOT_DIR=assets); a plain test run leaves the working tree clean."""
     shots = Path(os.environ.get("CSD_SCREENSHOT_DIR") or tmp_path)
     return shots if shots.is_absolute() else ROOT / shots
-
-
-DESKTOP, PHONE = {"width": 1280, "height": 900}, {"width": 390, "height": 844}
-
-
-@contextmanager
-def open_page(url: str, viewport: dict | None = None):
-    """The app in a fresh headless Chromium page (a desktop window unless ``viewport`` says otherwise)."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport=viewport or DESKTOP, accept_downloads=True)
-            page.set_default_timeout(TIMEOUT_MS)
-            page.goto(url)
-            yield page
-        finally:
-            browser.close()
 
 
 def generate_and_wait(page) -> None:

@@ -20,8 +20,8 @@ from demo.application import App
 from demo.limits import Limits
 from demo.tabs.generate import estimate_line
 from scripts.random_official import TINY, tiny_configs, write_official
+from tests.demo.browser import CHROMIUM, open_page
 from tests.demo.local_client import local_client
-from tests.demo.test_app_browser import CHROMIUM, open_page
 from tests.fake_hub import fake_hub
 from tests.stubs import spaces as stub
 
