@@ -25,28 +25,34 @@ LABELS, SEEDS = [1, 2, 3], [7, 8, 9]
 
 @pytest.fixture(scope="module")
 def embedded():
-    """The embedded class pair (trained) in float64 and its target-only run, made once for both criteria."""
-    m = embedded_pair(pair_name("mar", "embedded")).at_precision("float64")
-    return m, generate(m.target, LABELS, SEEDS, SAMPLING)
+    """The embedded class pair (trained) in float64."""
+    return embedded_pair(pair_name("mar", "embedded")).at_precision("float64")
+
+
+@pytest.fixture(scope="module")
+def target_only(embedded):
+    """The pair's target-only run, made once for both criteria (not by the ``kernels`` test's reruns, which do
+    not use it)."""
+    return generate(embedded.target, LABELS, SEEDS, SAMPLING)
 
 
 @pytest.fixture(scope="module", params=["aligned", "exact"])
 def runs(request, embedded):
-    """A CSD run with its details, the same run without, and the target-only run: in float64, on the embedded
+    """A CSD run with its details and the same run without: in float64, on the embedded
     class pair (trained), so that some drafted tokens are accepted and some are not: its draft under the
     aligned test; under the exact one, which accepts next to nothing of that draft, the target drafting for
     itself (a block's first step accepted for certain, later ones verified in another context)."""
     csd = CSDConfig.from_knobs(gamma=3, prefill=0.05, criterion=request.param)
-    m, target = embedded
+    m = embedded
     draft = m.draft if request.param == "aligned" else m.target
     spec = speculative_generate(m.target, draft, LABELS, SEEDS, SAMPLING, csd, keep_details=True)
     plain = speculative_generate(m.target, draft, LABELS, SEEDS, SAMPLING, csd)
-    return spec, plain, target
+    return spec, plain
 
 
 @pytest.mark.kernels
 def test_keeping_details_changes_no_token_and_they_agree_with_the_trace(runs):
-    spec, plain, _ = runs
+    spec, plain = runs
     assert_same64(spec.tokens, plain.tokens, "tokens with and without details")
     assert (spec.trace.maker == plain.trace.maker).all()
     assert plain.trace.details is None
@@ -68,9 +74,9 @@ def test_keeping_details_changes_no_token_and_they_agree_with_the_trace(runs):
     assert_same64(torch.from_numpy(det.draft_mean[v][:, -1]), torch.from_numpy(det.draft_tokens[v]), "last means")
 
 
-def test_frames_add_up_to_the_final_image(runs):
+def test_frames_add_up_to_the_final_image(runs, target_only):
     """Frames are float32 canvases (for drawing): the run's float64 tokens, each rounded to float32."""
-    spec, _, target = runs
+    (spec, _), target = runs, target_only
     trace, final = spec.trace, spec.tokens.numpy().astype(np.float32)
     frames = replay_frames(spec.tokens, trace, target.tokens, target.trace)
     prefill_steps = len(np.unique(trace.ar_step[trace.maker == Maker.PREFILL]))
@@ -94,14 +100,14 @@ def test_frames_add_up_to_the_final_image(runs):
     assert drafted_frames and all((f.status == DRAFTED).any() for f in drafted_frames)
 
 
-def test_replay_needs_the_details(runs):
-    _, plain, target = runs
+def test_replay_needs_the_details(runs, target_only):
+    (_, plain), target = runs, target_only
     with pytest.raises(ValueError, match="keep_details=True"):
         replay_frames(plain.tokens, plain.trace, target.tokens, target.trace)
 
 
-def test_the_inspector_reports_the_traces_numbers(runs):
-    spec, _, target = runs
+def test_the_inspector_reports_the_traces_numbers(runs, target_only):
+    (spec, _), target = runs, target_only
     trace, det = spec.trace, spec.trace.details
     accepted = np.argwhere(trace.maker == Maker.ACCEPTED)[0]  # an accepted token, wherever it is
     for image, index in [
@@ -125,8 +131,8 @@ def test_the_inspector_reports_the_traces_numbers(runs):
         assert chart.series and chart.title.startswith(f"Token ({info['row']}, {info['column']})")
 
 
-def test_hints_rank_tokens_by_their_distance_to_the_target_only_image(runs):
-    spec, _, target = runs
+def test_hints_rank_tokens_by_their_distance_to_the_target_only_image(runs, target_only):
+    (spec, _), target = runs, target_only
     hints = artifact_hints(spec.tokens, spec.trace, target.tokens, top=5)
     distance = np.linalg.norm(spec.tokens.numpy() - target.tokens.numpy(), axis=-1)
     assert [h["distance"] for h in hints] == pytest.approx(sorted(distance.reshape(-1), reverse=True)[:5])
@@ -135,8 +141,8 @@ def test_hints_rank_tokens_by_their_distance_to_the_target_only_image(runs):
         assert h["maker"] == Maker(int(spec.trace.maker[h["image"], h["index"]])).name.lower()
 
 
-def test_bad_token_positions_are_refused_by_name(runs):
-    spec, _, target = runs
+def test_bad_token_positions_are_refused_by_name(runs, target_only):
+    (spec, _), target = runs, target_only
     with pytest.raises(ValueError, match=r"token row must be an int in \[0, 7\]"):
         token_index(64, 8, 0)
     with pytest.raises(ValueError, match=r"token column must be an int in \[0, 7\]"):
