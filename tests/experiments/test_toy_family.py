@@ -15,9 +15,6 @@ from csd.models.registry import FAMILIES, save_model
 from csd.records.cost import csd_passes, prefill_steps
 from csd.serving.catalog import CATALOG, report_records
 from csd.serving.pairs import PairStore, discover, random_pair
-from demo.application import App
-from demo.limits import Limits
-from demo.tabs.generate import compare
 from tests.families import registered
 from tests.families.toy import ENTRY, FAMILY
 from tests.helpers import assert_same64, sampling64
@@ -99,6 +96,12 @@ def test_paper_scale_tiny_times_its_paper_pair(toy, tmp_path, restore_threads):
 
 
 def test_the_app_lists_its_embedded_pair_and_generates_with_it(toy_files):
+    # The app's modules are imported here, not at the top: the module's kernels test is rerun under four
+    # kernel choices (tests/repository/test_perturbations.py), and none of those reruns then imports Gradio (2 s).
+    from demo.application import App
+    from demo.limits import Limits
+    from demo.tabs.generate import compare
+
     folder, *_ = toy_files
     sources = discover(None, embedded_dir=folder)
     assert [s.name for s in sources] == ["toy (embedded)"] and sources[0].traits.fixed_num_steps == 16
