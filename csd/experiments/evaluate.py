@@ -39,7 +39,7 @@ from csd.family import FamilyTraits
 from csd.models.registry import load_model
 from csd.records.cost import csd_passes
 from csd.serving.pairs import image_tokenizer
-from csd.shapes.data import CLASS_NAMES, contact_sheet, make_dataset
+from csd.shapes.data import CLASS_NAMES, captions, contact_sheet
 from csd.shapes.metrics import (
     DEFAULT_CLASSIFIER,
     REFERENCE_SEED,
@@ -103,7 +103,7 @@ def eval_labels_seeds(n: int, seed_offset: int, traits: FamilyTraits) -> tuple[l
     follow the data's distribution of classes, colours and backgrounds."""
     seeds = [seed_offset + i for i in range(n)]
     if traits.conditions == "prompts":
-        return list(make_dataset(seed_offset + n, seed=PROMPT_SEED).captions[seed_offset:]), seeds
+        return captions(n, PROMPT_SEED, start=seed_offset), seeds
     return [i % traits.num_classes for i in range(n)], seeds
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from csd.core.checks import check_int
+
 CLASS_NAMES: tuple[str, ...] = (
     "circle",
     "square",
@@ -187,15 +189,10 @@ def _render(
     labels: Sequence[int] | np.ndarray | torch.Tensor, seed: int, config: ShapesConfig | None, start: int
 ) -> tuple[torch.Tensor, list[str], np.ndarray]:
     """:func:`render_batch`, and the shape's coverage of each pixel (B,H,W) float64 in [0, 1]."""
-    if not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     config = config or ShapesConfig()
     labels_arr = _as_labels(labels)
     size = config.image_size
-    grid = size // 4  # texture noise nodes per side: features of about 4 px
-    u = _uniforms(seed, start, len(labels_arr), _N_PARAMS + grid * grid)
-    p = _sample_params(u[:, :_N_PARAMS], config)
-    noise = u[:, _N_PARAMS:].reshape(-1, grid, grid) * 2.0 - 1.0
+    p, noise = _draw(seed, start, len(labels_arr), config)
 
     coords = (np.arange(size) + 0.5) / size * 2.0 - 1.0  # pixel centres in [-1, 1]
     x = coords[None, None, :]
@@ -229,6 +226,27 @@ def _render(
     images = torch.from_numpy(np.clip(image * 2.0 - 1.0, -1.0, 1.0).astype(np.float32))
     captions = [_caption(int(cls), p, k, config) for k, cls in enumerate(labels_arr)]
     return images, captions, coverage
+
+
+def captions(n: int, seed: int, start: int = 0, config: ShapesConfig | None = None) -> list[str]:
+    """The captions of the dataset images ``start`` to ``start + n - 1`` of ``seed``, classes cycled as in
+    :func:`make_dataset`: ``make_dataset(start + n, seed).captions[start:]``, drawn without rendering an image."""
+    check_int("n", n, 0)
+    check_int("start", start, 0)
+    config = config or ShapesConfig()
+    labels = np.arange(start, start + n) % NUM_CLASSES
+    p, _ = _draw(seed, start, n, config)
+    return [_caption(int(cls), p, k, config) for k, cls in enumerate(labels)]
+
+
+def _draw(seed: int, start: int, n: int, config: ShapesConfig) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Images ``start`` to ``start + n - 1`` of ``seed``: their shape and background parameters and their
+    texture noise (n, grid, grid) in [-1, 1], one texture node per 4 px."""
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    grid = config.image_size // 4
+    u = _uniforms(seed, start, n, _N_PARAMS + grid * grid)
+    return _sample_params(u[:, :_N_PARAMS], config), u[:, _N_PARAMS:].reshape(-1, grid, grid) * 2.0 - 1.0
 
 
 def _uniforms(seed: int, start: int, n: int, count: int) -> np.ndarray:

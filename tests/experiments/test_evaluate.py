@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.experiments.evaluate import EvalConfig, eval_labels_seeds, fewer_steps, interleave
+from csd.experiments.evaluate import PROMPT_SEED, EvalConfig, eval_labels_seeds, fewer_steps, interleave
 from csd.family import FamilyTraits
 from csd.records.cost import csd_passes
+from csd.shapes.data import NUM_CLASSES, make_dataset, render_batch
 from csd.speculative import speculative_generate
 from tests.helpers import save_tiny_pixel_pair
 
@@ -29,6 +30,18 @@ def test_labels_cycle_over_classes_and_seeds_are_consecutive():
     labels, seeds = eval_labels_seeds(12, seed_offset=100, traits=FamilyTraits("MAR", num_classes=10))
     assert labels == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]
     assert seeds == list(range(100, 112))
+
+
+def test_a_text_models_prompts_are_the_captions_of_held_out_images_from_the_offset_on(monkeypatch):
+    """Held-out shapes images' captions (seed PROMPT_SEED), at the frontier's timing offset, 100 000, as at 0:
+    each image's own caption, drawn without rendering the images before it, or any."""
+    text = FamilyTraits("Harmon", conditions="prompts")
+    seeds = list(range(100_000, 100_006))
+    expected = [render_batch([i % NUM_CLASSES], PROMPT_SEED, start=i)[1][0] for i in seeds]
+    first = make_dataset(3, PROMPT_SEED).captions
+    monkeypatch.setattr("csd.shapes.data._render", lambda *args: pytest.fail("an image was rendered"))
+    assert eval_labels_seeds(6, seed_offset=100_000, traits=text) == (expected, seeds)
+    assert eval_labels_seeds(3, 0, text)[0] == first
 
 
 @pytest.mark.parametrize(("n", "world"), [(8, 2), (7, 3), (5, 1), (2, 4)])

@@ -13,6 +13,7 @@ from csd.shapes.data import (
     NUM_CLASSES,
     ShapesConfig,
     ShapesDataset,
+    captions,
     class_id,
     contact_sheet,
     main,
@@ -46,6 +47,22 @@ def test_render_batch_start_offset_matches_dataset_slice():
     images, captions = render_batch(dataset.labels[1000:], seed=2, start=1000)
     assert torch.equal(images, dataset.images[1000:])
     assert captions == dataset.captions[1000:]
+
+
+@pytest.mark.parametrize("image_size", [32, 48])
+def test_captions_alone_are_the_datasets_without_rendering(monkeypatch, image_size):
+    """A slice of the dataset's captions, drawn from the images' parameters alone, is the dataset's slice;
+    no image is rendered (a text model's timing prompts start at image 100 000)."""
+    config = ShapesConfig(image_size=image_size)
+    expected = make_dataset(37, seed=104, config=config).captions
+    monkeypatch.setattr("csd.shapes.data._render", lambda *args: pytest.fail("an image was rendered"))
+    assert captions(37, 104, config=config) == expected
+    assert captions(12, 104, start=25, config=config) == expected[25:]
+    assert captions(0, 104, start=5) == []
+    with pytest.raises(ValueError, match="start must be"):
+        captions(3, 104, start=-1)
+    with pytest.raises(ValueError, match="seed must be a non-negative int"):
+        captions(3, -2)
 
 
 def test_different_seeds_give_different_images():
