@@ -15,7 +15,7 @@ from csd.models.harmon import Harmon, HarmonConfig, WordTokenizer, harmon_config
 from csd.models.mar import mar_config
 from csd.models.registry import load_model, save_model
 from csd.sampling import generate
-from csd.shapes.data import make_dataset
+from csd.shapes.data import captions, make_dataset
 from csd.shapes.text import CAPTION_WORDS, TEXT_CONFIGS, caption_tokenizer, prompt_class, prompt_colour
 from csd.speculative import speculative_generate
 from csd.trace import Maker
@@ -55,7 +55,7 @@ def pair64(pair):
 
 def test_the_caption_tokenizer_knows_every_caption_word_and_names_the_vocabulary_otherwise():
     tok = caption_tokenizer()
-    for caption in make_dataset(500, seed=3).captions:
+    for caption in captions(500, seed=3):
         ids = tok.encode(caption)
         assert ids[0] == tok.bos_token_id and len(ids) == len(caption.split()) + 1
     with pytest.raises(ValueError, match=r"\['dragon', 'purple-ish'\] are not in the vocabulary of this model.*circle"):

@@ -11,6 +11,7 @@ import torch
 
 from csd.models.harmon import Harmon
 from csd.shapes.data import PALETTE, make_dataset
+from csd.shapes.data import captions as data_captions
 from csd.shapes.text import (
     BORDER_WIDTH,
     background_matches,
@@ -199,7 +200,7 @@ def test_every_example_prompt_pairs_a_colour_and_background_the_models_were_trai
     black never occurs, and the examples before issue 42 asked for it)."""
     from csd.serving.pairs import EXAMPLE_PROMPTS
 
-    captions = make_dataset(5000, seed=0).captions
+    captions = data_captions(5000, seed=0)
     for prompt in EXAMPLE_PROMPTS:
         assert prompt_class(prompt) is not None and prompt_colour(prompt) and prompt_background(prompt), prompt
         pairing = (prompt_colour(prompt), prompt.split(" on ")[1])
