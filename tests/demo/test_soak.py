@@ -1,6 +1,7 @@
 """Bounded memory: 160 distinct sessions (every API call is one), ten times the sessions kept, against a
 live server, on the loopback interface. The server keeps the state of its latest sessions only
-(Limits.sessions, a time to live on each), so its resident memory levels off instead of growing with every visitor."""
+(Limits.sessions, a time to live on each): after each round it holds at most that many, and its resident memory
+levels off instead of growing with every visitor."""
 
 from __future__ import annotations
 
