@@ -38,7 +38,7 @@ def missing() -> str | None:
 
 
 def chromium():
-    """This process's Chromium, launched on first use (about 0.7 s of a page's start on an idle 2-core CPU)."""
+    """This process's Chromium, launched on first use (a launch and a close: about 0.5 s on an idle 2-core CPU)."""
     if not _RUNNING:
         from playwright.sync_api import sync_playwright
 
