@@ -36,19 +36,53 @@ w_cur, each state of ``xs``, each network call) for cfg 1 and 3 at timesteps_shi
 whole 3 x 3 grids from the official ``NextStepPipeline.decoding`` (called on a pipeline object that has
 only ``model``), with every noise tensor drawn. ``notes`` in the file states the conventions.
 
+Recorded a third time, as "float64_exact": the float64 model and inputs run through the same official code
+with only its float32 casts lifted, so that every part computes in float64 as the project's float64 runs do
+(``notes['float32_casts']`` lists where the official float64 path rounds to float32; the project runs a float64
+model in float64 throughout, so against the "float64" entry it differs by float32 rounding, up to 6e-7, not by
+float64 rounding). The lifting is done from this script, in memory, the checkout untouched: each function below
+is recompiled from its own source (``inspect.getsource``) with the listed text replaced, every replacement
+asserted to occur exactly the listed number of times (``LIFTED`` holds them; the file records them):
+
+* ``modeling_llama.LlamaRMSNorm.forward``: ``hidden_states.to(torch.float32)`` becomes
+  ``hidden_states.to(torch.promote_types(input_dtype, torch.float32))``: the norm computes in float64 for a
+  float64 input (in float32 for float32 and narrower, as before);
+* ``modeling_llama.LlamaRotaryEmbedding.forward``: its four ``.float()`` become
+  ``.to(torch.promote_types(x.dtype, torch.float32))``: cos/sin from float64 angles; and the model's
+  ``rotary_emb.inv_freq`` buffer (not saved) is remade by transformers' ``_compute_default_rope_parameters``
+  with its ``.float()`` as ``.double()``: the frequencies in float64 (recorded as ``rope_inv_freq``);
+* ``modeling_fm_head.FlowMatchingHead.sample``: ``torch.linspace(t0, t1, num_sampling_steps)`` gets
+  ``dtype=c.dtype`` (the time grid in float64, as ``csd.models.nextstep.flow_grid`` makes it); both
+  ``randn_tensor(...)`` calls get ``.to(c.dtype)`` (the same float32 draws from the same RNG, cast: the
+  recorded ``noise``/``w_cur``/``draws`` stay the float32 draws, and the SDE state ``x``, hence ``xs``, is
+  float64); both ``velocity.to(torch.float32)`` become ``velocity.to(c.dtype)`` (the velocity, the CFG mix,
+  the score and the drift in float64);
+* ``modeling_fm_head.TimestepEmbedder.timestep_embedding`` (a staticmethod): its frequencies'
+  ``torch.arange(..., dtype=torch.float32)`` and ``t[:, None].float()`` take
+  ``torch.promote_types(t.dtype, torch.float32)``: the sinusoid of a float64 t in float64, as the project's
+  NextStep head makes it (``csd.models.nextstep.network.WideTimestepEmbedder``). Kept in float32, the float64
+  comparison would hold at 1e-15 on the CPU that made the file only: float32 cos/sin round differently under
+  other vector kernels (AVX2, or none, against AVX-512: 1e-9 of the velocity).
+
+The weights (``gen_pos_embed`` included: a float32 table in both codes) are the float64 entry's, shared with it
+in the file. SDPA already runs in the model dtype. So "float64_exact" differs from "float64" by the float32
+roundings alone.
+
 ``--verify`` loads the file with ``weights_only=True``, rebuilds the official model from each stored
 config and state dict, re-runs everything from the stored inputs and seeds and checks each output is
 bit-identical; replays the decoding runs from the stored noise alone (the RNG replaced); and prints the
-float32-vs-float64 and SDPA-vs-eager differences.
+float32-vs-float64, float64-vs-float64_exact and SDPA-vs-eager differences.
 """
 import contextlib
 import inspect
 import sys
+import textwrap
 import types
 
 import torch
 import transformers  # before the stand-ins: it probes installed packages (torchvision among them)
 from torch import nn
+from transformers import modeling_rope_utils
 from transformers.cache_utils import DynamicCache, StaticCache
 
 
@@ -81,6 +115,7 @@ VERIFY = "--verify" in sys.argv[2:]
 sys.path.insert(0, CHECKOUT)
 
 import nextstep.models.modeling_fm_head as fm_module  # noqa: E402
+import nextstep.models.modeling_llama as llama_module  # noqa: E402
 from nextstep.models.configuration_nextstep import NextStepConfig  # noqa: E402
 from nextstep.models.modeling_fm_head import FlowMatchingHead  # noqa: E402
 from nextstep.models.modeling_nextstep import NextStep  # noqa: E402
@@ -108,6 +143,7 @@ DECODE_CASES = [  # name, cfg, cfg_schedule, use_norm, timesteps_shift, use_gen_
     ("cfg1_constant_shift1", 1.0, "constant", False, 1.0, False),
 ]
 NUM_STEPS, LAST_STEP = 6, 0.04
+VARIANTS = [("float32", torch.float32, False), ("float64", torch.float64, False), ("float64_exact", torch.float64, True)]
 
 NOTES = {
     "time": "t=0 is noise, t=1 is data: x_t = t * x1 + (1 - t) * noise, the network predicts v = x1 - noise "
@@ -162,6 +198,12 @@ NOTES = {
     "float32_casts": "The official float64 path is float32-limited in places: LlamaRMSNorm computes in float32 and "
                      "casts back; RoPE cos/sin are computed in float32 and cast; the time embedding is float32; the "
                      "SDE state is float32 (see state_dtype). SDPA itself runs in the model dtype.",
+    "float64_exact": "The entry 'float64_exact' is the float64 model run with those float32 casts lifted (its "
+                     "'lifted' lists the source edits, made in memory by the script): RMSNorm, RoPE (inv_freq "
+                     "too) and the sampler's grid, state, velocity and CFG mix in float64; the noise is the same "
+                     "float32 draws cast to float64 (recorded as the float32 draws); the time embedding's sinusoid "
+                     "(t and its frequencies) in float64. Still float32 there: the gen_pos_embed table (a float32 "
+                     "table in the state dict). Its state_dict is the float64 entry's (the same tensors).",
     "gen_pos_embed": "state_dict['gen_pos_embed'] is a persistent buffer (1, 1024, hidden): get_2d_sincos_pos_embed("
                      "hidden, 32), a fixed 32 x 32 MAE sin-cos table (numpy float64, then .float(), then the model "
                      "dtype). Row m = [sin(w o), cos(w o), sin(h o), cos(h o)] with w = m % 32, h = m // 32, "
@@ -183,6 +225,68 @@ def build(config):
     kwargs = {k: v for k, v in config.items() if k not in ("token_dim", "rope_scaling_is_none")}
     torch.manual_seed(0)  # the official init draws from the global RNG; every parameter is overwritten
     return NextStep(NextStepConfig(**kwargs)).eval()
+
+
+# ---- float64 without the official float32 casts (the "float64_exact" entry; see the module doc) ------------------
+def recompiled(func, edits):
+    """``func`` (its undecorated function) made again from its own source with each (old, new, count) of
+    ``edits`` replaced, every ``old`` asserted to occur exactly ``count`` times; its decorators applied again."""
+    raw = inspect.unwrap(func.__func__ if isinstance(func, staticmethod) else func)
+    source = textwrap.dedent(inspect.getsource(raw))
+    for old, new, count in edits:
+        assert source.count(old) == count, (raw.__qualname__, old, source.count(old))
+        source = source.replace(old, new)
+    namespace = {}
+    exec(compile(source, f"<{raw.__qualname__}, float32 casts lifted>", "exec"), raw.__globals__, namespace)
+    made = namespace[raw.__name__]
+    assert isinstance(made, staticmethod) == isinstance(func, staticmethod)
+    return made
+
+
+_WIDE_T = "torch.promote_types(t.dtype, torch.float32)"
+_RANDN = "randn_tensor((c.shape[0] // cfg_mult, self.input_dim), noise_repeat, self.device)"
+LIFTED = {  # (owner, attribute): the text edits; see the module doc
+    (llama_module.LlamaRMSNorm, "forward"): [
+        ("hidden_states.to(torch.float32)", "hidden_states.to(torch.promote_types(input_dtype, torch.float32))", 1)],
+    (llama_module.LlamaRotaryEmbedding, "forward"): [
+        (".float()", ".to(torch.promote_types(x.dtype, torch.float32))", 4)],
+    (FlowMatchingHead, "sample"): [
+        ("torch.linspace(t0, t1, num_sampling_steps)", "torch.linspace(t0, t1, num_sampling_steps, dtype=c.dtype)", 1),
+        (_RANDN, _RANDN + ".to(c.dtype)", 2),
+        ("velocity.to(torch.float32)", "velocity.to(c.dtype)", 2)],
+    (fm_module.TimestepEmbedder, "timestep_embedding"): [
+        ("torch.arange(start=0, end=half, dtype=torch.float32)", f"torch.arange(start=0, end=half, dtype={_WIDE_T})", 1),
+        ("t[:, None].float()", f"t[:, None].to({_WIDE_T})", 1)],
+    (modeling_rope_utils, "_compute_default_rope_parameters"): [(".float()", ".double()", 1)],
+}
+_LIFTED_FUNCS = {key: recompiled(inspect.getattr_static(*key), edits) for key, edits in LIFTED.items()}
+
+
+@contextlib.contextmanager
+def float32_casts_lifted():
+    """The official classes with the recompiled methods while inside."""
+    saved = {key: inspect.getattr_static(*key) for key in _LIFTED_FUNCS}
+    for (owner, name), func in _LIFTED_FUNCS.items():
+        setattr(owner, name, func)
+    try:
+        yield
+    finally:
+        for (owner, name), func in saved.items():
+            setattr(owner, name, func)
+
+
+def lift_rope(model):
+    """The model's rotary frequencies (a buffer made at construction, not saved) remade in float64."""
+    inv_freq, _ = _LIFTED_FUNCS[(modeling_rope_utils, "_compute_default_rope_parameters")](model.config, "cpu")
+    assert inv_freq.dtype == torch.float64
+    assert torch.allclose(inv_freq, model.rotary_emb.inv_freq.double(), rtol=1e-7, atol=0)
+    model.rotary_emb.inv_freq = inv_freq
+    return model
+
+
+def lifted_notes():
+    return [f"{owner.__name__}.{name}: {old!r} -> {new!r} (x{count})" for (owner, name), edits in LIFTED.items()
+            for old, new, count in edits]
 
 
 def randomise(model, g):
@@ -218,7 +322,8 @@ def make_inputs(g):
 
 
 # ---- watching the official sampler -------------------------------------------------------------------------------
-SAMPLE_CODE = inspect.unwrap(FlowMatchingHead.sample).__code__
+SAMPLE_CODES = {inspect.unwrap(FlowMatchingHead.sample).__code__,
+                inspect.unwrap(_LIFTED_FUNCS[(FlowMatchingHead, "sample")]).__code__}
 _real_randn_tensor = fm_module.randn_tensor
 DRAWS, SAMPLE_CALLS, NET_CALLS, REPLAY = [], [], [], []
 
@@ -237,7 +342,7 @@ fm_module.randn_tensor = randn_tensor
 
 
 def _profile(frame, event, arg):
-    if frame.f_code is SAMPLE_CODE:
+    if frame.f_code in SAMPLE_CODES:
         if event == "call":
             f = frame.f_locals
             SAMPLE_CALLS.append({"c": f["c"].clone(), "cfg": float(f["cfg"]), "cfg2": float(f["cfg2"]),
@@ -296,7 +401,8 @@ def run_sample(model, c, cfg, shift, seed):
                                         last_step_size=LAST_STEP)
     call = SAMPLE_CALLS[0]
     assert len(SAMPLE_CALLS) == 1 and len(DRAWS) == NUM_STEPS and len(NET_CALLS) == NUM_STEPS
-    grid = torch.linspace(0, 1 - LAST_STEP, NUM_STEPS)
+    lifted = inspect.getattr_static(FlowMatchingHead, "sample") is _LIFTED_FUNCS[(FlowMatchingHead, "sample")]
+    grid = torch.linspace(0, 1 - LAST_STEP, NUM_STEPS, dtype=c.dtype if lifted else torch.float32)
     grid = grid / (shift - (shift - 1) * grid)
     rows = DRAWS[0].shape[0]
     assert torch.equal(torch.stack([t[0] for _, t, _ in NET_CALLS]), grid.to(c))  # the grid the network saw
@@ -304,7 +410,7 @@ def run_sample(model, c, cfg, shift, seed):
     assert all(torch.equal(x[:rows], s.to(c)) for (x, _, _), s in zip(NET_CALLS, states, strict=True))
     return {"seed": seed, "c": c, "cfg": cfg, "timesteps_shift": shift, "num_sampling_steps": NUM_STEPS,
             "last_step_size": LAST_STEP, "noise_repeat": call["noise_repeat"],
-            "timesteps": torch.stack([t[0] for _, t, _ in NET_CALLS]).float(),
+            "timesteps": torch.stack([t[0] for _, t, _ in NET_CALLS]).to(grid.dtype),
             "noise": DRAWS[0], "w_cur": torch.stack(DRAWS[1:]), "xs": call["xs"], "token": token,
             "net_x": torch.stack([x for x, _, _ in NET_CALLS]), "net_out": torch.stack([o for _, _, o in NET_CALLS])}
 
@@ -417,19 +523,29 @@ def generate():
     inputs = make_inputs(g)
     out = {"notes": NOTES, "seed": SEED, "official_commit": OFFICIAL_COMMIT, "transformers": transformers.__version__,
            "torch": str(torch.__version__)}
-    for dtype, model in ((torch.float32, model32), (torch.float64, build(CONFIG).to(torch.float64))):
-        if dtype == torch.float64:
+    for name, dtype, exact in VARIANTS:
+        model = model32 if dtype == torch.float32 else build(CONFIG).to(dtype)
+        if model is not model32:
             model.load_state_dict(model32.state_dict())  # the same weights, cast up
-        name = str(dtype).split(".")[1]
-        rec = run_all(model, inputs, dtype)
+        if exact:
+            lift_rope(model)
+        with float32_casts_lifted() if exact else contextlib.nullcontext():
+            rec = run_all(model, inputs, dtype)
         real = inputs["backbone"]["attention_mask"].bool()
         for kind in ("prefill", "steps", "chunk"):  # prefill: the real positions only
             diff = rec["backbone"]["static"][kind] - rec["backbone"]["dynamic"][kind]
             diff = diff[real] if kind == "prefill" else diff
             rec["backbone"][f"static_vs_dynamic_max_abs_{kind}"] = diff.abs().max().item()
-        out[name] = {"config": config_dict(model), "state_dict": dict(model.state_dict()),
+        state = dict(model.state_dict())
+        if exact:  # the float64 entry's weights: the same tensors, stored once in the file
+            shared = out["float64"]["state_dict"]
+            assert state.keys() == shared.keys() and all(torch.equal(state[k], shared[k]) for k in state)
+            state = shared
+        out[name] = {"config": config_dict(model), "state_dict": state,
                      "persistent_buffers": [n for n, _ in model.named_buffers() if n in model.state_dict()],
                      "rope_inv_freq": model.rotary_emb.inv_freq.clone(), **rec}
+        if exact:
+            out[name]["lifted"] = lifted_notes()
     plain(out)
     torch.save(out, OUT)
     print("wrote", OUT)
@@ -450,17 +566,24 @@ def plain(x, path=""):
 
 def verify():
     ref = torch.load(OUT, weights_only=True)
-    for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):
+    for name, dtype, exact in VARIANTS:
         stored = ref[name]
         model = build(stored["config"]).to(dtype)
         model.load_state_dict(stored["state_dict"], strict=True)
-        rec = run_all(model, inputs_of(stored), dtype)
+        if exact:
+            lift_rope(model)
+            assert stored["lifted"] == lifted_notes()
+        assert torch.equal(model.rotary_emb.inv_freq, stored["rope_inv_freq"])
+        lifting = float32_casts_lifted if exact else contextlib.nullcontext
+        with lifting():
+            rec = run_all(model, inputs_of(stored), dtype)
         bad = mismatches({k: stored[k] for k in rec}, rec)
         print(name, "re-run bit-identical:", not bad, bad[:5])
         for case in DECODE_CASES:  # the decoding again from the stored noise only (RNG bypassed)
             d = stored["decode"][case[0]]
             REPLAY[:] = list(d["draws"].flatten(0, 1))
-            replayed = run_decode(model, inputs_of(stored)["decode"], dtype, case, seed=0)
+            with lifting():
+                replayed = run_decode(model, inputs_of(stored)["decode"], dtype, case, seed=0)
             assert not REPLAY
             print(f"  replay {case[0]}: tokens identical {torch.equal(replayed['tokens'], d['tokens'])}")
         bb = stored["backbone"]
@@ -472,6 +595,8 @@ def verify():
              bb["static"]["chunk"] - bb["no_cache"][:, n + 3:])
         print("  cache vs no cache max abs: prefill {:.2e} steps {:.2e} chunk {:.2e}".format(
             *(x.abs().max() for x in d)))
+        if exact:  # eager attention NaNs in float64 under left padding (notes["attention"])
+            continue
         eager = build({**stored["config"], "attn_implementation": "eager"}).to(dtype)
         eager.load_state_dict(stored["state_dict"])
         assert type(eager.layers[0].self_attn).__name__ == "LlamaAttention"
@@ -483,9 +608,13 @@ def verify():
         nan = sum(x.isnan().any(-1).sum().item() for x in (e["prefill"][m], e["steps"], e["chunk"]))
         print("  eager vs sdpa max abs: prefill {:.2e} steps {:.2e} chunk {:.2e}; eager rows with NaN at real "
               "positions: {}".format(*(x.abs().max() for x in d), nan))
-    a, b = ref["float32"], ref["float64"]
+    for first, second in (("float32", "float64"), ("float64", "float64_exact"), ("float32", "float64_exact")):
+        compare(ref[first], ref[second], f"{first} vs {second}, max |diff| / max |{second}|:")
+
+
+def compare(a, b, title):
     m = a["backbone"]["attention_mask"]
-    print("float32 vs float64, max |diff| / max |float64|:")
+    print(title)
     for k in ("prefill", "steps", "chunk"):
         mm = m if k == "prefill" else None
         print(f"  backbone {k}: {rel(a['backbone']['static'][k], b['backbone']['static'][k], mm):.2e}")
