@@ -12,7 +12,10 @@ block), and the block is committed through its first AR step with a rejection in
 tokens redrawn); the next block drafts from the step after it. Whether a step is committed depends only on
 the steps before it, and each committed step's tokens are accepted or redrawn given their own context, so
 every token follows the target given its context: a run at any gamma follows gamma 1's distribution (which
-images it makes depends on the batch, through the shared commit point).
+images it makes depends on the batch, through the shared commit point). Where verification also gives the
+target's chain of the step after the block (a causal family, ``FamilyTraits.verifies_next``), a block whose
+every token is accepted is followed by that step, made by the target from the same pass (LLM speculative
+decoding's bonus token): one target pass then commits gamma + 1 steps.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ def decode(run: Run) -> Generation:
         proposal = verify(run, block)  # 3. the target's chains for the whole block at once
         decision = accept_or_resample(run, block, proposal)  # 4. min(1, r), else a draw from max(0, p - q)
         commit_block(run, block, decision)  # 5. the block's tokens join the context
+        if block.agreed == len(block.steps) and run.target.traits.verifies_next and not run.done:
+            keep_next(run)  # 6. a wholly accepted block: the target's next step, from the verification's pass
     return run.recorder.finish(run.tokens)
 
 
@@ -94,6 +99,15 @@ def prefill(run: Run) -> None:
         traj, _, _ = make_step(run, run.target, run.tokens, run.mask, s, run.head_steps[s], run.recorder.phase)
         run.committed, made = s + 1, made + run.plan.sizes[s]
         run.recorder.made(run.plan.positions(s), s, traj)
+
+
+def keep_next(run: Run) -> None:
+    """The target makes the step after a wholly accepted block from the hidden state its verification left (no
+    backbone pass of its own: the state holds it), on fresh chain noise, as a target-only run would make it."""
+    s = run.committed
+    traj, _, _ = make_step(run, run.target, run.tokens, run.mask, s, run.head_steps[s], "next")
+    run.committed = s + 1
+    run.recorder.made_next(run.plan.positions(s), s, traj)
 
 
 def draft_block(run: Run) -> Block:
@@ -191,15 +205,17 @@ def _resample_one_pass(
 
 def _keep(run: Run, block: Block, accepted: Tensor) -> Tensor:
     """Decide the AR steps of the block to commit (``block.kept``): all of them, or under the exact block
-    those through its first step with a rejection in any image (one read on the host). Returns which units
-    (image-major, as ``accepted``) are committed: the resampler redraws only those."""
+    those through its first step with a rejection in any image (one read on the host; ``block.agreed``: the
+    steps before it, accepted whole). Returns which units (image-major, as ``accepted``) are committed: the
+    resampler redraws only those."""
     b, units = run.batch, run.criterion.units
     block.kept = len(block.steps)
-    if run.csd.block == "exact" and block.kept > 1:
+    exact = run.csd.block == "exact"
+    if exact and (block.kept > 1 or run.target.traits.verifies_next):
         rejected = ~accepted.reshape(b, -1, units).all(-1)  # (B, rows per image)
         per_step = [part.any() for part in rejected.split(block.sizes, dim=1)]
-        first = torch.stack([*per_step, per_step[0].new_ones(())]).to(torch.int8).argmax()  # past the end: none
-        block.kept = min(int(first) + 1, block.kept)
+        first = int(torch.stack([*per_step, per_step[0].new_ones(())]).to(torch.int8).argmax())  # past the end: none
+        block.kept, block.agreed = min(first + 1, block.kept), first
     live = torch.zeros(b, sum(block.sizes), units, dtype=torch.bool, device=accepted.device)
     live[:, : block.kept_rows] = True
     return live.reshape(-1)
@@ -208,8 +224,8 @@ def _keep(run: Run, block: Block, accepted: Tensor) -> Tensor:
 def commit_block(run: Run, block: Block, decision: Decision) -> None:
     """Commit the kept steps of the block (:func:`_keep`); the next block starts after them."""
     commit(run.tokens, run.mask, block.pos[:, : block.kept_rows], block.kept_of(decision.x))
-    for state in (run.target_state, run.draft_state):  # the block's drafted tokens are decided: kept from here on
-        state.rewind(sum(run.plan.sizes[: block.steps.start]))
+    for state in (run.target_state, run.draft_state):  # the drafted tokens after the accepted steps may differ
+        state.rewind(sum(run.plan.sizes[: block.steps.start + block.agreed]))
     run.committed = block.steps.start + block.kept
     run.recorder.committed(block, decision)
 

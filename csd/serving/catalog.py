@@ -212,6 +212,24 @@ add(
         docs=ResultsDocs("Harmon (text pair)", "text-", 1),
     ),
 )
+add(
+    "nextstep",
+    Entry(
+        pairs=(
+            PairSpec(
+                "shapes, text prompts, causal (embedded, NextStep layout)",
+                "nextstep",
+                "shapes_causal_target",
+                "shapes_causal_draft",
+                "embedded",
+            ),
+            PairSpec(
+                "random causal (untrained)", "nextstep", "random_nextstep_target", "random_nextstep_draft", "random"
+            ),
+        ),
+        docs=ResultsDocs("NextStep (causal pair)", "causal-", 3),
+    ),
+)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

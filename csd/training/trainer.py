@@ -273,7 +273,7 @@ class Trainer(RunFiles):
         self.teacher = None
         if cfg.distill_from is not None:
             with torch.random.fork_rng(devices=[]):  # building it (a text model's LLM) must not move the global draws
-                self.teacher = load_teacher(cfg.distill_from, self.model, self.device)
+                self.teacher = self.load_teacher(cfg.distill_from)
         # The teacher's path may not outlive the run (a copy, a renamed stage): its content hash names it for good.
         self.teacher_digest = None if cfg.distill_from is None else file_digest(weights_path(cfg.distill_from))
 
@@ -286,6 +286,10 @@ class Trainer(RunFiles):
         if self.cfg.init_weights:
             self.load_shipped(model, self.cfg.init_weights)
         return model
+
+    def load_teacher(self, path: str) -> nn.Module:
+        """The frozen distillation teacher of ``--distill-from`` (:func:`load_teacher`)."""
+        return load_teacher(path, self.model, self.device)
 
     def lr_mults(self) -> dict[str, float]:
         """Per-submodule LR multipliers (:func:`param_groups`); none by default."""
