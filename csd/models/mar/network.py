@@ -221,7 +221,7 @@ def kept_index(mask: Tensor, buffer: int, known: int) -> Tensor:
     """The positions the encoder keeps, in order: the ``buffer`` rows, then every known token (``~mask``
     (B, N), ``known`` of them in each row): (B, buffer + known), found on the device (a stable sort puts the
     kept positions first, each in its place), so the host reads nothing."""
-    keep = torch.cat([torch.ones_like(mask[:, :buffer]), ~mask], dim=1).to(torch.uint8)
+    keep = torch.cat([mask.new_ones(mask.shape[0], buffer), ~mask], dim=1).to(torch.uint8)
     return keep.sort(dim=1, descending=True, stable=True).indices[:, : buffer + known]
 
 
@@ -229,7 +229,7 @@ def keep_rows(x: Tensor, mask: Tensor, buffer: int, known: int | None) -> Tensor
     """The rows of x (B, buffer + N, D) the encoder keeps: the buffer and the known tokens, (B, buffer + known,
     D); found by the mask on the host where ``known`` is None (boolean indexing, as the official code)."""
     if known is None:
-        keep = torch.cat([torch.ones_like(mask[:, :buffer]), ~mask], dim=1)
+        keep = torch.cat([mask.new_ones(mask.shape[0], buffer), ~mask], dim=1)
         return x[keep].reshape(x.shape[0], -1, x.shape[-1])
     return x.gather(1, kept_index(mask, buffer, known)[..., None].expand(-1, -1, x.shape[-1]))
 
@@ -238,7 +238,7 @@ def place_rows(full: Tensor, x: Tensor, mask: Tensor, buffer: int, known: int | 
     """``full`` (B, buffer + N, D) with the kept rows x (B, buffer + known, D) put back in their places (the
     inverse of :func:`keep_rows`; a new tensor)."""
     if known is None:
-        keep = torch.cat([torch.ones_like(mask[:, :buffer]), ~mask], dim=1)
+        keep = torch.cat([mask.new_ones(mask.shape[0], buffer), ~mask], dim=1)
         full = full.clone()
         full[keep] = x.reshape(-1, x.shape[-1])
         return full
