@@ -238,8 +238,15 @@ class NextStepFamily:
             cond = HeadCondition(z[:b].reshape(b * k, -1), z[b:].reshape(b * k, -1), cfg)
         else:
             cond = HeadCondition(z.reshape(b * k, -1))
-        c = self.config
-        flow = FlowChain(self.image_head.net, self.head_steps(steps), c.timesteps_shift, c.last_step_size)
+        c, sampler = self.config, config.sampler
+        flow = FlowChain(
+            self.image_head.net,
+            self.head_steps(steps),
+            c.timesteps_shift,
+            c.last_step_size,
+            sampler.kind or "euler-maruyama",
+            sampler.flow_grid,
+        )
         return HeadChain(flow, cond, config.temperature)
 
 

@@ -23,7 +23,11 @@ import torch
 from torch import Tensor
 
 from csd.core.chain import HeadCondition
+from csd.core.checks import check_choice
 from csd.models.head import MLPAdaLN
+from csd.settings import FLOW_GRIDS
+
+FLOW_SAMPLERS = ("euler-maruyama", "euler", "heun")
 
 
 @functools.cache
@@ -40,8 +44,20 @@ class FlowChain:
     (n,), z (n, width)) -> v (n, d), on :func:`flow_grid`'s times. The network's embedding of a chain's
     conditions is made once per condition; the states and statistics are in the network's dtype."""
 
-    def __init__(self, net: MLPAdaLN, num_steps: int, shift: float = 1.0, last: float = 0.04):
-        self.net, self.token_dim, self.last = net, net.token_dim, float(last)
+    def __init__(
+        self,
+        net: MLPAdaLN,
+        num_steps: int,
+        shift: float = 1.0,
+        last: float = 0.04,
+        sampler: str = "euler-maruyama",
+        grid: str = "official",
+    ):
+        check_choice("head_sampler (a flow chain's)", sampler, FLOW_SAMPLERS)
+        check_choice("flow_grid", grid, FLOW_GRIDS)
+        if grid == "uniform":
+            shift, last = 1.0, 1.0 / num_steps
+        self.net, self.token_dim, self.last, self.sampler = net, net.token_dim, float(last), sampler
         self.times = flow_grid(num_steps, float(shift), self.last)
         steps = [b - a for a, b in zip(self.times[:-1], self.times[1:], strict=True)] + [self.last]
         self._t = torch.tensor(self.times, dtype=torch.float64)
@@ -73,9 +89,17 @@ class FlowChain:
             t = torch.full((n,), self.times[step], dtype=y.dtype, device=y.device)
             dt = self.last if step == last else self.times[step + 1] - self.times[step]
             v = self.velocity(y, t, cond)
-            mean = y + self.last * v if step == last else y + dt * ((1.0 + t[:, None]) * v - y)
             std = math.sqrt(2.0 * (1.0 - self.times[step]) * dt)
-            return mean, torch.full_like(y, std)
+            if step == last or self.sampler == "euler":
+                mean = y + dt * v
+            elif self.sampler == "heun":
+                mean = y + 0.5 * dt * (v + self.velocity(y + dt * v, t + dt, cond))
+            else:
+                mean = y + dt * ((1.0 + t[:, None]) * v - y)
+            stochastic = self.sampler == "euler-maruyama" or step == last
+            return mean, torch.full_like(y, std if stochastic else 0.0)
+        if self.sampler != "euler-maruyama":
+            return self._stack(y, step, cond)
         step = step.to(y.device)
         t, dt = self._t.to(y.device, y.dtype)[step], self._dt.to(y.device, y.dtype)[step]
         v = self.velocity(y, t, cond)
@@ -83,3 +107,11 @@ class FlowChain:
         mean = torch.where(final, y + dt[:, None] * v, y + dt[:, None] * ((1.0 + t[:, None]) * v - y))
         std = torch.sqrt(2.0 * (1.0 - t) * dt)[:, None].expand_as(y)
         return mean, std
+
+    def _stack(self, y: Tensor, step: Tensor, cond: HeadCondition) -> tuple[Tensor, Tensor]:
+        """An ODE sampler's transitions at one step per row, row by row's step (the exact criterion's path)."""
+        means, stds = torch.empty_like(y), torch.empty_like(y)
+        for k in step.unique().tolist():
+            rows = (step == k).nonzero().squeeze(-1)
+            means[rows], stds[rows] = self.transition(y[rows], int(k), cond.select(rows))
+        return means, stds

@@ -119,7 +119,8 @@ class NextStepConfig(SerialConfig):
             verifies_in_context=True,
             verifies_next=True,
             min_head_steps=2,
-            head_samplers=("euler-maruyama",),
+            head_samplers=("euler-maruyama", "euler", "heun"),
+            flow_grids=True,
         )
 
 
