@@ -1,12 +1,14 @@
 """NextStep-1 (StepFun, 2025): causal next-token prediction with a flow-matching head. The network
 (:mod:`.network`, the official module tree), its flow sampler as chains (:mod:`.flow`), the samplers' view of
-it (:mod:`.adapter`), its cache and ``use_norm`` (:mod:`.tokens`) and the official checkpoint loader
-(:mod:`.official`); :data:`FAMILY` is its row in :data:`csd.models.registry.FAMILIES`."""
+it (:mod:`.adapter`), its cache and ``use_norm`` (:mod:`.tokens`), the official checkpoint loader
+(:mod:`.official`) and its image tokenizer, the FLUX VAE (:mod:`csd.models.flux_vae`); :data:`FAMILY` is its row in
+:data:`csd.models.registry.FAMILIES`."""
 
 from csd.models.harmon.prompt_batch import tokenizer_from_dict
 from csd.models.nextstep.adapter import CausalPrompts, NextStepFamily, NextStepState, cfg_scales
 from csd.models.nextstep.flow import FlowChain, flow_grid
 from csd.models.nextstep.network import NEXTSTEP_CONFIGS, NextStep, NextStepConfig
+from csd.models.nextstep.official import OFFICIAL_FILES, from_checkpoints, load_official_nextstep
 from csd.models.nextstep.tokens import KVCache, NormedTokens, token_norm
 from csd.models.spec import Family
 
@@ -25,6 +27,8 @@ FAMILY = Family(
     traits=NextStepConfig.traits,
     build=_build,
     entries=lambda model: {"tokenizer": model.tokenizer.to_dict()},
+    official_files=OFFICIAL_FILES,
+    load_official=from_checkpoints,
 )
 
 __all__ = [
@@ -40,5 +44,6 @@ __all__ = [
     "NormedTokens",
     "cfg_scales",
     "flow_grid",
+    "load_official_nextstep",
     "token_norm",
 ]
