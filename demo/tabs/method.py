@@ -17,7 +17,7 @@ from demo.cards import card_markdown
 from demo.controls import MAX_SEED, named, refuse_invalid, take
 from demo.requests import library_errors
 from demo.tab import Page
-from visualize.blocks import block_chart
+from visualize.block_chart import block_chart
 from visualize.render import to_plotly
 from visualize.tables import committed_families, family_label
 from visualize.toy import toy_chart

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from demo.tabs.method import BLOCKS_DIR, HOW_IT_WORKS, block_records, lesson_parts
-from visualize.blocks import block_chart
+from visualize.block_chart import block_chart
 
 RECORD = json.loads((BLOCKS_DIR / "shapes.json").read_text())
 
