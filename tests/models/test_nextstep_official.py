@@ -572,3 +572,16 @@ def test_a_loaded_pair_runs_csd_and_its_tokens_decode_to_images(checkpoints):
     assert run.tokens.shape == (2, 9, 64) and run.trace.block_steps
     images = image_tokenizer(target, base / "NextStep-1-f8ch16-Tokenizer").decode(run.tokens.float())
     assert images.shape == (2, 3, 48, 48) and images.abs().max() <= 1.0
+
+
+def test_the_server_finds_the_official_pair_and_decodes_it_with_the_flux_vae_not_kl16(checkpoints):
+    """``python app.py --checkpoints DIR``'s discovery: the NextStep pair needs no ``vae/kl16.ckpt`` (its images
+    are the FLUX VAE's, among its target's official files), and its loaded pair decodes through that VAE."""
+    from csd.serving.pairs import VAE_FILE, discover
+
+    assert not (checkpoints / VAE_FILE).exists()
+    sources = [s for s in discover(checkpoints) if s.name.startswith("NextStep-1-Large")]
+    assert len(sources) == 1 and sources[0].is_text and sources[0].traits.family == "NextStep"
+    pair = sources[0].load(torch.device("cpu"))
+    assert isinstance(pair.tokenizer, NormedTokens) and isinstance(pair.tokenizer.inner, LatentTokenizer)
+    assert pair.tokenizer.token_dim == pair.target.token_dim == 64

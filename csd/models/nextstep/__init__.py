@@ -8,7 +8,12 @@ from csd.models.harmon.prompt_batch import tokenizer_from_dict
 from csd.models.nextstep.adapter import CausalPrompts, NextStepFamily, NextStepState, cfg_scales
 from csd.models.nextstep.flow import FlowChain, flow_grid
 from csd.models.nextstep.network import NEXTSTEP_CONFIGS, NextStep, NextStepConfig
-from csd.models.nextstep.official import OFFICIAL_FILES, from_checkpoints, load_official_nextstep
+from csd.models.nextstep.official import (
+    OFFICIAL_FILES,
+    from_checkpoints,
+    image_tokenizer_from_checkpoints,
+    load_official_nextstep,
+)
 from csd.models.nextstep.tokens import KVCache, NormedTokens, token_norm
 from csd.models.spec import Family
 
@@ -29,6 +34,7 @@ FAMILY = Family(
     entries=lambda model: {"tokenizer": model.tokenizer.to_dict()},
     official_files=OFFICIAL_FILES,
     load_official=from_checkpoints,
+    official_tokenizer=image_tokenizer_from_checkpoints,
 )
 
 __all__ = [
