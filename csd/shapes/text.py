@@ -154,7 +154,8 @@ def prompt_scores(images, prompts) -> dict[str, float | None]:
 # The embedded causal pair (the NextStep-1 layout): a small LLaMA-style decoder over the caption vocabulary and
 # the 8 x 8 grid of 4 x 4 RGB patches (tokens of 48 values in [-1, 1], the pixel "latents" of stride 1), a
 # flow-matching head, and a 2-D sin-cos position row added to each token's hidden state (an 8 x 8 table). The
-# caption's ids (the start token, the words), then the begin-of-image id; the null prompt is the start token.
+# caption's ids (the start token, the words), then the begin-of-image id; the null prompt is empty: the begin-of-image
+# id alone (as an official null prompt "" under a tokenizer that adds no start token).
 _CAUSAL_IDS = dict(vocab_size=_VOCAB + 3, boi=_VOCAB, eoi=_VOCAB + 1, image_placeholder_id=_VOCAB + 2)
 _PIXELS = dict(
     latent_channels=3,
