@@ -9,7 +9,6 @@ whose draft is detectably off the target, with the exact criterion (whose tokens
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -29,7 +28,7 @@ from tests.helpers import assert_same64, random_pair64, sampling64
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.kernels]
 
 PROMPTS, SEEDS = ["a red circle", "a small blue square on a plain white background"], [3, 4]
-SAMPLING = dict(num_steps=64, cfg_scale=2.0, cfg_schedule="constant", head_steps=4)
+SAMPLING = dict(num_steps=16, cfg_scale=2.0, cfg_schedule="constant", head_steps=4)
 
 
 def run(draft: str = "draft", **csd):
@@ -50,8 +49,8 @@ def test_a_target_drafting_for_itself_accepts_every_token_and_makes_target_onlys
 
 def test_under_the_exact_block_a_wholly_accepted_block_is_followed_by_the_targets_next_token_without_a_pass():
     spec, _, _ = run("target", gamma=4, prefill=0.05, block="exact")
-    trace, n = spec.trace, 64
-    prefilled = trace.count(Maker.PREFILL) // len(SEEDS)  # 4 steps: 5% of 64 tokens, rounded up
+    trace, n = spec.trace, 16
+    prefilled = trace.count(Maker.PREFILL) // len(SEEDS)  # 1 step: 5% of 16 tokens, rounded up
     blocks = len(trace.block_steps)
     assert all(kept == drafted == 4 for kept, drafted in trace.block_steps)
     assert trace.count(Maker.NEXT) == blocks * len(SEEDS)  # one after each block, in every image
@@ -79,21 +78,21 @@ def test_rewinding_to_the_accepted_tokens_equals_reading_every_token_again(monke
 
 
 def _shifted_pair():
-    """A 4 x 4-token target and a draft that is the target with its head's velocity shifted by 0.5 in every
+    """The untrained 4 x 4-token target and a draft that is the target with its head's velocity shifted by 0.15 in every
     value: its tokens' law is detectably off, and a fair share of its tokens are still accepted."""
-    config = replace(FAMILIES["nextstep"].presets["random_nextstep_target"], grid_side=4)
+    config = FAMILIES["nextstep"].presets["random_nextstep_target"]
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(0)
         target = NextStep(config, caption_tokenizer()).eval()
         for p in target.parameters():
             p.add_(0.05 * torch.randn_like(p))
         draft = copy.deepcopy(target)
-        draft.image_head.net.final_layer.linear.bias.add_(0.5)
+        draft.image_head.net.final_layer.linear.bias.add_(0.15)
     return target, draft
 
 
 def test_with_the_exact_criterion_the_tokens_follow_the_targets_law_at_gamma_4():
-    """Two-sample KS tests (fixed seeds) of three tokens' values: the exact block at gamma 4 against target-only,
+    """Two-sample KS tests (fixed seeds) of three tokens' mean values: the exact block at gamma 4 against target-only,
     p > 0.001 each; the power check, draft-only against target-only, p < 1e-6. (A batch shares its commit point,
     so this one rarely accepts a whole block: the next token's law is the target's own, shown exactly above.)"""
     target, draft = _shifted_pair()
@@ -105,9 +104,10 @@ def test_with_the_exact_criterion_the_tokens_follow_the_targets_law_at_gamma_4()
     spec = speculative_generate(target, draft, prompts, range(2 * n, 3 * n), s, csd)
     assert spec.trace.count(Maker.RESAMPLED) > 0 and spec.trace.count(Maker.ACCEPTED) > 0
     assert any(kept < drafted for kept, drafted in spec.trace.block_steps)
-    for pos, dim in ((1, 0), (7, 5), (14, 30)):
-        assert stats.ks_2samp(base[:, pos, dim], spec.tokens[:, pos, dim]).pvalue > 1e-3, (pos, dim)
-        assert stats.ks_2samp(base[:, pos, dim], alone[:, pos, dim]).pvalue < 1e-6, (pos, dim)
+    for pos in (1, 7, 14):  # a token's mean value: the draft's shift shows in every one of its values
+        mean = lambda tokens, pos=pos: tokens[:, pos].mean(-1)
+        assert stats.ks_2samp(mean(base), mean(spec.tokens)).pvalue > 1e-3, pos
+        assert stats.ks_2samp(mean(base), mean(alone)).pvalue < 1e-6, pos
 
 
 def test_a_float64_copy_keeps_the_family():

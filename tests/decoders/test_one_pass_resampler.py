@@ -205,8 +205,8 @@ ONE_PASS = {
 }
 # The untrained pairs' final Gaussians barely overlap: a rejected row keeps its first proposal. Widened 1000x they
 # overlap, and rows are kept at the first, second or third try, or capped. A flow head's last Gaussian is wider
-# (NextStep's: sqrt(2 (1 - t) dt) at the grid's end, not a learned variance at t = 0): 30x does it there.
-WIDENING = {"NextStep": 30.0}
+# (NextStep's: sqrt(2 (1 - t) dt) at the grid's end, not a learned variance at t = 0): 100x does it there.
+WIDENING = {"NextStep": 100.0}
 
 
 def mixed(pair) -> CSDConfig:

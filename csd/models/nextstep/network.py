@@ -411,16 +411,17 @@ _LARGE = dict(
     cfg=7.5,
     image_prefix="<|image_area|>{h}*{w}",
 )
-# Untrained test sizes over a small vocabulary (the shapes captions' 36 ids fit): 8 x 8 RGB 4 x 4 patches.
+# Untrained test sizes over a small vocabulary (the shapes captions' 36 ids fit): 32 x 32 RGB images in 4 x 4
+# tokens of 8 x 8 pixels (16 AR steps, as the tests' own causal family).
 _RANDOM = dict(
     vocab_size=64,
     boi=61,
     eoi=62,
     image_placeholder_id=63,
     latent_channels=3,
-    latent_patch_size=4,
+    latent_patch_size=8,
     latent_size=32,
-    grid_side=8,
+    grid_side=4,
     num_sampling_steps=4,
     cfg=3.0,
 )
