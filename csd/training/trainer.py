@@ -37,7 +37,7 @@ from csd.core.rng import drawing_from, stream_seed
 from csd.models.checkpoint import file_digest
 from csd.models.mar import MAR, MAR_CONFIGS, MARConfig, mar_config
 from csd.models.registry import load_model, weights_path
-from csd.models.tokenizer import PixelTokenizer
+from csd.models.tokenizer import PixelTokenizer, patchify
 from csd.run_setup import check_pair
 from csd.shapes.data import NUM_CLASSES, ShapesConfig, make_dataset
 from csd.training.run_files import RunFiles
@@ -171,6 +171,18 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         return cfg.lr if left > cfg.cooldown_steps else cfg.lr * left / (cfg.cooldown_steps + 1)
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
     return 0.5 * cfg.lr * (1.0 + math.cos(math.pi * progress))
+
+
+def shape_token_weight(cover: Tensor, flip: Tensor | None, patch: int, shape_weight: float) -> Tensor | None:
+    """(B, N) loss weights 1 + (shape_weight - 1) x the share of each token's pixels the shape covers, from the
+    images' coverage maps (B, H, W) uint8 (flipped where ``flip``, as the images were); None at weight 1."""
+    if shape_weight == 1.0:
+        return None
+    cover = cover.float() / 255.0
+    if flip is not None:
+        cover = torch.where(flip[:, None, None], cover.flip(-1), cover)
+    share = patchify(cover[:, None], patch).mean(-1)  # (B, N)
+    return 1.0 + (shape_weight - 1.0) * share
 
 
 def ema_decay_at(step: int, decay: float) -> float:
