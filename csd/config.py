@@ -249,6 +249,12 @@ class CSDConfig:
         """What a token the resampler never accepts becomes: the criterion's fallback, else its own."""
         return self.criterion.cap_fallback
 
+    def on_device(self, device: torch.device | str) -> CSDConfig:
+        """This config as it runs on ``device``: the criterion's resampler picked for it ("auto": one pass on
+        CUDA, rounds elsewhere; :func:`csd.settings.pick_resampler`)."""
+        criterion = self.criterion.on_device(torch.device(device).type)
+        return self if criterion == self.criterion else replace(self, criterion=criterion)
+
     def block_length(self, block: int) -> int:
         """AR steps drafted in block ``block`` (0-based): the schedule's entry, else gamma."""
         return self.gamma_schedule[block] if block < len(self.gamma_schedule) else self.gamma

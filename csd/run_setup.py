@@ -89,6 +89,9 @@ class Run:
         * under CSD, a ``draft_head_steps`` other than the target's head steps only where the chains need not
           be of equal length (:func:`check_draft_head_steps`).
 
+        Under CSD the run takes ``csd`` as it runs on the models' device (:meth:`~csd.config.CSDConfig.on_device`:
+        the resampler "auto" is one pass on CUDA, rounds elsewhere), and its trace records that setting.
+
         What stays with a model is what its own computations need of their inputs: the family's plan checks that
         GtR's checkerboard fits its grid (:mod:`csd.models.mar.gtr`), its ``predict`` and ``verify`` that they
         are given positions they can make. Nothing here draws a random number: the streams are made, the plan
@@ -112,7 +115,8 @@ class Run:
         criterion = None
         if csd is not None:
             check_draft_head_steps(csd, head_steps)
-            criterion = criterion_of(csd, target.traits.tokens_per_row)
+            csd = csd.on_device(device)  # its resampler picked: what the run records is what ran
+            criterion = criterion_of(csd, target.traits.tokens_per_row, device)
         names = TARGET_STREAMS if csd is None else SPECULATIVE_STREAMS
         streams = {name: ImageStreams(seeds, name, device) for name in names}
         maker = maker if csd is None else Maker.PREFILL

@@ -20,7 +20,8 @@ from csd.core.schedule import HEAD_SCHEDULES
 
 CRITERIA = ("aligned", "exact", "published")
 PRODUCT_PRECISIONS = ("float32", "float64")  # of the published test's density products
-RESAMPLERS = ("rounds", "one_pass")  # the resampler's draws: rounds for the rejected rows, or all at once
+# The resampler's draws: rounds for the rejected rows, or all at once; "auto" picks per device (Aligned.on_device).
+RESAMPLERS = ("auto", "rounds", "one_pass")
 FALLBACKS = ("target", "zero")  # a token the resampler never accepts: the target's own sample, or zero
 SCALE_SLOTS = ("std", "variance")  # what the published code's scale slots hold
 TRAJECTORY_TERMS = ("derived", "published", "none")
@@ -353,12 +354,22 @@ def _max_tries():
 
 def _resampler():
     return knob(
-        "rounds",
-        "how the resampler draws: rounds (tries for the rejected rows only, read on the host) or one_pass "
-        "(max_tries tries for every row of the block at once, nothing read on the host; other draws, same law)",
+        "auto",
+        "how the resampler draws: rounds (tries for the rejected rows only, read on the host), one_pass "
+        "(max_tries tries for every row of the block at once, nothing read on the host; other draws, same law), "
+        "or auto: one_pass on a CUDA device, rounds elsewhere",
         "choice",
         choices=RESAMPLERS,
     )
+
+
+def pick_resampler(resampler: str, device_type: str) -> str:
+    """The resampler a setting runs on a device of ``device_type`` ("cuda", "cpu", ...): "auto" is one pass on
+    CUDA (the loop then leaves nothing for the host to read) and rounds elsewhere (the CPU's tokens, golden
+    and committed, are the rounds'); "rounds" and "one_pass" are what they say on every device."""
+    if resampler != "auto":
+        return resampler
+    return "one_pass" if device_type == "cuda" else "rounds"
 
 
 def _fallback():
@@ -374,16 +385,25 @@ def _fallback():
 
 class _Criterion:
     """What every criterion setting has: the token a row its resampler never accepts becomes (``fallback``,
-    else its own) and the unit it tests (whole rows unless it says otherwise)."""
+    else its own), the unit it tests (whole rows unless it says otherwise) and how its resampler draws (in
+    rounds unless it says otherwise)."""
 
     fallback: str | None
     own_fallback: ClassVar[str] = "target"
     acceptance_unit = "row"
+    resampler = "rounds"
 
     @property
     def cap_fallback(self) -> str:
         """What a token the resampler never accepts becomes: ``fallback``, else the criterion's own."""
         return self.own_fallback if self.fallback is None else self.fallback
+
+    def on_device(self, device_type: str):
+        """This setting as it runs on a device of ``device_type``: its resampler picked
+        (:func:`pick_resampler`; "auto" becomes "one_pass" or "rounds", so the setting a run records says
+        which ran)."""
+        picked = pick_resampler(self.resampler, device_type)
+        return self if picked == self.resampler else replace(self, resampler=picked)
 
 
 @dataclass(frozen=True)
@@ -392,7 +412,8 @@ class Aligned(_Criterion):
     ``resample_widening`` those of the resampler; ``trajectory_term`` "derived", "published" (the reference
     code's sign) or "none" (the final-step term alone); ``acceptance_unit`` "token" tests each token of a
     multi-token row alone (a cell counts as accepted when all of its tokens are); ``resampler`` "one_pass"
-    draws ``max_tries`` proposals for every row of a block at once (:func:`csd.core.resample.resample_one_pass`)."""
+    draws ``max_tries`` proposals for every row of a block at once (:func:`csd.core.resample.resample_one_pass`),
+    "rounds" tries the rejected rows only, "auto" picks by device (:func:`pick_resampler`)."""
 
     kind: ClassVar[str] = "aligned"
     trajectory_term: str = knob(
@@ -561,7 +582,7 @@ def _criterion_slot() -> Slot:
                 "compares whole rows)",
                 "acceptance_unit",
             )
-        if values["resampler"] != "rounds" and cls is Exact:
+        if values["resampler"] == "one_pass" and cls is Exact:
             raise SettingError(
                 f"resampler {values['resampler']!r} needs criterion 'aligned' or 'published' (the exact "
                 "criterion's proposals are whole target chains, drawn in rounds)",
@@ -569,7 +590,7 @@ def _criterion_slot() -> Slot:
             )
         return _of(cls, values)
 
-    read = lambda c: defaults | {"criterion": c.kind} | _read(c)
+    read = lambda c: defaults | {"criterion": c.kind, "resampler": c.resampler} | _read(c)
     return Slot(knobs, defaults, build, read, tuple(CRITERION_KINDS.values()))
 
 
