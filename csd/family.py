@@ -68,7 +68,7 @@ class FamilyTraits:
     verifies_in_context: verification conditions each drafted row on the drafted rows before it (xAR),
     so it equals verifying the block step by step; a masked family verifies every drafted token from the
     context before the block (one backbone pass), as published, or, under CSDConfig.block "context" or
-    "exact", each drafted step from a view of its own (one pass per step).
+    "exact", each drafted step from a view of its own (the views as rows of one pass).
     tokens_per_row: tokens in one acceptance row (xAR: a cell's), for acceptance_unit "token".
     min_head_steps: the fewest chain transitions the head takes (a flow sampler needs two).
     row_name: what a drafted row is called ("tokens", "cells").

@@ -290,7 +290,14 @@ def check_speculative(sampling: SamplingConfig, csd: CSDConfig, traits: FamilyTr
         )
     if csd.criterion.acceptance_unit == "token" and traits.tokens_per_row == 1:
         raise ValueError("acceptance_unit 'token' needs a family whose rows hold several tokens (xAR's cells)")
-    if csd.block != "published":
+    block = csd.block
+    if block.views != "one_pass" and traits.verifies_in_context:
+        raise SettingError(
+            f"views {block.views!r} needs a family that verifies a block from one context (MAR, Harmon): this "
+            f"{traits.family} model verifies each drafted step given those before it in one pass",
+            "views",
+        )
+    if block.kind != "published":
         caches = {
             "cond_cache_start": sampling.cond_cache and sampling.cond_cache.start,
             "token_cache_keep": sampling.token_cache and sampling.token_cache.keep,
@@ -298,7 +305,7 @@ def check_speculative(sampling: SamplingConfig, csd: CSDConfig, traits: FamilyTr
         for name, value in caches.items():
             if value is not None:
                 raise SettingError(
-                    f"{name} must be None under block {csd.block!r} (LazyMAR's caches follow one context per pass; "
+                    f"{name} must be None under block {block.kind!r} (LazyMAR's caches follow one context per pass; "
                     f"this block verifies each drafted step on a context of its own), got {value}",
                     name,
                 )

@@ -1,8 +1,8 @@
 """Settings, each declared once (:class:`Knob`), and the settings that apply only together as small frozen
 values tagged with their kind, each checking its own rules: the acceptance criterion (:class:`Aligned`,
 :class:`Exact`, :class:`Published`), the head's sampler (:class:`HeadSampler`), the head-step anneal
-(:class:`HeadAnneal`), LazyMAR's two caches (:class:`CondCache`, :class:`TokenCache`) and GtR
-(:class:`GtR`).
+(:class:`HeadAnneal`), LazyMAR's two caches (:class:`CondCache`, :class:`TokenCache`), GtR (:class:`GtR`) and
+the block's verification (:class:`Block`).
 
 Outside the configs (:mod:`csd.config`), every setting is a flat knob named by its key: the tools' flags
 (:mod:`csd.cli`), the app's controls and API, and the settings saved with a result ("tau_v",
@@ -31,6 +31,11 @@ ACCEPTANCE_UNITS = ("row", "token")
 # ("heun": two velocity calls a step).
 HEAD_SAMPLERS = ("ddpm", "ddim", "euler-maruyama", "euler", "heun")
 ODE_SAMPLERS = ("euler", "heun")
+BLOCKS = ("published", "context", "exact")
+VIEWS = (
+    "one_pass",
+    "per_view",
+)  # a masked family's views of a context or exact block: rows of one pass, or a pass each
 FLOW_GRIDS = ("official", "uniform")  # xAR's time grids: 1 to 0.04 then 0 (the published one), or even steps
 KINDS = ("int", "number", "choice", "bool", "ints")
 
@@ -334,6 +339,47 @@ class GtR:
         check_gtr(self.stages, self.head_steps, self.detail_fraction, self.detail_steps)
 
 
+# --- the block --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Block:
+    """How the target verifies a drafted block and what it commits (csd.speculative): ``kind`` "published" (every
+    drafted step from the context before the block, the whole block committed: the paper's code), "context"
+    (each step given the block's drafted steps before it, the whole block committed) or "exact" (so, and the
+    block committed through its first step with a rejection); ``views``: how a masked family runs a context or
+    exact block's views, one per drafted step: as rows of the block's one target pass ("one_pass"), or a target
+    pass each ("per_view")."""
+
+    kind: str = knob(
+        "published",
+        "published: the target verifies every drafted step from the context before the block and the whole block "
+        "is committed (the paper's code); context: each step given the drafted steps before it, the whole block "
+        "committed; exact: so, and the block committed through its first step with a rejection (gamma 1's "
+        "distribution at any gamma)",
+        "choice",
+        choices=BLOCKS,
+        key="block",
+    )
+    views: str = knob(
+        "one_pass",
+        "block context or exact on a masked family (MAR, Harmon): every drafted step's view a row of the block's "
+        "one target pass (one_pass), or a target pass per view (per_view: smaller passes; faster on a CPU at "
+        "batch 8 and gamma 8, bench/results/blocks)",
+        "choice",
+        choices=VIEWS,
+    )
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
+        if self.views != "one_pass" and self.kind == "published":
+            raise SettingError(
+                f"views {self.views!r} needs block 'context' or 'exact' (the published block verifies every drafted "
+                "step from one context: one pass)",
+                "views",
+            )
+
+
 # --- the acceptance criterion -------------------------------------------------------------------------------
 
 
@@ -562,6 +608,7 @@ ANNEAL = value_slot(HeadAnneal, "head_steps_min", when_off=_anneal_off)
 COND_CACHE = value_slot(CondCache, "cond_cache_start")
 TOKEN_CACHE = value_slot(TokenCache, "token_cache_keep")
 GTR = value_slot(GtR, "gtr_stages", (), _gtr_off)
+BLOCK = value_slot(Block)
 
 
 def _criterion_slot() -> Slot:

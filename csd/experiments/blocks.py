@@ -22,7 +22,6 @@ import argparse
 import json
 import time
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -49,15 +48,22 @@ from csd.shapes.metrics import REFERENCE_SEED, load_classifier, reference_featur
 
 GAMMAS = (1, 2, 4, 8, 16)  # the published block
 FIXED_GAMMAS = (2, 4, 8)  # the context fixed alone, and the exact block
+PER_VIEW_GAMMAS = (4, 8)  # the exact block with a target pass per view (views "per_view"), beside its one pass
 PAPER_SCALE = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu" / "paper_scale" / "paper_scale.json"
 
 
 def block_points(sampling: SamplingConfig, csd: CSDConfig) -> list[Point]:
     """Target-only, the published block at :data:`GAMMAS`, the context fixed alone and the exact block at
-    :data:`FIXED_GAMMAS`."""
-    at = lambda block, g: Point(f"{block}, gamma {g}", sampling, replace(csd, gamma=g, gamma_schedule=(), block=block))
+    :data:`FIXED_GAMMAS` (a masked family's views as rows of one target pass), and the exact block with a target
+    pass per view at :data:`PER_VIEW_GAMMAS`."""
+
+    def at(block: str, g: int, views: str = "one_pass") -> Point:
+        name = f"{block}, gamma {g}" + (", a pass per view" if views == "per_view" else "")
+        return Point(name, sampling, csd.with_knobs(gamma=g, gamma_schedule=(), block=block, views=views))
+
     points = [Point("target-only", sampling)] + [at("published", g) for g in GAMMAS]
-    return points + [at(block, g) for block in ("context", "exact") for g in FIXED_GAMMAS]
+    points += [at(block, g) for block in ("context", "exact") for g in FIXED_GAMMAS]
+    return points + [at("exact", g, "per_view") for g in PER_VIEW_GAMMAS]
 
 
 def gpu_costs(path: Path = PAPER_SCALE) -> tuple[PassCosts, dict]:
@@ -123,7 +129,8 @@ def summarize_blocks(points, runs, labels, classifier, ref, costs: PassCosts, bo
         metrics, _ = quality(images, labels, ref, classifier)
         row = {
             "name": p.name,
-            "block": None if p.csd is None else p.csd.block,
+            "block": None if p.csd is None else p.csd.block.kind,
+            "views": None if p.csd is None else p.csd.block.views,
             "gamma": None if p.csd is None else p.csd.gamma,
             **metrics,
             "cpu_time": r["seconds"] / runs[base]["seconds"],
@@ -135,7 +142,7 @@ def summarize_blocks(points, runs, labels, classifier, ref, costs: PassCosts, bo
         }
         if p.name != base:
             row["vs_target"] = compare(scored[p.name], scored[base], ref, bootstrap)
-        if p.csd is not None and p.csd.block == "exact":
+        if p.csd is not None and p.csd.block.kind == "exact":
             row["vs_gamma1"] = compare(scored[p.name], scored[gamma1], ref, bootstrap)
         rows.append(row)
     return rows

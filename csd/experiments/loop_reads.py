@@ -30,7 +30,7 @@ METHODS = {
     "CSD, gamma 4": Method.speculative(CSDConfig(gamma=4)),
     "CSD, gamma 4, one pass": Method.speculative(ONE_PASS),
     "CSD, gamma 4, published criterion, one pass": Method.speculative(ONE_PASS.with_knobs(criterion="published")),
-    "CSD, gamma 4, exact block": Method.speculative(CSDConfig(gamma=4, block="exact")),
+    "CSD, gamma 4, exact block": Method.speculative(CSDConfig.from_knobs(gamma=4, block="exact")),
     "CSD, gamma 4, exact block, one pass": Method.speculative(ONE_PASS.with_knobs(block="exact")),
 }
 SEEDS = (0, 1)

@@ -55,7 +55,7 @@ def test_csd_reads_only_the_rejected_rows_once_per_block(pair):
 
 # --- the CUDA default, on the embedded pairs --------------------------------------------------------------------
 
-CUDA_DEFAULT = {"CSD": CSDConfig(gamma=4), "exact block": CSDConfig(gamma=4, block="exact")}
+CUDA_DEFAULT = {"CSD": CSDConfig(gamma=4), "exact block": CSDConfig.from_knobs(gamma=4, block="exact")}
 
 
 @pytest.fixture(scope="module", params=[spec.name for spec in pair_specs("embedded")])

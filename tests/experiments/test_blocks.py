@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.experiments.blocks import FIXED_GAMMAS, GAMMAS, block_points, gpu_costs
+from csd.experiments.blocks import FIXED_GAMMAS, GAMMAS, PER_VIEW_GAMMAS, block_points, gpu_costs
 from tests.helpers import save_tiny_pixel_pair
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,8 +20,10 @@ COMMITTED = sorted((ROOT / "bench" / "results" / "blocks").glob("*.json"))
 def test_the_settings_are_target_only_then_each_block_at_its_draft_lengths():
     points = block_points(SamplingConfig(num_steps=8), CSDConfig(gamma=3, gamma_schedule=(2,)))
     assert points[0].csd is None and points[0].name == "target-only"
-    blocks = [(p.csd.block, p.csd.gamma) for p in points[1:]]
-    expected = [("published", g) for g in GAMMAS] + [(b, g) for b in ("context", "exact") for g in FIXED_GAMMAS]
+    blocks = [(p.csd.block.kind, p.csd.block.views, p.csd.gamma) for p in points[1:]]
+    expected = [("published", "one_pass", g) for g in GAMMAS]
+    expected += [(b, "one_pass", g) for b in ("context", "exact") for g in FIXED_GAMMAS]
+    expected += [("exact", "per_view", g) for g in PER_VIEW_GAMMAS]
     assert blocks == expected and all(p.csd.gamma_schedule == () for p in points[1:])
 
 
@@ -44,7 +46,7 @@ def test_a_tiny_run_end_to_end_and_its_table(tmp_path, restore_threads):
     main([*args, "--batch-size", "2", "--bootstrap", "5", "--out", str(out)])
     result = json.loads(out.read_text())
     rows = {r["name"]: r for r in result["rows"]}
-    assert result["kind"] == "blocks" and len(rows) == 1 + len(GAMMAS) + 2 * len(FIXED_GAMMAS)
+    assert result["kind"] == "blocks" and len(rows) == 1 + len(GAMMAS) + 2 * len(FIXED_GAMMAS) + len(PER_VIEW_GAMMAS)
     assert rows["target-only"]["cpu_time"] == rows["target-only"]["gpu_time_predicted"] == 1.0
     assert rows["target-only"]["target_passes"] == 4.0  # 4 AR steps per batch
     assert all("vs_target" in r for name, r in rows.items() if name != "target-only")
@@ -52,8 +54,11 @@ def test_a_tiny_run_end_to_end_and_its_table(tmp_path, restore_threads):
     for g in FIXED_GAMMAS:
         exact, context = rows[f"exact, gamma {g}"], rows[f"context, gamma {g}"]
         assert 1.0 <= exact["steps_kept_per_block"] <= g  # committed through the first rejection
-        # a masked family's views: a target pass per drafted step, every step drafted kept (context) or not
-        assert context["target_passes"] == rows["target-only"]["target_passes"] <= exact["target_passes"]
+        # a masked family's views as rows of one pass: a target pass per block, every block's steps kept (context,
+        # as the published block) or those through the first rejection (exact: more blocks)
+        assert rows[f"published, gamma {g}"]["target_passes"] == context["target_passes"] <= exact["target_passes"]
+    for g in PER_VIEW_GAMMAS:  # a pass per view: one per step the blocks drafted, where the one pass made one per block
+        assert rows[f"exact, gamma {g}, a pass per view"]["target_passes"] > rows[f"exact, gamma {g}"]["target_passes"]
     assert rows["published, gamma 4"]["target_passes"] < rows["target-only"]["target_passes"]
     table = write_tables(out).read_text()
     assert table.startswith("# What a block costs: MAR") and "| exact, gamma 2 |" in table
