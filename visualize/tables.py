@@ -403,9 +403,7 @@ def blocks_markdown(result: dict) -> str:
         "differences with their standard errors (FD: a paired bootstrap; accuracy: per-image differences). CPU "
         f"time: wall time against target-only's, the settings taking turns batch by batch ({result['threads']} "
         f"thread). GPU time: the cost model at the per-pass costs of {gpu['pair']} on an H200 (batch "
-        f"{gpu['batch']}, {gpu['file']}) applied to each setting's backbone passes and head-chain transitions, "
-        "a pass charged alike whatever its rows (a masked family's context or exact block stacks its views, one "
-        "per drafted step, as rows of one target pass: a lower bound where those rows outgrow a pass at batch "
-        f"{gpu['batch']}). Target passes per batch of images."
+        f"{gpu['batch']}, {gpu['file']}) applied to each setting's backbone passes and head-chain transitions. "
+        "Target passes per batch of images."
     )
     return "\n".join(lines) + "\n"
