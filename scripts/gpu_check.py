@@ -20,10 +20,10 @@
    under ``torch.cuda.set_sync_debug_mode("warn")``, counted up to two numbers of AR steps and differenced
    (:func:`csd.core.host_reads.reads_per_step`: set-up and teardown cancel), by the line that synchronised;
    the exact block's one read per block (where the next block starts) is its by design;
-8. the exact block (its views as rows of one target pass) at gamma 4 and 8 against target-only and CSD at
-   gamma 1, MAR-L / MAR-B with random weights (``--tiny``: the tiny stand-ins) at batch 8, 16 AR steps, 25
-   head steps, bfloat16 backbones on CUDA: seconds per image (median of 3 after a warm-up), target passes
-   and steps kept per block;
+8. the exact block at gamma 4 and 8, its views as rows of one target pass and a pass each, against target-only
+   and CSD at gamma 1, MAR-L / MAR-B with random weights (``--tiny``: the tiny stand-ins) at batch 8, 16 AR
+   steps, 25 head steps, bfloat16 backbones on CUDA: seconds per image (median of 3 after a warm-up), target
+   passes and steps kept per block;
 9. the head chain eager, compiled and compiled with CUDA graphs (``DiffusionHead.use_kernels``,
    csd/models/kernels.py), a MAR-L-size head (random weights, 100 steps, guided) at batch 1 and 256 (4 tokens
    per AR step): milliseconds per chain (on a CPU eager and compiled only);
@@ -315,7 +315,8 @@ def _family_syncs(device: torch.device, family: str, pair) -> dict:
 
 
 def exact_block(device: torch.device, tiny: bool) -> dict:
-    """The exact block's cost against target-only and CSD at gamma 1: MAR-L / MAR-B with seeded random weights
+    """The exact block's cost, its views as rows of one target pass and a pass each (``views="per_view"``),
+    against target-only and CSD at gamma 1: MAR-L / MAR-B with seeded random weights
     (the paper-scale pair; ``--tiny``: its tiny stand-ins), batch 8, 16 AR steps, 25 head steps, bfloat16
     backbones on CUDA (float32 elsewhere), the paper-scale conditions and seeds. Per setting: seconds per image
     (median of 3 timed runs after a warm-up, the settings taking turns), target passes per batch and the AR
@@ -334,7 +335,9 @@ def exact_block(device: torch.device, tiny: bool) -> dict:
     conditions, seeds = conditions_for(target, 8, grid.seed, prompt_tokens=0)  # class labels: no prompt
     methods = {"target-only": Method.target(), "CSD, gamma 1": Method.speculative(grid.csd(1))}
     for gamma in (4, 8):
-        methods[f"exact, gamma {gamma}"] = Method.speculative(grid.csd(gamma).with_knobs(block="exact"))
+        exact = grid.csd(gamma).with_knobs(block="exact")
+        methods[f"exact, gamma {gamma}"] = Method.speculative(exact)
+        methods[f"exact, gamma {gamma}, a pass per view"] = Method.speculative(exact.with_knobs(views="per_view"))
     runs = {name: lambda m=m: m.run(target, draft, conditions, seeds, sampling) for name, m in methods.items()}
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     traces = {name: run().trace for name, run in runs.items()}  # warm-up

@@ -56,8 +56,9 @@ def test_the_device_check_runs_every_step_at_tiny_sizes(tmp_path):
     exact = steps["exact block"]["result"]
     assert exact["target-only"]["vs_target_only"] == 1.0 and exact["target-only"]["steps_kept_per_block"] is None
     for gamma in (4, 8):  # one target pass per block: as many as the blocks, each keeping one step or more
-        row = exact[f"exact, gamma {gamma}"]
+        row, each = exact[f"exact, gamma {gamma}"], exact[f"exact, gamma {gamma}, a pass per view"]
         assert 1 <= row["steps_kept_per_block"] <= gamma and row["target_passes"] <= exact["num_steps"]
+        assert each["target_passes"] > row["target_passes"]  # a pass per drafted step
     chains = steps["head chain"]["result"]  # on a CPU: eager and compiled, no CUDA graph
     assert set(chains) == {"batch 1", "batch 256"}
     assert all(set(r) == {"rows", "eager ms", "compiled ms", "compiled token diff"} for r in chains.values())
