@@ -88,3 +88,11 @@ def test_the_views_run_sets_the_one_pass_beside_a_pass_per_view(tmp_path, restor
         one, each = rows[f"exact, gamma {g}"], rows[f"exact, gamma {g}, a pass per view"]
         assert one["steps_kept_per_block"] == each["steps_kept_per_block"] and one["fd"] == pytest.approx(each["fd"])
         assert one["target_passes"] < each["target_passes"] and one["views"] == "one_pass" != each["views"]
+    from visualize.report import report
+
+    page = tmp_path / "docs" / "how_it_works.md"  # the main table's place: a comparison of views is not pasted there
+    page.parent.mkdir()
+    page.write_text("<!-- blocks:start -->\nthe main table\n<!-- blocks:end -->\n")
+    assert report(out, root=tmp_path) == f"wrote {out.with_suffix('.md')}"
+    assert page.read_text() == "<!-- blocks:start -->\nthe main table\n<!-- blocks:end -->\n"
+    assert out.with_suffix(".md").read_text().startswith("# The exact block's views, one pass or a pass each: MAR")
