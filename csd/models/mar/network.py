@@ -410,7 +410,7 @@ class MAR(MaskedARFamily, nn.Module):
         ``labels``, view-major, which may know different numbers of tokens (``known``: the most; a ragged
         pass)."""
         b = tokens.shape[0]
-        cond = self.class_embedding(labels).repeat(views, 1)
+        cond = self.class_embedding(labels) if views == 1 else self.class_embedding(labels).repeat(views, 1)
         if not guided:
             return self.backbone(tokens, mask, cond, decoder, known, views > 1), None
         twice = lambda t: torch.cat([t, t])
