@@ -30,7 +30,6 @@ from csd.settings import (
     SAMPLER,
     TOKEN_CACHE,
     Aligned,
-    Block,
     CondCache,
     CriterionSetting,
     GtR,
@@ -39,6 +38,7 @@ from csd.settings import (
     Knob,
     Slot,
     TokenCache,
+    Verification,
     check_knobs,
     knob,
     optional_steps,
@@ -219,7 +219,7 @@ class CSDConfig:
     )
     draft_head_steps: int | None = optional_steps("the draft head's steps (needs --no-align, --trajectory-term none)")
     draft_sampler: HeadSampler | None = setting(None, DRAFT_SAMPLER)
-    block: Block = setting(Block(), BLOCK)
+    block: Verification = setting(Verification(), BLOCK)
 
     def __post_init__(self) -> None:
         check_knobs(self)

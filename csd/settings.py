@@ -2,7 +2,7 @@
 values tagged with their kind, each checking its own rules: the acceptance criterion (:class:`Aligned`,
 :class:`Exact`, :class:`Published`), the head's sampler (:class:`HeadSampler`), the head-step anneal
 (:class:`HeadAnneal`), LazyMAR's two caches (:class:`CondCache`, :class:`TokenCache`), GtR (:class:`GtR`) and
-the block's verification (:class:`Block`).
+the block's verification (:class:`Verification`).
 
 Outside the configs (:mod:`csd.config`), every setting is a flat knob named by its key: the tools' flags
 (:mod:`csd.cli`), the app's controls and API, and the settings saved with a result ("tau_v",
@@ -20,7 +20,7 @@ from csd.core.schedule import HEAD_SCHEDULES
 
 CRITERIA = ("aligned", "exact", "published")
 PRODUCT_PRECISIONS = ("float32", "float64")  # of the published test's density products
-# The resampler's draws: rounds for the rejected rows, or all at once; "auto" picks per device (Aligned.on_device).
+# The resampler's draws: rounds for the rejected rows, or all at once; "auto" picks per device (pick_resampler).
 RESAMPLERS = ("auto", "rounds", "one_pass")
 FALLBACKS = ("target", "zero")  # a token the resampler never accepts: the target's own sample, or zero
 SCALE_SLOTS = ("std", "variance")  # what the published code's scale slots hold
@@ -32,10 +32,8 @@ ACCEPTANCE_UNITS = ("row", "token")
 HEAD_SAMPLERS = ("ddpm", "ddim", "euler-maruyama", "euler", "heun")
 ODE_SAMPLERS = ("euler", "heun")
 BLOCKS = ("published", "context", "exact")
-VIEWS = (
-    "one_pass",
-    "per_view",
-)  # a masked family's views of a context or exact block: rows of one pass, or a pass each
+# A masked family's views of a context or exact block: rows of one target pass, or a pass each.
+VIEWS = ("one_pass", "per_view")
 FLOW_GRIDS = ("official", "uniform")  # xAR's time grids: 1 to 0.04 then 0 (the published one), or even steps
 KINDS = ("int", "number", "choice", "bool", "ints")
 
@@ -343,7 +341,7 @@ class GtR:
 
 
 @dataclass(frozen=True)
-class Block:
+class Verification:
     """How the target verifies a drafted block and what it commits (csd.speculative): ``kind`` "published" (every
     drafted step from the context before the block, the whole block committed: the paper's code), "context"
     (each step given the block's drafted steps before it, the whole block committed) or "exact" (so, and the
@@ -608,7 +606,7 @@ ANNEAL = value_slot(HeadAnneal, "head_steps_min", when_off=_anneal_off)
 COND_CACHE = value_slot(CondCache, "cond_cache_start")
 TOKEN_CACHE = value_slot(TokenCache, "token_cache_keep")
 GTR = value_slot(GtR, "gtr_stages", (), _gtr_off)
-BLOCK = value_slot(Block)
+BLOCK = value_slot(Verification)
 
 
 def _criterion_slot() -> Slot:

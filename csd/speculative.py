@@ -6,7 +6,7 @@ before the block; xAR's flow chain over the block's cells, each given the cells 
 -> run them (shared noise when aligned) -> accept or resample every drafted row -> commit the block }.
 The loop does not know the criterion: each one answers verdict, resample and rows alike.
 
-Under the exact block (``CSDConfig.block``, :class:`csd.settings.Block`) the target sees each drafted step
+Under the exact block (``CSDConfig.block``, :class:`csd.settings.Verification`) the target sees each drafted step
 given the block's drafted steps before it (a masked family's views of the block, as rows of its one pass, or
 under ``views="per_view"`` a pass each; the context block stops there and commits the whole block), and the
 block is committed through its first AR step with a rejection in any image (its rejected tokens redrawn); the
