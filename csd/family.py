@@ -68,7 +68,7 @@ class FamilyTraits:
     verifies_in_context: verification conditions each drafted row on the drafted rows before it (xAR),
     so it equals verifying the block step by step; a masked family verifies every drafted token from the
     context before the block (one backbone pass), as published, or, under CSDConfig.block "context" or
-    "exact", each drafted step from a view of its own (one pass per step).
+    "exact", each drafted step from a view of its own (the views as rows of one pass).
     verifies_next: verification also gives the target's chain of the token after the block (a causal family's
     one cached pass reads every drafted token, the last included): under the exact block, a block whose every
     token is accepted is followed by that token, made by the target without a pass of its own (LLM speculative
