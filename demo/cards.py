@@ -22,6 +22,7 @@ BENCH = {
     "shapes_target": "bench/results",
     "shapes_text_target": "bench/results/text",
     "shapes_xar_target": "bench/results/xar",
+    "shapes_causal_target": "bench/results/causal",
 }
 PAPER = "https://arxiv.org/abs/2411.11925"
 # The facts of the shipped models, keyed by the digest of each model's weights and JSON (`python -m demo.cards`

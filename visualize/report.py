@@ -128,8 +128,9 @@ def report(path: Path, root: Path = ROOT) -> str:
         page = root / "docs" / "how_it_works.md"
         paste_block(page, f"{docs_prefix(result)}blocks", blocks_markdown(result))
         return f"wrote {table}; pasted {path} into {page.relative_to(root)}"
-    if result.get("kind") == "prompts":  # the text pair's: its block in docs/results.md
-        paste_block(root / "docs" / "results.md", "text-prompts", prompts_markdown(result))
+    if result.get("kind") == "prompts":  # a text pair's: its family's block in docs/results.md (the text pair's
+        block = f"{docs_prefix(result)}prompts" if "family" in result else "text-prompts"  # before it was named)
+        paste_block(root / "docs" / "results.md", block, prompts_markdown(result))
         return f"wrote {table}; pasted {path} into docs/results.md"
     if "metrics" in result:  # a frontier (csd.experiments.frontier.run_frontier)
         out = Path(path).with_suffix(".png")

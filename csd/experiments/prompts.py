@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
     target, draft = load_models(args.target, args.draft, device, sampling.precision)
     result = score_pair(target, draft, args.modes, args.n, args.seeds_per_prompt, sampling, csd)
     result["models"] = {"target": args.target, "draft": args.draft}
+    result["family"] = target.traits.family
     result |= {"kind": KIND, "weights": file_digest(Path(args.target), Path(args.draft)), "n": args.n}
     result["seeds_per_prompt"] = args.seeds_per_prompt
     text = json.dumps(result, indent=2)

@@ -1,4 +1,4 @@
-"""The committed frontiers (bench/results/**/frontier_b<batch>.json): three families in two regimes, on
+"""The committed frontiers (bench/results/**/frontier_b<batch>.json): four families in two regimes, on
 the shipped weights, dense where CSD is, the verdict recomputed from their rows, and the README's
 verdict table theirs."""
 
@@ -17,6 +17,7 @@ PAIRS = {  # family -> shipped weights
     "MAR": (M / "shapes_target.safetensors", M / "shapes_draft.safetensors"),
     "Harmon": (M / "shapes_text_target.safetensors", M / "shapes_text_draft.safetensors"),
     "xAR": (M / "shapes_xar_target.safetensors", M / "shapes_xar_draft.safetensors"),
+    "NextStep": (M / "shapes_causal_target.safetensors", M / "shapes_causal_draft.safetensors"),
 }
 RESULTS = committed_frontiers(ROOT)
 
@@ -50,7 +51,7 @@ def test_the_stored_verdict_is_the_rule_applied_to_the_rows(result):
     assert all(r["predicted"] > 0 for r in result["rows"])  # the cost model's time on every row
     methods = {r["method"] for r in result["rows"]}
     assert {"CSD", "target, DiSA", "target, cheaper head"} <= methods
-    assert ("target, LazyMAR condition cache" in methods) == (result["family"] != "xAR")
+    assert ("target, LazyMAR condition cache" in methods) == (result["family"] not in ("xAR", "NextStep"))
 
 
 # Issue 43's alternatives, named on every frontier of the family that takes them: the target's few-step
@@ -74,6 +75,16 @@ NEW_ALTERNATIVES = {
     ),
 }
 NEW_ALTERNATIVES["Harmon"] = NEW_ALTERNATIVES["MAR"]
+# The causal pair's grid is the reduced one (--quick: 25 settings): the flow ODE at 4 and 8 steps on both grids,
+# the official sampler on the uniform grid, CSD on it and with an Euler-ODE draft, the exact block.
+NEW_ALTERNATIVES["NextStep"] = (
+    "target, Euler ODE flow 4 steps, official grid",
+    "target, Heun ODE flow 4 steps, uniform grid",
+    "target, flow 4 steps, uniform grid",
+    "CSD, gamma 4, tau_v 5, flow 8, uniform grid",
+    "CSD, gamma 8, draft Euler ODE",
+    "CSD, gamma 4, exact block",
+)
 
 
 @pytest.mark.parametrize("result", RESULTS, ids=lambda r: f"{r['family']}-b{r['batch']}")

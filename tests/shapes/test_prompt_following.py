@@ -270,9 +270,9 @@ def test_the_committed_prompt_scores_are_the_shipped_pairs_meet_the_colour_goals
 def test_the_prompts_command_writes_its_settings_as_flat_knobs(tmp_path):
     """python -m csd.experiments.prompts records the settings as the configs' flat knobs (a sampler object is
     not JSON): the record rebuilds the configs it ran."""
-    from csd.config import SamplingConfig
     from pathlib import Path
 
+    from csd.config import SamplingConfig
     from csd.experiments.prompts import main
 
     out, shipped = tmp_path / "prompts.json", Path(__file__).resolve().parents[2] / "assets" / "models"
@@ -281,5 +281,26 @@ def test_the_prompts_command_writes_its_settings_as_flat_knobs(tmp_path):
     main(["--target", models[0], "--draft", models[1], *flags, "--out", str(out)])
     record = json.loads(out.read_text())
     sampling = SamplingConfig.from_knobs(**record["sampling"])
-    assert (sampling.num_steps, sampling.sampler.kind) == (64, "euler")
+    assert (sampling.num_steps, sampling.sampler.kind) == (64, "euler") and record["family"] == "NextStep"
     assert record["modes"]["target"]["held_out"]["accuracy"] is not None
+
+
+def test_a_prompt_result_goes_to_its_familys_docs_block(tmp_path):
+    """A result that names its family is pasted into that family's block (the causal pair's: causal-prompts);
+    the text pair's block stays as it was."""
+    from visualize.report import report
+
+    (tmp_path / "docs").mkdir()
+    blocks = [
+        f"<!-- {name}-prompts:start -->\n{text}\n<!-- {name}-prompts:end -->\n"
+        for name, text in (("text", "text"), ("causal", "old"))
+    ]
+    page = "".join(blocks)
+    (tmp_path / "docs" / "results.md").write_text(page)
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps(_prompts_result() | {"family": "NextStep"}))
+    report(path, root=tmp_path)
+    docs = (tmp_path / "docs" / "results.md").read_text()
+    assert (
+        "\ntext\n" in docs and "old" not in docs and "| CSD (default) | 0.74 |" in docs.split("causal-prompts:start")[1]
+    )
