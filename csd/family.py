@@ -64,7 +64,8 @@ class FamilyTraits:
     fixed_num_steps: the AR steps a model requires (xAR: one per cell), None where any number works.
     cfg_schedule: the one CFG schedule it takes (xAR ramps CFG over its cells), None for any.
     head_per_block: the target's chains of a drafted block cost about one step's chain (xAR: the flow
-    chain is the backbone, run over the block's cells at once) rather than one per drafted token.
+    chain is the backbone, run over the block's cells at once; a causal family's head, run once over the
+    block's tokens and the next) rather than one per drafted token.
     verifies_in_context: verification conditions each drafted row on the drafted rows before it (xAR),
     so it equals verifying the block step by step; a masked family verifies every drafted token from the
     context before the block (one backbone pass), as published, or, under CSDConfig.block "context" or

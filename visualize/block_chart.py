@@ -65,8 +65,8 @@ def block_chart(record: dict, label: str) -> Chart:
     if longest is not None:
         per_block = longest["target_passes"] / base["target_passes"]
         note = (
-            f"Exact block at gamma {longest['gamma']}: FD {longest['fd']:.1f} (gamma 1: {first['fd']:.1f}), "
-            f"{per_block:.2f}x target-only's target passes, {longest['cpu_time']:.2f}x its CPU time."
+            f"Exact block, gamma {longest['gamma']}: FD {longest['fd']:.1f} (gamma 1: {first['fd']:.1f}); "
+            f"{per_block:.2f}x target passes, {longest['cpu_time']:.2f}x CPU time"
         )
     return Chart(
         title=f"What a block costs: {label}",

@@ -113,3 +113,14 @@ def test_with_the_exact_criterion_the_tokens_follow_the_targets_law_at_gamma_4()
 def test_a_float64_copy_keeps_the_family():
     pair = random_pair64("nextstep")
     assert isinstance(at_precision(pair.target, "float64"), NextStep)
+
+
+@pytest.mark.parametrize("block", ["published", "exact"])
+def test_a_verification_runs_one_target_chain_over_the_block(block):
+    """The cost model charges a verified block one target chain (``FamilyTraits.head_per_block``): each target pass
+    makes one chain call over every drafted token of the block, as many token-steps as the draft's chains."""
+    spec, pair, _ = run(gamma=4, block=block)
+    work = spec.trace.work
+    assert pair.target.traits.head_per_block
+    assert work["target_head"]["calls"] == work["target_backbone"]["calls"] == spec.trace.target_passes - 1
+    assert work["target_head"]["token_steps"] == work["draft_head"]["token_steps"]

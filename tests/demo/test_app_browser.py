@@ -328,10 +328,11 @@ def test_the_method_tab_draws_one_block_chart_per_pair_on_a_fresh_page(served, t
             assert chart.locator(".scatterlayer .trace").count() == 5  # three blocks, target-only, gamma 1
         tables = page.get_by_text("The tables behind the charts", exact=False)
         tables.wait_for(state="visible")
-        header = page.get_by_text("steps kept per block", exact=True)
-        assert header.count() and not header.first.is_visible()  # folded until opened
+        header = page.locator("th").filter(has_text="steps kept per block")  # a table's column, not the lesson's words
+        assert not any(h.is_visible() for h in header.all())  # folded until opened
         tables.click()
         header.first.wait_for(state="visible")
+        assert header.count() == len(records)  # a table per pair
         page.screenshot(path=screenshots(tmp_path) / "screenshot_method.png", full_page=True)
 
 

@@ -118,6 +118,7 @@ class NextStepConfig(SerialConfig):
             fixed_num_steps=self.seq_len,
             verifies_in_context=True,
             verifies_next=True,
+            head_per_block=True,  # the block's tokens (and the next) share one chain call of the head
             min_head_steps=2,
             head_samplers=("euler-maruyama", "euler", "heun"),
             flow_grids=True,
