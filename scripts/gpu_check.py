@@ -255,6 +255,9 @@ def screenshot(url: str, images: list[str], path: Path) -> dict:
     return {"kind": "the page in Chromium after Generate"}
 
 
+SYNC_FAMILIES = ("mar", "xar", "harmon", "nextstep")  # every registered family (tests/repository/test_gpu_check.py)
+
+
 def sync_counts(device: torch.device, tiny: bool) -> dict:
     """Host synchronisations per AR step inside the loop, per family (untrained pairs, batch 2, the default
     settings): target-only, CSD and the exact block at gamma 4 (:func:`_family_syncs`). On a CPU nothing
@@ -262,7 +265,7 @@ def sync_counts(device: torch.device, tiny: bool) -> dict:
     from csd.serving.pairs import random_pair
 
     result = {}
-    for family in ("mar", "xar", "harmon"):
+    for family in SYNC_FAMILIES:
         try:
             result |= _family_syncs(device, family, random_pair(device, family=family))
         except Exception as err:  # recorded per family: one family's failure keeps the others' counts

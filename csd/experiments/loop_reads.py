@@ -1,7 +1,8 @@
 """Host reads per AR step inside the decoding loop, for every embedded pair, target-only and CSD
 (:mod:`csd.core.host_reads`): each one is a point where a GPU run stops queueing work until the device catches up.
 
-Each pair decodes a batch of 2 at 16 AR steps (xAR: its 16 cells), 2 head steps, guidance 3, CSD at gamma 4
+Each pair decodes a batch of 2 at 16 AR steps (xAR: its 16 cells; the causal pair: its 64 tokens), 2 head
+steps, guidance 3, CSD at gamma 4
 (the published block, and the exact block, which reads on the host once per block by design: where the next
 block starts depends on the verdicts), each at the CPU's default (the resampler "auto" runs the rounds there)
 and at the CUDA default (:meth:`csd.config.CSDConfig.on_device`: "auto" picks the one pass), with the aligned
@@ -46,9 +47,11 @@ def measure(name: str) -> dict[str, dict]:
     """Reads per AR step of each method on the embedded pair ``name``: the total and by op."""
     pair = embedded_pair(name)
     conditions = list(pair.prompts[: len(SEEDS)]) if pair.prompts else list(range(len(SEEDS)))
+    fixed = pair.target.traits.fixed_num_steps  # a family whose AR steps are its cells or tokens: all of them
+    sampling = SAMPLING if fixed is None else SAMPLING.with_knobs(num_steps=fixed)
     rows = {}
     for label, method in METHODS.items():
-        run = lambda on_step, m=method: m.run(pair.target, pair.draft, conditions, list(SEEDS), SAMPLING, on_step)
+        run = lambda on_step, m=method: m.run(pair.target, pair.draft, conditions, list(SEEDS), sampling, on_step)
         per_step, by_op = reads_per_step(run, *STOPS)
         rows[label] = {"per_step": per_step, "by_op": dict(sorted(by_op.items()))}
     return rows

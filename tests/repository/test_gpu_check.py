@@ -20,7 +20,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from csd.core.chain import HeadCondition, standard_noise
 from csd.models.kernels import EAGER
 from csd.models.mar.network import MAR_CONFIGS
-from scripts.gpu_check import HEAD_SIZES, _random_head, chain_traffic
+from csd.models.registry import FAMILIES
+from scripts.gpu_check import HEAD_SIZES, SYNC_FAMILIES, _random_head, chain_traffic
 from scripts.paper_scale_probe import paired, weights_digest
 from scripts.random_official import TINY
 
@@ -50,7 +51,8 @@ def test_the_device_check_runs_every_step_at_tiny_sizes(tmp_path):
     assert all(s["ok"] for s in steps.values())
     assert set(steps["paper scale paired"]["result"]) == {"skipped"}  # no --before TREE
     syncs = steps["host syncs"]["result"]
-    assert set(syncs) == {f"{f} {m}" for f in ("mar", "xar", "harmon") for m in ("target", "csd", "exact block")}
+    assert set(SYNC_FAMILIES) == set(FAMILIES)  # every registered family
+    assert set(syncs) == {f"{f} {m}" for f in FAMILIES for m in ("target", "csd", "exact block")}
     assert all(row["per_step"] == 0 and not row["where"] for row in syncs.values())  # a CPU never waits
     assert {row["resampler"] for row in syncs.values()} == {None, "rounds"}  # "auto" on a CPU: the rounds
     exact = steps["exact block"]["result"]
