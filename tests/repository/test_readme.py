@@ -47,10 +47,11 @@ def test_relative_links_point_at_files_that_exist(page):
 
 
 def test_the_front_page_is_short():
-    """Three families' results, one block each; the rest is in docs/. The YAML front matter is the Space's
-    configuration, not shown as the page: not counted (it was 10 of the 190 lines this allowed before)."""
+    """Four families' results, one block each (180 lines for three; the fourth, the causal pair, adds its
+    block); the rest is in docs/. The YAML front matter is the Space's configuration, not shown as the page:
+    not counted (it was 10 of the 190 lines this allowed before)."""
     page = re.sub(r"\A---\n.*?\n---\n", "", README, flags=re.S)
-    assert page != README and len(page.splitlines()) <= 180
+    assert page != README and len(page.splitlines()) <= 200
 
 
 def test_update_docs_rewrites_both_blocks_from_a_result(tmp_path):
