@@ -42,6 +42,18 @@ def compares_views(result: dict) -> bool:
     return any(r.get("views") == "per_view" for r in result["rows"])
 
 
+def method_tab_record(path: Path, root: Path = ROOT) -> bool:
+    """A blocks run the Method tab charts and whose table its text holds: one in bench/results/blocks/ itself
+    (not a subfolder: another batch, bench/results/blocks/batch1/), not a comparison of the exact block's views,
+    or one outside the repository (a run of one's own, pasted into ``root``'s text)."""
+    result = json.loads(Path(path).read_text())
+    if compares_views(result):
+        return False
+    blocks = (root / "bench" / "results" / "blocks").resolve()
+    where = Path(path).resolve()
+    return where.parent == blocks or blocks.parent not in where.parents
+
+
 def write_tables(path: Path) -> Path:
     """A result's Markdown beside its JSON: bench.md for a benchmark, frontier_b8.md for frontier_b8.json."""
     path = Path(path)
@@ -122,7 +134,7 @@ def report(path: Path, root: Path = ROOT) -> str:
     (``frontier_b8.png`` and ``frontier_b8_cost.png`` beside ``frontier_b8.json``), a benchmark its docs blocks."""
     result = json.loads(Path(path).read_text())
     table = write_tables(path)
-    if result.get("kind") == "decide" or (result.get("kind") == "blocks" and compares_views(result)):
+    if result.get("kind") == "decide" or (result.get("kind") == "blocks" and not method_tab_record(path, root)):
         return f"wrote {table}"  # its table only: the docs take its numbers by hand
     if result.get("kind") == "blocks":  # its block in the Method tab's text (docs/how_it_works.md)
         page = root / "docs" / "how_it_works.md"

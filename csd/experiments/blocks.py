@@ -77,6 +77,17 @@ def view_points(sampling: SamplingConfig, csd: CSDConfig) -> list[Point]:
     return points + [at(g, views) for g in VIEW_GAMMAS for views in ("one_pass", "per_view")]
 
 
+def only_points(points: list[Point], names: list[str] | None, parser: argparse.ArgumentParser) -> list[Point]:
+    """Target-only, gamma 1 and the points ``names`` names (all of them when None); an unknown name is refused
+    with the names there are."""
+    if not names:
+        return points
+    known = [p.name for p in points]
+    if unknown := [n for n in names if n not in known]:
+        parser.error(f"--only: no setting named {unknown[0]!r}; the settings are {known}")
+    return [p for p in points if p.name in {"target-only", "published, gamma 1", *names}]
+
+
 def gpu_costs(path: Path = PAPER_SCALE) -> tuple[PassCosts, dict]:
     """The H200's per-pass costs at paper scale (the committed MAR-L / MAR-B row at batch 8), as the cost model
     takes them: a backbone pass of each model, and each head's chain per transition (at 32 rows a chain call
@@ -169,6 +180,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--compare-views", action="store_true", help="only the exact block's views in one pass against a pass each"
     )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        help="only these settings by name (e.g. 'exact, gamma 8') beside target-only and gamma 1, which every "
+        "comparison needs",
+    )
     parser.add_argument("--out", required=True, help="the result (JSON); its table: python -m visualize.report OUT")
     args = parser.parse_args(argv)
     for flag, least in (("n", 2), ("n_ref", 2), ("batch_size", 1), ("bootstrap", 2)):
@@ -184,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
     target, draft = load_models(args.target, args.draft, device, sampling.precision)
     classifier = load_classifier(args.classifier)
     ref = reference_features(args.n_ref, REFERENCE_SEED, classifier)
-    points = (view_points if args.compare_views else block_points)(sampling, csd)
+    points = only_points((view_points if args.compare_views else block_points)(sampling, csd), args.only, parser)
     labels, seeds = eval_labels_seeds(args.n, 0, target.traits)
     costs, gpu_source = gpu_costs()
     t0 = time.perf_counter()

@@ -96,3 +96,60 @@ def test_the_views_run_sets_the_one_pass_beside_a_pass_per_view(tmp_path, restor
     assert report(out, root=tmp_path) == f"wrote {out.with_suffix('.md')}"
     assert page.read_text() == "<!-- blocks:start -->\nthe main table\n<!-- blocks:end -->\n"
     assert out.with_suffix(".md").read_text().startswith("# The exact block's views, one pass or a pass each: MAR")
+
+
+def test_only_keeps_target_only_and_gamma_1_beside_the_settings_it_names_and_refuses_others():
+    import argparse
+
+    from csd.experiments.blocks import only_points
+
+    points = block_points(SamplingConfig(num_steps=8), CSDConfig(gamma=3))
+    parser = argparse.ArgumentParser()
+    kept = only_points(points, ["exact, gamma 8", "exact, gamma 4"], parser)
+    assert [p.name for p in kept] == ["target-only", "published, gamma 1", "exact, gamma 4", "exact, gamma 8"]
+    assert only_points(points, None, parser) == points
+    with pytest.raises(SystemExit):
+        only_points(points, ["exact, gamma 9"], parser)
+
+
+def test_a_run_in_a_subfolder_of_the_method_tabs_records_is_not_pasted_into_its_text(tmp_path):
+    """Another batch's run (bench/results/blocks/batch1/) gets its table beside it; the Method tab's text keeps
+    the table of the run it charts."""
+    from visualize.report import report
+
+    run = json.loads((ROOT / "bench" / "results" / "blocks" / "causal.json").read_text())
+    page = tmp_path / "docs" / "how_it_works.md"
+    page.parent.mkdir()
+    page.write_text("<!-- causal-blocks:start -->\nthe charted run's table\n<!-- causal-blocks:end -->\n")
+    for folder, pasted in (("batch1", False), ("", True)):
+        out = tmp_path / "bench" / "results" / "blocks" / folder / "causal.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(run))
+        report(out, root=tmp_path)
+        assert out.with_suffix(".md").is_file() and ("the charted run's table" not in page.read_text()) == pasted
+
+
+# Issue 77's goals on the embedded causal pair, 200 paired prompts at batch 8 and 1: the exact block within two
+# paired standard errors of gamma 1 (FD and class accuracy) and under one target pass per token at gamma 8.
+CAUSAL_RUNS = [ROOT / "bench" / "results" / "blocks" / name / "causal.json" for name in ("", "batch1")]
+
+
+@pytest.mark.parametrize("path", CAUSAL_RUNS, ids=["batch 8", "batch 1"])
+def test_the_causal_pairs_exact_block_keeps_gamma_1s_quality_at_under_a_pass_per_token(path):
+    from csd.models.checkpoint import file_digest
+
+    run = json.loads(path.read_text())
+    models = ROOT / "assets" / "models"
+    assert run["weights"] == file_digest(
+        models / "shapes_causal_target.safetensors", models / "shapes_causal_draft.safetensors"
+    )
+    assert run["settings"]["n"] == 200 and run["family"] == "NextStep"
+    rows = {r["name"]: r for r in run["rows"]}
+    exact = [r for r in rows.values() if r["block"] == "exact"]
+    assert exact and {r["gamma"] for r in exact} >= {4, 8}
+    for r in exact:
+        for metric in ("accuracy", "fd"):
+            diff = r["vs_gamma1"][metric]
+            assert abs(diff["diff"]) <= 2 * diff["se"], (r["name"], metric, diff)
+    tokens = rows["target-only"]["target_passes"]  # one pass per token (64) per batch
+    assert rows["exact, gamma 8"]["target_passes"] / tokens < 1
