@@ -339,6 +339,7 @@ def test_a_preset_on_a_pair_with_fixed_steps_keeps_them():
     application = App(PairStore([RANDOM_SOURCE, xar_source], torch.device("cpu")), Limits(max_batch=2))
     assert fixed_controls(xar_source.traits) == {"ar_steps": 16, "cfg_schedule": "linear"}
     assert fixed_controls(RANDOM_SOURCE.traits) == {}
+    assert fixed_controls(random_source(random_spec("nextstep")).traits) == {"ar_steps": 16}  # a token per AR step
     on_xar = pair_defaults(application, application.default_controls(), xar_source.name)
     assert application.default_controls()["ar_steps"] != 16  # a preset starts from the default setting's knobs
     tab = GenerateTab(application)
