@@ -1,0 +1,175 @@
+"""What visitors see of a server started anew with ``python app.py`` (one torch thread), two ways:
+
+* ``cold``: for each embedded pair, a fresh server and one /generate at that pair's page defaults sent the
+  moment the page answers; then, once the server has been idle for a while (its process using under 5% of a core
+  for 3 s), the same request again ``--repeats`` times (the steady state: the median), and their ratio;
+* ``burst``: one fresh server, idle, then ``--clients`` visitors sending /generate at the page's defaults at once
+  (each its own session and seed), for each count given, the server idle again between: served, refused (and
+  the words), each one's predicted wait (what the line told it first, else Gradio's own estimate), measured wait
+  and time to its result (:func:`demo.soak.burst`).
+
+Usage, from the repository root (``--tree``: the tree whose ``app.py`` is served, default this one)::
+
+    python -m scripts.crowd cold [--tree DIR] [--pairs NAME ...] [--repeats 2] [--out FILE]
+    python -m scripts.crowd burst [--tree DIR] [--clients 16 40] [--out FILE]
+
+It speaks to the server over HTTP only (the pair's defaults are read from this tree's controls), so it measures
+another tree's server as well as this one's. Each record gives the load average around each measurement and the
+machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from demo import server
+from demo.application import pair_defaults
+from demo.limits import Limits
+from demo.soak import burst, burst_report, cpu_seconds, default_requests
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def until_idle(pid: int, quiet: float = 3.0, share: float = 0.05, most: float = 600.0) -> float:
+    """Seconds until process ``pid`` has used under ``share`` of a core for ``quiet`` seconds (at most ``most``)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < most:
+        before = cpu_seconds(pid)
+        time.sleep(quiet)
+        if cpu_seconds(pid) - before < share * quiet:
+            break
+    return time.monotonic() - t0
+
+
+def generate_seconds(url: str, values: dict) -> float:
+    """Seconds of one /generate through the API client, from its submission to its result."""
+    from gradio_client import Client
+
+    client = Client(url, verbose=False, ssl_verify=False)
+    t0 = time.perf_counter()
+    client.predict(**values, api_name="/generate")
+    return time.perf_counter() - t0
+
+
+@contextmanager
+def fresh_server(tree: Path, log: Path) -> Iterator[tuple[str, subprocess.Popen, float]]:
+    """``python app.py`` of ``tree`` started anew on a free port: its URL, its process and the seconds until its
+    page answered; stopped after."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    env = os.environ | {"GRADIO_ANALYTICS_ENABLED": "False", "CSD_THREADS": "1"}
+    env.pop("SPACES_ZERO_GPU", None)
+    t0 = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=tree,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        while not answers(url):
+            if proc.poll() is not None or time.monotonic() - t0 > 300:
+                raise RuntimeError(f"the server did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield url, proc, time.monotonic() - t0
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def cold(tree: Path, values: dict, repeats: int, log: Path) -> dict:
+    """One pair's first /generate on a fresh server, and its steady state."""
+    loads = {"start": os.getloadavg()[0]}
+    with fresh_server(tree, log) as (url, proc, to_page):
+        first = generate_seconds(url, values)
+        loads["first"] = os.getloadavg()[0]
+        idle = until_idle(proc.pid)
+        steady = [generate_seconds(url, values) for _ in range(repeats)]
+        loads["steady"] = os.getloadavg()[0]
+    median = statistics.median(steady)
+    return {
+        "seconds_to_page": round(to_page, 2),
+        "first_generate_s": round(first, 2),
+        "steady_generate_s": [round(s, 2) for s in steady],
+        "first_over_steady": round(first / median, 2),
+        "idle_after_s": round(idle, 1),
+        "load_average": {k: round(v, 2) for k, v in loads.items()},
+    }
+
+
+def bursts(tree: Path, counts: list[int], log: Path) -> dict:
+    """Bursts of visitors on one fresh server, idle before each."""
+    out = {}
+    with fresh_server(tree, log) as (url, proc, _):
+        values = default_requests(url.rstrip("/"), small=False)["/generate"]
+        for n in counts:
+            until_idle(proc.pid)
+            load = os.getloadavg()[0]
+            t0 = time.perf_counter()
+            out[n] = burst_report(burst(url.rstrip("/"), n, values))
+            out[n] |= {"wall_s": round(time.perf_counter() - t0, 1), "load_average": [load, os.getloadavg()[0]]}
+            print(n, json.dumps(out[n]), flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m scripts.crowd", description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=("cold", "burst"))
+    ap.add_argument("--tree", type=Path, default=ROOT, help="the tree whose app.py is served")
+    ap.add_argument("--pairs", nargs="+", default=None, help="cold: pair names (default: every embedded pair)")
+    ap.add_argument("--repeats", type=int, default=2, help="cold: steady-state requests per pair")
+    ap.add_argument("--clients", type=int, nargs="+", default=[16, 40], help="burst: visitors at once, per burst")
+    ap.add_argument("--out", type=Path, default=None, help="write the record as JSON")
+    args = ap.parse_args(argv)
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"crowd_{os.getpid()}.log"
+    record = {"mode": args.mode, "tree": str(args.tree)}
+    if args.mode == "cold":
+        app = server.make_app(None, Limits(), reference=None)  # the pairs' names and page defaults (none loaded)
+        record["pairs"] = {}
+        for pair in args.pairs or app.store.names:
+            values = pair_defaults(app, app.default_controls(), pair)
+            record["pairs"][pair] = cold(args.tree, values, args.repeats, log)
+            print(pair, json.dumps(record["pairs"][pair]), flush=True)
+    else:
+        record["bursts"] = bursts(args.tree, args.clients, log)
+    record |= {"cpus": os.cpu_count(), "machine": platform.processor() or platform.machine()}
+    record["when"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    text = json.dumps(record, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""A crowd at once: 24 clients submit /generate together to a server on this machine, on the untrained pair (cheap).
+Each request is served, or refused by name; none is lost and none hangs; each served result equals that request's
+result alone (same seed, same images); every client that waited saw its place and predicted wait before its
+result, and the predicted waits are within a factor 2 of the measured ones. While the burst is in line the server
+answers a page load (in Chromium), whose visitor's Generate waits in line with its place and wait on its status
+line, then runs; and a request that would make the line longer than its limit is refused at once, in words
+that give the line's length."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("gradio_client")
+
+from csd.serving.pairs import RANDOM_SOURCE, PairStore
+from demo import server
+from demo.application import App
+from demo.limits import Limits
+from demo.soak import SEED_STEP, burst, call, endpoints
+from demo.tabs.generate import compare
+from tests.demo.browser import chromium, missing, open_page
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.usefixtures("shared_rates")]
+CLIENTS = 24
+SETTING = {"batch_size": 2, "ar_steps": 8, "gamma": 4}  # a request of a few tenths of a second here
+MEASURED = 5.0  # seconds: waits at least this long are compared (see the test)
+IMAGES = {0: "target", 1: "csd", 2: "map", 3: "draft"}  # /generate's image outputs, by position
+HANG_S = 300  # a burst not over by then hangs (a guard, not a timing)
+
+
+def png(url: str) -> np.ndarray:
+    with Image.open(io.BytesIO(httpx.get(url, timeout=60).content)) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+@pytest.fixture(scope="module")
+def served():
+    reason = missing()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"browser test required under CI: {reason}")
+        pytest.skip(reason)
+    limits = Limits(max_batch=2, max_steps=64, max_images=2, max_seconds=600.0)  # the line's limit: 300 s
+    application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), limits)
+    application.idle_work()  # the pair timed, as the server does while its line is empty
+    demo = server.build(application)
+    url = server.serve(demo, limits, "127.0.0.1", None, block=False).rstrip("/")
+    yield application, url
+    demo.close()
+
+
+def test_a_burst_waits_in_line_each_visitor_told_its_place_and_wait_and_past_the_limit_is_refused(served):
+    application, url = served
+    values = application.default_controls() | SETTING
+    generate = endpoints(url)["/generate"]
+    for k in range(3):  # earlier visitors: the line learns what a turn takes beyond its estimate
+        assert call(url, generate, values | {"seed": 10_000 + k}).kind == "served"
+    chromium()  # launched before the burst: what the test measures is the page's load, not the browser's start
+    outcomes: list = []
+    crowd = threading.Thread(target=lambda: outcomes.extend(burst(url, CLIENTS, values)), daemon=True)
+    crowd.start()
+    while len(application.line.waiting) < CLIENTS // 2 and crowd.is_alive():
+        time.sleep(0.01)
+    with open_page(url) as page:  # a visitor arrives while the burst is in line
+        page.wait_for_function("() => document.querySelector('#estimate')?.innerText.includes('Expected')")
+        assert application.line.waiting, "the page loaded only after the line had emptied"
+        page.get_by_role("button", name="Generate", exact=True).click()
+        status = page.locator("#gen-status")
+        status.get_by_text(" in line: ", exact=False).wait_for(state="visible")
+        assert re.search(r"Place \d+ of \d+ in line: about \d+ s to wait", status.inner_text()), status.inner_text()
+        application.line.max_wait = application.line.length()  # the line is as long as it may be
+        too_long = call(url, generate, values)  # refused at once, naming the line's length
+        status.get_by_text("Speedup", exact=False).wait_for(state="visible")  # then the visitor's turn came
+    crowd.join(HANG_S)
+    assert not crowd.is_alive(), "the burst hung"
+    assert too_long.kind == "refused" and too_long.seconds < 5, too_long
+    assert re.match(r"This request would be about \d+ s in line here \(about \d+ s to wait", too_long.detail), too_long
+    assert too_long.detail.endswith("(--max-wait): try again later, or fewer images (Images)"), too_long
+    assert len(outcomes) == CLIENTS and all(o is not None for o in outcomes)  # none lost
+    assert [o.kind for o in outcomes] == ["served"] * CLIENTS, [o.detail for o in outcomes if o.kind != "served"]
+    waits = []
+    for k, o in enumerate(outcomes):
+        alone = list(compare(application, lambda *a, **kw: None, **(values | {"seed": values["seed"] + SEED_STEP * k})))
+        for position, key in IMAGES.items():  # the same images as the request alone
+            np.testing.assert_array_equal(png(o.output[position]["url"]), alone[-1].images[key])
+        assert o.places or o.queued - o.joined < MEASURED, f"client {k} waited without being told its place"
+        if o.places and o.queued - o.places[0][0] >= MEASURED:
+            told_at, _, predicted = o.places[0]
+            waits.append((predicted, o.queued - told_at))
+    assert len(waits) >= CLIENTS // 2, waits
+    print("RATIOS", sorted(round(p / m, 2) for p, m in waits))
+    assert all(0.5 <= predicted / measured <= 2.0 for predicted, measured in waits), waits
