@@ -33,6 +33,10 @@ from demo.timings import GiveUp, PairTimings
 
 PRECISION = "bfloat16" if DEVICE.type == "cuda" else "float32"  # backbone precision; heads stay float32
 T = TypeVar("T")
+# A waiting request's client hears its place and wait as it joins, each time its place changes, and this often
+# while it does not: each is a message to each waiting client, which the server's event loop makes beside the
+# run under way (docs/space.md, "The line").
+STILL_SECONDS = 10.0
 DECODE_SECONDS = 2.0  # what a decode call asks for, before the margin (an estimate: KL-16 on 8 images)
 
 
@@ -246,10 +250,11 @@ class Turn:
     """A request's turn in the line, for its handler (``request``: its gr.Request, None in-process). Iterating it
     joins the line (the request checked first: ``estimate()`` refuses a bad value or a request too long for this
     server, and gives its seconds; ``check()``, the checks that need no rates, stands in while its pair has none)
-    and yields a status line (also to ``progress``), its place and predicted wait, as it joins and every second
-    while it waits (when the line changed it); past ``--max-wait`` it is refused at once (``advice``: what the
-    visitor may do), and a request whose client stops listening leaves the line. At its turn, a pair without rates
-    is timed first. Leaving the ``with`` block leaves the line."""
+    and yields a status line, its place and predicted wait, as it joins, as its place changes and every
+    :data:`STILL_SECONDS` while it does not (not to ``progress``: Gradio's progress messages made a burst of 16
+    about 10% slower); past ``--max-wait`` it is refused at once (``advice``: what the visitor may do), and a
+    request whose client stops listening leaves the line. At its turn, a pair without rates is timed first (its
+    lines also to ``progress``). Leaving the ``with`` block leaves the line."""
 
     def __init__(self, app: App, request, pair_name, check, estimate, advice: str, progress=None) -> None:
         self.app, self.request, self.pair_name, self.progress = app, request, pair_name, progress
@@ -263,11 +268,6 @@ class Turn:
         if self.ticket is not None:
             self.app.line.leave(self.ticket, done=kind is None)
 
-    def _say(self, line: str) -> str:
-        if self.progress is not None:
-            self.progress(None, desc=line)
-        return line
-
     def __iter__(self) -> Iterator[str]:
         app, pair = self.app, self.pair_name
         timed = isinstance(pair, str) and app.timed(pair)
@@ -280,14 +280,14 @@ class Turn:
             seconds = app.timings.timing_left(pair)
         self.ticket = app.line.join(app.line_seconds(seconds), self.advice)
         session = getattr(self.request, "session_hash", None)
-        told = None
+        told, told_at = None, 0.0
         for where in app.line.turn(self.ticket):
             if session is not None and app.streams.get(session, 0) <= 0:
                 app.gone += 1
                 raise refuse("the client that asked for this run stopped listening for its result: not run")
-            if where.text() != told:
-                told = where.text()
-                yield self._say(told)
+            if told is None or where.place != told.place or time.monotonic() - told_at >= STILL_SECONDS:
+                told, told_at = where, time.monotonic()
+                yield where.text()
         if not timed:
             yield from app.timings.await_rates(pair, self.progress)
             self.ticket.seconds = app.line.clock() - self.ticket.started + app.line_seconds(self.estimate())

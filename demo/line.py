@@ -1,5 +1,5 @@
 """The line of model runs: visitors' requests run ``slots`` at a time (``--concurrency``), in the order they
-came, each told its place and its predicted wait as it joins and every second while it waits. The line is
+came, each told its place and its predicted wait as it joins and as the line moves. The line is
 bounded by its predicted length, not by a count: a request whose line (the running requests' predicted time
 left, the waiting ones' and its own) would pass ``max_wait`` seconds is refused at once, in words that give that
 length. A count (``most``) remains as a safety cap on the threads and events the waiting requests hold.
@@ -23,7 +23,7 @@ from typing import TypeVar
 from demo.errors import refuse
 from demo.estimate import words
 
-POLL_SECONDS = 1.0  # a waiting request's status line is refreshed this often
+POLL_SECONDS = 1.0  # how often a waiting request hears its place and wait (its handler tells its client less often)
 LEARNED = 8  # the latest turns the overhead is learned from
 T = TypeVar("T")
 
@@ -82,10 +82,11 @@ class Line:
     def where(self, ticket: Ticket) -> Where | None:
         """The ticket's place and predicted wait, or None once its turn has come (or it left)."""
         with self._cond:
-            if ticket not in self.waiting:
-                return None
-            k = self.waiting.index(ticket)
-            return Where(k + 1, len(self.waiting), self._wait(self.waiting[:k], self.clock()))
+            return self._where(ticket) if ticket in self.waiting else None
+
+    def _where(self, ticket: Ticket) -> Where:
+        k = self.waiting.index(ticket)
+        return Where(k + 1, len(self.waiting), self._wait(self.waiting[:k], self.clock()))
 
     # --- a request's way through it ----------------------------------------------------------------
 
@@ -115,13 +116,11 @@ class Line:
 
     def turn(self, ticket: Ticket, poll: float = POLL_SECONDS) -> Iterator[Where]:
         """The ticket's place and wait as it joins and then every ``poll`` seconds, until its turn (which ends it
-        at once). Not at each move: every move would tell every waiting request, as many messages as requests
-        squared, which slowed the line itself (a burst of 24 served 15% slower, and each client heard of its
-        turn later than it came)."""
+        at once)."""
         while (where := self.where(ticket)) is not None:
             yield where
             with self._cond:
-                self._cond.wait_for(lambda: ticket.started is not None or ticket not in self.waiting, poll)
+                self._cond.wait_for(lambda: ticket not in self.waiting, poll)
 
     def leave(self, ticket: Ticket, done: bool = False) -> None:
         """The ticket leaves (its run ended, or it gave up waiting); ``done``: its run finished, and what it took

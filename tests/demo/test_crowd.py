@@ -36,6 +36,7 @@ SETTING = {"batch_size": 2, "ar_steps": 8, "gamma": 4}  # a request of a few ten
 MEASURED = 5.0  # seconds: waits at least this long are compared (see the test)
 IMAGES = {0: "target", 1: "csd", 2: "map", 3: "draft"}  # /generate's image outputs, by position
 HANG_S = 300  # a burst not over by then hangs (a guard, not a timing)
+PAGE_MS = 60_000  # the page's visitor is told its place by then, or never (a guard, not a timing)
 
 
 def png(url: str) -> np.ndarray:
@@ -76,11 +77,11 @@ def test_a_burst_waits_in_line_each_visitor_told_its_place_and_wait_and_past_the
         assert application.line.waiting, "the page loaded only after the line had emptied"
         page.get_by_role("button", name="Generate", exact=True).click()
         status = page.locator("#gen-status")
-        status.get_by_text(" in line: ", exact=False).wait_for(state="visible")
+        status.get_by_text(" in line: ", exact=False).wait_for(state="visible", timeout=PAGE_MS)
         assert re.search(r"Place \d+ of \d+ in line: about \d+ s to wait", status.inner_text()), status.inner_text()
         application.line.max_wait = application.line.length()  # the line is as long as it may be
         too_long = call(url, generate, values)  # refused at once, naming the line's length
-        status.get_by_text("Speedup", exact=False).wait_for(state="visible")  # then the visitor's turn came
+        status.get_by_text("Speedup", exact=False).wait_for(state="visible", timeout=HANG_S * 1000)  # its turn came
     crowd.join(HANG_S)
     assert not crowd.is_alive(), "the burst hung"
     assert too_long.kind == "refused" and too_long.seconds < 5, too_long
@@ -98,5 +99,4 @@ def test_a_burst_waits_in_line_each_visitor_told_its_place_and_wait_and_past_the
             told_at, _, predicted = o.places[0]
             waits.append((predicted, o.queued - told_at))
     assert len(waits) >= CLIENTS // 2, waits
-    print("RATIOS", sorted(round(p / m, 2) for p, m in waits))
     assert all(0.5 <= predicted / measured <= 2.0 for predicted, measured in waits), waits

@@ -130,3 +130,40 @@ def test_the_servers_own_work_waits_for_an_empty_line_and_gives_way_to_the_first
     worker.join(5)
     assert gave_way.is_set() and results == ["given up"] and visitor.started is not None
     assert line.where(line.join(2.0, "fewer images")).wait == pytest.approx(1.0, abs=0.1)  # the work counted none
+
+
+def test_a_request_whose_client_stops_listening_while_it_waits_leaves_the_line():
+    """Its place is given up within a poll of the client's stream closing (demo.guard counts the streams), so it
+    neither runs for nobody nor counts in the waits of those behind it."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from csd.serving.pairs import RANDOM_SOURCE, PairStore
+    from demo.application import App
+    from demo.estimate import Rates
+    from demo.limits import Limits
+
+    application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), Limits(max_steps=8))
+    application.timings.known[RANDOM_SOURCE.name] = Rates(dict.fromkeys(("target", "draft", "csd"), 0.01), {})
+    running = application.line.join(60.0, "fewer images")  # someone else's run, ahead of it
+    application.streams["visitor"] = 1
+    turn = application.turn(SimpleNamespace(session_hash="visitor"), RANDOM_SOURCE.name, None, lambda: 1.0, "")
+    told, outcome = [], []
+
+    def wait() -> None:
+        try:
+            with turn:
+                told.extend(turn)
+        except gr.Error as err:
+            outcome.append(err.message)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    while not told:
+        pass
+    assert told == ["Place 1 of 1 in line: about 60 s to wait ..."] and len(application.line.waiting) == 1
+    del application.streams["visitor"]  # its client closed the stream
+    waiter.join(5)
+    assert outcome == ["the client that asked for this run stopped listening for its result: not run"]
+    assert application.line.waiting == [] and application.line.running == [running] and application.gone == 1
