@@ -234,6 +234,11 @@ def serve(
     if not gradio_env:
         for name in pin_gradio_env():
             print(f"{name} ignored (pass --gradio-env to honour it)", flush=True)
+    # Gradio switches matplotlib's backend around each API call; the first switch imports pyplot, 0.7-0.9 s of a
+    # first visitor's wait on the server's event loop (python app.py on 2 busy cores): made here, before serving.
+    import matplotlib
+
+    matplotlib.get_backend()
     demo.queue(default_concurrency_limit=limits.concurrency, max_size=limits.queue_size)
     # Each request in the app's line holds one of Gradio's threads while it waits: Gradio's 40 stay for the rest.
     streams = demo.csd_app.streams if hasattr(demo, "csd_app") else Counter()

@@ -150,6 +150,17 @@ def cpu_seconds(pid: int | str = "self") -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def until_idle(pid: int, quiet: float = 3.0, share: float = 0.05, most: float = 600.0) -> float:
+    """Seconds until process ``pid`` has used under ``share`` of a core for ``quiet`` seconds (at most ``most``)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < most:
+        before = cpu_seconds(pid)
+        time.sleep(quiet)
+        if cpu_seconds(pid) - before < share * quiet:
+            break
+    return time.monotonic() - t0
+
+
 def resident_mib(pid: int | str = "self") -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():

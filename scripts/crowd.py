@@ -38,7 +38,7 @@ import httpx
 from demo import server
 from demo.application import pair_defaults
 from demo.limits import Limits
-from demo.soak import burst, burst_report, cpu_seconds, default_requests
+from demo.soak import burst, burst_report, default_requests, until_idle
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,17 +54,6 @@ def answers(url: str) -> bool:
         return httpx.get(url, timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def until_idle(pid: int, quiet: float = 3.0, share: float = 0.05, most: float = 600.0) -> float:
-    """Seconds until process ``pid`` has used under ``share`` of a core for ``quiet`` seconds (at most ``most``)."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < most:
-        before = cpu_seconds(pid)
-        time.sleep(quiet)
-        if cpu_seconds(pid) - before < share * quiet:
-            break
-    return time.monotonic() - t0
 
 
 def generate_seconds(url: str, values: dict) -> float:

@@ -1,6 +1,6 @@
 """``python app.py`` as an operator starts it: the page answers before the server times anything, and each pair's
-first Generate in the first minute takes its steady-state time (within 25%, against the same request's time
-after, in the same run). The seconds are recorded in ``tests/.times/start_up.json`` (docs/testing.md, "Time")."""
+first Generate in the first minute costs what its steady state does (within 25%, against the same request after,
+in the same run). The seconds are recorded in ``tests/.times/start_up.json`` (docs/testing.md, "Time")."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import os
 import platform
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import httpx
 from demo import server
 from demo.application import pair_defaults
 from demo.limits import Limits
+from demo.soak import cpu_seconds, until_idle
 from tests.demo.local_client import local_client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,17 +50,19 @@ def answers(url: str) -> bool:
         return False
 
 
-FIRST_OVER_STEADY = 1.25  # a pair's first Generate may take at most this many times its steady-state time
-STEADY = 2  # later requests per pair: their median is its steady-state time
+FIRST_OVER_STEADY = 1.25  # a pair's first Generate may cost the server at most this many times its second
+IDLE_S = 2.0  # the server is idle once it has used under 5% of a core for this long
 
 
 @pytest.mark.slow
-def test_python_app_py_serves_the_page_at_once_and_each_pairs_first_generate_takes_its_steady_time(tmp_path):
+def test_python_app_py_serves_the_page_at_once_and_each_pairs_first_generate_costs_what_its_second_does(tmp_path):
     """The page answers before the server times anything; a Generate at each embedded pair's page defaults, sent
-    as soon as the page answers (the first minute), takes at most 1.25 times what the same request takes after (its
-    steady state: the median of two more, pair after pair): nothing the server does on its own competes with it
-    (its estimates come from the committed rates, which it probes only while its line is empty). The seconds
-    are written to the record."""
+    as soon as the page answers (the first minute), costs the server at most 1.25 times the CPU seconds of the
+    same request once the server has been idle (its steady state, after whatever it does on its own): nothing
+    the server does on its own runs beside a visitor's run (its estimates come from the committed rates, which it
+    probes only while its line is empty). The server's CPU seconds, not the wall time: on this shared machine the
+    wall time of two identical requests moves by more than that (the text pair's default Generate 3.4-5.2 s in a
+    row at load average 5, its CPU seconds 3.2-3.5). Both are written to the record."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
     env = os.environ | {"GRADIO_ANALYTICS_ENABLED": "False", "CSD_THREADS": "1"}
@@ -84,13 +86,15 @@ def test_python_app_py_serves_the_page_at_once_and_each_pairs_first_generate_tak
         to_page = time.monotonic() - t0
         timed_at_page = len(timing_lines(log.read_text()))
         client, page_at = local_client(url), time.monotonic()
-        seconds, sent = {}, {}
-        for round_ in range(1 + STEADY):  # each pair's first request, then its steady state, pair after pair
+        wall, cpu, sent = {}, {}, {}
+        for round_ in ("first", "steady"):  # each pair's first request, then its second, pair after pair
+            if round_ == "steady":  # the server's own work over, whatever it is: its steady state
+                idle = until_idle(process.pid, quiet=IDLE_S)
             for pair, values in requests.items():
-                t1 = time.monotonic()
-                sent[pair, round_] = t1 - page_at
+                sent[pair, round_], c1 = time.monotonic() - page_at, cpu_seconds(process.pid)
                 out = client.predict(**values, api_name="/generate")
-                seconds[pair, round_] = time.monotonic() - t1
+                wall[pair, round_] = time.monotonic() - page_at - sent[pair, round_]
+                cpu[pair, round_] = cpu_seconds(process.pid) - c1
                 assert out[4].startswith("### Speedup"), out[4]
     finally:
         process.terminate()
@@ -100,14 +104,13 @@ def test_python_app_py_serves_the_page_at_once_and_each_pairs_first_generate_tak
             process.kill()
     text = log.read_text()
     assert "committed rates for" in text and timed_at_page == 0, text[-3000:]  # the page before any timing
-    steady = {pair: statistics.median(seconds[pair, k] for k in range(1, 1 + STEADY)) for pair in requests}
-    ratios = {pair: seconds[pair, 0] / steady[pair] for pair in requests}
+    per_pair = lambda values: {pair: {k: round(values[pair, k], 2) for k in ("first", "steady")} for pair in requests}
     record = {
         "seconds_to_page": round(to_page, 2),
-        "first_generate_s": {pair: round(seconds[pair, 0], 2) for pair in requests},
-        "steady_generate_s": {pair: [round(seconds[pair, k], 2) for k in range(1, 1 + STEADY)] for pair in requests},
-        "first_over_steady": {pair: round(r, 2) for pair, r in ratios.items()},
+        "generate_wall_s": per_pair(wall),
+        "generate_server_cpu_s": per_pair(cpu),
         "server_work": timing_lines(text),
+        "idle_after_the_first_requests_s": round(idle, 1),
         "load_average_at_start": round(load, 2),
         "load_average_at_end": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
@@ -117,8 +120,8 @@ def test_python_app_py_serves_the_page_at_once_and_each_pairs_first_generate_tak
     RECORD.parent.mkdir(exist_ok=True)
     RECORD.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record))
-    assert all(sent[pair, 0] < 60 for pair in requests), sent  # each first request in the first minute
-    assert all(r <= FIRST_OVER_STEADY for r in ratios.values()), record
+    assert all(sent[pair, "first"] < 60 for pair in requests), sent  # each first request in the first minute
+    assert all(cpu[pair, "first"] <= FIRST_OVER_STEADY * cpu[pair, "steady"] for pair in requests), record
 
 
 def timing_lines(log: str) -> list[str]:
