@@ -368,10 +368,10 @@ class PerToken:
         )
 
 
-def criterion_of(csd: CSDConfig, tokens_per_row: int = 1) -> Criterion:
-    """The criterion a setting names (:mod:`csd.settings`); "token" units test each of a row's
-    ``tokens_per_row`` tokens alone."""
-    c, fallback = csd.criterion, csd.cap_fallback
+def criterion_of(csd: CSDConfig, tokens_per_row: int = 1, device: torch.device | str = "cpu") -> Criterion:
+    """The criterion a setting names (:mod:`csd.settings`), its resampler as it runs on ``device``
+    (:meth:`csd.config.CSDConfig.on_device`); "token" units test each of a row's ``tokens_per_row`` tokens alone."""
+    c, fallback = csd.on_device(device).criterion, csd.cap_fallback
     if isinstance(c, Exact):
         return ExactCriterion(c.max_tries, fallback=fallback)
     one_pass = c.resampler == "one_pass"

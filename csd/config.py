@@ -22,6 +22,7 @@ from csd.core.precision import run_dtype
 from csd.core.schedule import CFG_SCHEDULES, head_step_schedule
 from csd.settings import (
     ANNEAL,
+    BLOCK,
     COND_CACHE,
     CRITERION,
     DRAFT_SAMPLER,
@@ -37,6 +38,7 @@ from csd.settings import (
     Knob,
     Slot,
     TokenCache,
+    Verification,
     check_knobs,
     knob,
     optional_steps,
@@ -46,7 +48,6 @@ from csd.settings import (
 # float16 autocast the backbones, heads and every density staying in float32; float64 runs every part in
 # float64, the models' weights too: the exact reference (csd.core.precision).
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": None}
-BLOCKS = ("published", "context", "exact")
 
 
 def setting(default, slot: Slot):
@@ -218,15 +219,7 @@ class CSDConfig:
     )
     draft_head_steps: int | None = optional_steps("the draft head's steps (needs --no-align, --trajectory-term none)")
     draft_sampler: HeadSampler | None = setting(None, DRAFT_SAMPLER)
-    block: str = knob(
-        "published",
-        "published: the target verifies every drafted step from the context before the block and the whole block "
-        "is committed (the paper's code); context: each step given the drafted steps before it, the whole block "
-        "committed; exact: so, and the block committed through its first step with a rejection (gamma 1's "
-        "distribution at any gamma)",
-        "choice",
-        choices=BLOCKS,
-    )
+    block: Verification = setting(Verification(), BLOCK)
 
     def __post_init__(self) -> None:
         check_knobs(self)
@@ -248,6 +241,12 @@ class CSDConfig:
     def cap_fallback(self) -> str:
         """What a token the resampler never accepts becomes: the criterion's fallback, else its own."""
         return self.criterion.cap_fallback
+
+    def on_device(self, device: torch.device | str) -> CSDConfig:
+        """This config as it runs on ``device``: the criterion's resampler picked for it ("auto": one pass on
+        CUDA, rounds elsewhere; :func:`csd.settings.pick_resampler`)."""
+        criterion = self.criterion.on_device(torch.device(device).type)
+        return self if criterion == self.criterion else replace(self, criterion=criterion)
 
     def block_length(self, block: int) -> int:
         """AR steps drafted in block ``block`` (0-based): the schedule's entry, else gamma."""

@@ -42,6 +42,7 @@ class Block:
     noise: ChainNoise
     chain_q: TokenChain
     kept: int = 0  # AR steps committed, once decided (all of them unless under the exact block)
+    agreed: int = 0  # leading AR steps whose every token was accepted in every image (under the exact block)
 
     @property
     def kept_rows(self) -> int:

@@ -68,7 +68,11 @@ class FamilyTraits:
     verifies_in_context: verification conditions each drafted row on the drafted rows before it (xAR),
     so it equals verifying the block step by step; a masked family verifies every drafted token from the
     context before the block (one backbone pass), as published, or, under CSDConfig.block "context" or
-    "exact", each drafted step from a view of its own (one pass per step).
+    "exact", each drafted step from a view of its own (the views as rows of one pass).
+    verifies_next: verification also gives the target's chain of the token after the block (a causal family's
+    one cached pass reads every drafted token, the last included): under the exact block, a block whose every
+    token is accepted is followed by that token, made by the target without a pass of its own (LLM speculative
+    decoding's bonus token).
     tokens_per_row: tokens in one acceptance row (xAR: a cell's), for acceptance_unit "token".
     min_head_steps: the fewest chain transitions the head takes (a flow sampler needs two).
     row_name: what a drafted row is called ("tokens", "cells").
@@ -91,6 +95,7 @@ class FamilyTraits:
     cfg_schedule: str | None = None
     head_per_block: bool = False
     verifies_in_context: bool = False
+    verifies_next: bool = False
     tokens_per_row: int = 1
     min_head_steps: int = 1
     row_name: str = "tokens"
@@ -111,6 +116,8 @@ class FamilyTraits:
             check_choice("FamilyTraits.cfg_schedule", self.cfg_schedule, CFG_SCHEDULES)
         check_int("FamilyTraits.tokens_per_row", self.tokens_per_row, 1)
         check_int("FamilyTraits.min_head_steps", self.min_head_steps, 1)
+        if self.verifies_next and not self.verifies_in_context:
+            raise ValueError("FamilyTraits.verifies_next needs verifies_in_context (the block read in context)")
 
     @property
     def cheap_knob(self) -> str:

@@ -122,6 +122,13 @@ class Recorder:
         self.trace.record_pass(self.model)
         self.report(step + 1, self.total, self.progress)
 
+    def made_next(self, pos: Tensor, step: int, traj: Trajectory) -> None:
+        """The target made AR step ``step`` after a wholly accepted block, from its verification's pass (no pass
+        of its own: none is counted)."""
+        self.trace.record_made(pos, step, Maker.NEXT)
+        self._inspect(pos, "target", traj)
+        self.report(step + 1, self.total, "verify")
+
     def drafted(self, step: int) -> None:
         """The draft made AR step ``step`` of a block."""
         self.trace.record_pass("draft")

@@ -89,6 +89,9 @@ class Run:
         * under CSD, a ``draft_head_steps`` other than the target's head steps only where the chains need not
           be of equal length (:func:`check_draft_head_steps`).
 
+        Under CSD the run takes ``csd`` as it runs on the models' device (:meth:`~csd.config.CSDConfig.on_device`:
+        the resampler "auto" is one pass on CUDA, rounds elsewhere), and its trace records that setting.
+
         What stays with a model is what its own computations need of their inputs: the family's plan checks that
         GtR's checkerboard fits its grid (:mod:`csd.models.mar.gtr`), its ``predict`` and ``verify`` that they
         are given positions they can make. Nothing here draws a random number: the streams are made, the plan
@@ -112,7 +115,8 @@ class Run:
         criterion = None
         if csd is not None:
             check_draft_head_steps(csd, head_steps)
-            criterion = criterion_of(csd, target.traits.tokens_per_row)
+            csd = csd.on_device(device)  # its resampler picked: what the run records is what ran
+            criterion = criterion_of(csd, target.traits.tokens_per_row, device)
         names = TARGET_STREAMS if csd is None else SPECULATIVE_STREAMS
         streams = {name: ImageStreams(seeds, name, device) for name in names}
         maker = maker if csd is None else Maker.PREFILL
@@ -286,7 +290,14 @@ def check_speculative(sampling: SamplingConfig, csd: CSDConfig, traits: FamilyTr
         )
     if csd.criterion.acceptance_unit == "token" and traits.tokens_per_row == 1:
         raise ValueError("acceptance_unit 'token' needs a family whose rows hold several tokens (xAR's cells)")
-    if csd.block != "published":
+    block = csd.block
+    if block.views != "one_pass" and traits.verifies_in_context:
+        raise SettingError(
+            f"views {block.views!r} needs a family that verifies a block from one context (MAR, Harmon): this "
+            f"{traits.family} model verifies each drafted step given those before it in one pass",
+            "views",
+        )
+    if block.kind != "published":
         caches = {
             "cond_cache_start": sampling.cond_cache and sampling.cond_cache.start,
             "token_cache_keep": sampling.token_cache and sampling.token_cache.keep,
@@ -294,7 +305,7 @@ def check_speculative(sampling: SamplingConfig, csd: CSDConfig, traits: FamilyTr
         for name, value in caches.items():
             if value is not None:
                 raise SettingError(
-                    f"{name} must be None under block {csd.block!r} (LazyMAR's caches follow one context per pass; "
+                    f"{name} must be None under block {block.kind!r} (LazyMAR's caches follow one context per pass; "
                     f"this block verifies each drafted step on a context of its own), got {value}",
                     name,
                 )

@@ -1,8 +1,8 @@
 """Settings, each declared once (:class:`Knob`), and the settings that apply only together as small frozen
 values tagged with their kind, each checking its own rules: the acceptance criterion (:class:`Aligned`,
 :class:`Exact`, :class:`Published`), the head's sampler (:class:`HeadSampler`), the head-step anneal
-(:class:`HeadAnneal`), LazyMAR's two caches (:class:`CondCache`, :class:`TokenCache`) and GtR
-(:class:`GtR`).
+(:class:`HeadAnneal`), LazyMAR's two caches (:class:`CondCache`, :class:`TokenCache`), GtR (:class:`GtR`) and
+the block's verification (:class:`Verification`).
 
 Outside the configs (:mod:`csd.config`), every setting is a flat knob named by its key: the tools' flags
 (:mod:`csd.cli`), the app's controls and API, and the settings saved with a result ("tau_v",
@@ -20,7 +20,8 @@ from csd.core.schedule import HEAD_SCHEDULES
 
 CRITERIA = ("aligned", "exact", "published")
 PRODUCT_PRECISIONS = ("float32", "float64")  # of the published test's density products
-RESAMPLERS = ("rounds", "one_pass")  # the resampler's draws: rounds for the rejected rows, or all at once
+# The resampler's draws: rounds for the rejected rows, or all at once; "auto" picks per device (pick_resampler).
+RESAMPLERS = ("auto", "rounds", "one_pass")
 FALLBACKS = ("target", "zero")  # a token the resampler never accepts: the target's own sample, or zero
 SCALE_SLOTS = ("std", "variance")  # what the published code's scale slots hold
 TRAJECTORY_TERMS = ("derived", "published", "none")
@@ -30,6 +31,9 @@ ACCEPTANCE_UNITS = ("row", "token")
 # ("heun": two velocity calls a step).
 HEAD_SAMPLERS = ("ddpm", "ddim", "euler-maruyama", "euler", "heun")
 ODE_SAMPLERS = ("euler", "heun")
+BLOCKS = ("published", "context", "exact")
+# A masked family's views of a context or exact block: rows of one target pass, or a pass each.
+VIEWS = ("one_pass", "per_view")
 FLOW_GRIDS = ("official", "uniform")  # xAR's time grids: 1 to 0.04 then 0 (the published one), or even steps
 KINDS = ("int", "number", "choice", "bool", "ints")
 
@@ -333,6 +337,47 @@ class GtR:
         check_gtr(self.stages, self.head_steps, self.detail_fraction, self.detail_steps)
 
 
+# --- the block --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verification:
+    """How the target verifies a drafted block and what it commits (csd.speculative): ``kind`` "published" (every
+    drafted step from the context before the block, the whole block committed: the paper's code), "context"
+    (each step given the block's drafted steps before it, the whole block committed) or "exact" (so, and the
+    block committed through its first step with a rejection); ``views``: how a masked family runs a context or
+    exact block's views, one per drafted step: as rows of the block's one target pass ("one_pass"), or a target
+    pass each ("per_view")."""
+
+    kind: str = knob(
+        "published",
+        "published: the target verifies every drafted step from the context before the block and the whole block "
+        "is committed (the paper's code); context: each step given the drafted steps before it, the whole block "
+        "committed; exact: so, and the block committed through its first step with a rejection (gamma 1's "
+        "distribution at any gamma)",
+        "choice",
+        choices=BLOCKS,
+        key="block",
+    )
+    views: str = knob(
+        "one_pass",
+        "block context or exact on a masked family (MAR, Harmon): every drafted step's view a row of the block's "
+        "one target pass (one_pass), or a target pass per view (per_view: smaller passes; faster on a CPU at "
+        "batch 8 and gamma 8, bench/results/blocks)",
+        "choice",
+        choices=VIEWS,
+    )
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
+        if self.views != "one_pass" and self.kind == "published":
+            raise SettingError(
+                f"views {self.views!r} needs block 'context' or 'exact' (the published block verifies every drafted "
+                "step from one context: one pass)",
+                "views",
+            )
+
+
 # --- the acceptance criterion -------------------------------------------------------------------------------
 
 
@@ -353,12 +398,22 @@ def _max_tries():
 
 def _resampler():
     return knob(
-        "rounds",
-        "how the resampler draws: rounds (tries for the rejected rows only, read on the host) or one_pass "
-        "(max_tries tries for every row of the block at once, nothing read on the host; other draws, same law)",
+        "auto",
+        "how the resampler draws: rounds (tries for the rejected rows only, read on the host), one_pass "
+        "(max_tries tries for every row of the block at once, nothing read on the host; other draws, same law), "
+        "or auto: one_pass on a CUDA device, rounds elsewhere",
         "choice",
         choices=RESAMPLERS,
     )
+
+
+def pick_resampler(resampler: str, device_type: str) -> str:
+    """The resampler a setting runs on a device of ``device_type`` ("cuda", "cpu", ...): "auto" is one pass on
+    CUDA (the loop then leaves nothing for the host to read) and rounds elsewhere (the CPU's tokens, golden
+    and committed, are the rounds'); "rounds" and "one_pass" are what they say on every device."""
+    if resampler != "auto":
+        return resampler
+    return "one_pass" if device_type == "cuda" else "rounds"
 
 
 def _fallback():
@@ -374,16 +429,25 @@ def _fallback():
 
 class _Criterion:
     """What every criterion setting has: the token a row its resampler never accepts becomes (``fallback``,
-    else its own) and the unit it tests (whole rows unless it says otherwise)."""
+    else its own), the unit it tests (whole rows unless it says otherwise) and how its resampler draws (in
+    rounds unless it says otherwise)."""
 
     fallback: str | None
     own_fallback: ClassVar[str] = "target"
     acceptance_unit = "row"
+    resampler = "rounds"
 
     @property
     def cap_fallback(self) -> str:
         """What a token the resampler never accepts becomes: ``fallback``, else the criterion's own."""
         return self.own_fallback if self.fallback is None else self.fallback
+
+    def on_device(self, device_type: str):
+        """This setting as it runs on a device of ``device_type``: its resampler picked
+        (:func:`pick_resampler`; "auto" becomes "one_pass" or "rounds", so the setting a run records says
+        which ran)."""
+        picked = pick_resampler(self.resampler, device_type)
+        return self if picked == self.resampler else replace(self, resampler=picked)
 
 
 @dataclass(frozen=True)
@@ -392,7 +456,8 @@ class Aligned(_Criterion):
     ``resample_widening`` those of the resampler; ``trajectory_term`` "derived", "published" (the reference
     code's sign) or "none" (the final-step term alone); ``acceptance_unit`` "token" tests each token of a
     multi-token row alone (a cell counts as accepted when all of its tokens are); ``resampler`` "one_pass"
-    draws ``max_tries`` proposals for every row of a block at once (:func:`csd.core.resample.resample_one_pass`)."""
+    draws ``max_tries`` proposals for every row of a block at once (:func:`csd.core.resample.resample_one_pass`),
+    "rounds" tries the rejected rows only, "auto" picks by device (:func:`pick_resampler`)."""
 
     kind: ClassVar[str] = "aligned"
     trajectory_term: str = knob(
@@ -541,6 +606,7 @@ ANNEAL = value_slot(HeadAnneal, "head_steps_min", when_off=_anneal_off)
 COND_CACHE = value_slot(CondCache, "cond_cache_start")
 TOKEN_CACHE = value_slot(TokenCache, "token_cache_keep")
 GTR = value_slot(GtR, "gtr_stages", (), _gtr_off)
+BLOCK = value_slot(Verification)
 
 
 def _criterion_slot() -> Slot:
@@ -561,7 +627,7 @@ def _criterion_slot() -> Slot:
                 "compares whole rows)",
                 "acceptance_unit",
             )
-        if values["resampler"] != "rounds" and cls is Exact:
+        if values["resampler"] == "one_pass" and cls is Exact:
             raise SettingError(
                 f"resampler {values['resampler']!r} needs criterion 'aligned' or 'published' (the exact "
                 "criterion's proposals are whole target chains, drawn in rounds)",
@@ -569,7 +635,7 @@ def _criterion_slot() -> Slot:
             )
         return _of(cls, values)
 
-    read = lambda c: defaults | {"criterion": c.kind} | _read(c)
+    read = lambda c: defaults | {"criterion": c.kind, "resampler": c.resampler} | _read(c)
     return Slot(knobs, defaults, build, read, tuple(CRITERION_KINDS.values()))
 
 

@@ -6,13 +6,17 @@ before the block; xAR's flow chain over the block's cells, each given the cells 
 -> run them (shared noise when aligned) -> accept or resample every drafted row -> commit the block }.
 The loop does not know the criterion: each one answers verdict, resample and rows alike.
 
-Under ``block="exact"`` the target sees each drafted step given the block's drafted steps before it (a
-masked family's views of the block, one pass each; ``block="context"`` stops there and commits the whole
-block), and the block is committed through its first AR step with a rejection in any image (its rejected
-tokens redrawn); the next block drafts from the step after it. Whether a step is committed depends only on
-the steps before it, and each committed step's tokens are accepted or redrawn given their own context, so
-every token follows the target given its context: a run at any gamma follows gamma 1's distribution (which
-images it makes depends on the batch, through the shared commit point).
+Under the exact block (``CSDConfig.block``, :class:`csd.settings.Verification`) the target sees each drafted step
+given the block's drafted steps before it (a masked family's views of the block, as rows of its one pass, or
+under ``views="per_view"`` a pass each; the context block stops there and commits the whole block), and the
+block is committed through its first AR step with a rejection in any image (its rejected tokens redrawn); the
+next block drafts from the step after it. Whether a step is committed depends only on the steps before it,
+and each committed step's tokens are accepted or redrawn given their own context, so every token follows the
+target given its context: a run at any gamma follows gamma 1's distribution (which images it makes depends on
+the batch, through the shared commit point). Where verification also gives the
+target's chain of the step after the block (a causal family, ``FamilyTraits.verifies_next``), a block whose
+every token is accepted is followed by that step, made by the target from the same pass (LLM speculative
+decoding's bonus token): one target pass then commits gamma + 1 steps.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ def decode(run: Run) -> Generation:
         proposal = verify(run, block)  # 3. the target's chains for the whole block at once
         decision = accept_or_resample(run, block, proposal)  # 4. min(1, r), else a draw from max(0, p - q)
         commit_block(run, block, decision)  # 5. the block's tokens join the context
+        if block.agreed == len(block.steps) and run.target.traits.verifies_next and not run.done:
+            keep_next(run)  # 6. a wholly accepted block: the target's next step, from the verification's pass
     return run.recorder.finish(run.tokens)
 
 
@@ -96,6 +102,15 @@ def prefill(run: Run) -> None:
         run.recorder.made(run.plan.positions(s), s, traj)
 
 
+def keep_next(run: Run) -> None:
+    """The target makes the step after a wholly accepted block from the hidden state its verification left (no
+    backbone pass of its own: the state holds it), on fresh chain noise, as a target-only run would make it."""
+    s = run.committed
+    traj, _, _ = make_step(run, run.target, run.tokens, run.mask, s, run.head_steps[s], "next")
+    run.committed = s + 1
+    run.recorder.made_next(run.plan.positions(s), s, traj)
+
+
 def draft_block(run: Run) -> Block:
     """The draft makes the next block's AR steps one by one, feeding back its own tokens: gamma of them (or
     the schedule's entry), from the step after the last one committed."""
@@ -120,17 +135,20 @@ def draft_block(run: Run) -> Block:
 
 def verify(run: Run, block: Block) -> Proposal:
     """What the criterion reads: the draft's side of the block and the target's chains for it from one
-    verification (one counted target pass; a masked family's views under the context or exact block, one per
-    drafted step), run on the draft's noise when aligned."""
-    sizes = None if run.csd.block == "published" else block.sizes
-    passes = 1 if sizes is None or run.target.traits.verifies_in_context else len(sizes)
+    verification (one target pass; a masked family's views of a context or exact block as rows of it, or under
+    ``views="per_view"`` a pass each: :func:`_verify_per_view`), run on the draft's noise when aligned."""
+    sizes = None if run.csd.block.kind == "published" else block.sizes
+    passes = len(block.sizes) if run.csd.block.views == "per_view" else 1
     with run.recorder.timed("target_backbone", calls=passes):
         per_row = [run.plan.cfg[j] for j, size in zip(block.steps, block.sizes, strict=True) for _ in range(size)]
         cfg = torch.tensor(per_row * run.batch, dtype=run.dtype, device=run.tokens.device)  # image-major rows
         known = sum(run.plan.sizes[: block.steps.start])
-        chain_p = run.target.verify(
-            run.target_state, run.tokens, run.mask, block.pos, cfg, block.t_p, block.draft.x, sizes, known=known
-        )
+        if passes > 1:
+            chain_p = _verify_per_view(run, block, cfg, known)
+        else:
+            chain_p = run.target.verify(
+                run.target_state, run.tokens, run.mask, block.pos, cfg, block.t_p, block.draft.x, sizes, known=known
+            )
     rows = block.pos.shape[1]
     noise = block.noise if run.csd.align else run.noise("independent", rows, block.t_p)
     with run.recorder.timed("target_head", tokens=block.pos.numel(), steps=block.t_p):
@@ -141,6 +159,21 @@ def verify(run: Run, block: Block) -> Proposal:
         other = run.noise("independent", rows, block.t_p) if run.csd.align else block.noise
     run.recorder.verified(block, proposal, passes, other)
     return proposal
+
+
+def _verify_per_view(run: Run, block: Block, cfg: Tensor, known: int) -> TokenChain:
+    """The target's chains of a block, a pass per view: step k predicted on the canvas with the block's drafted
+    steps before k (the views :meth:`csd.models.mar.adapter.MaskedARFamily.verify` stacks as rows of one pass)."""
+    b, d = run.batch, run.tokens.shape[-1]
+    tokens, mask, chains, start = run.tokens.clone(), run.mask.clone(), [], 0
+    cfg, drafted = cfg.reshape(b, -1), block.draft.x.reshape(b, -1, d)
+    for size in block.sizes:
+        at = slice(start, start + size)
+        pos, step_cfg = block.pos[:, at], cfg[:, at].reshape(-1)
+        chains.append(run.target.predict(run.target_state, tokens, mask, pos, step_cfg, block.t_p, known + start))
+        commit(tokens, mask, pos, drafted[:, at])
+        start += size
+    return run.target.join(chains, b)
 
 
 def accept_or_resample(run: Run, block: Block, proposal: Proposal) -> Decision:
@@ -191,15 +224,17 @@ def _resample_one_pass(
 
 def _keep(run: Run, block: Block, accepted: Tensor) -> Tensor:
     """Decide the AR steps of the block to commit (``block.kept``): all of them, or under the exact block
-    those through its first step with a rejection in any image (one read on the host). Returns which units
-    (image-major, as ``accepted``) are committed: the resampler redraws only those."""
+    those through its first step with a rejection in any image (one read on the host; ``block.agreed``: the
+    steps before it, accepted whole). Returns which units (image-major, as ``accepted``) are committed: the
+    resampler redraws only those."""
     b, units = run.batch, run.criterion.units
     block.kept = len(block.steps)
-    if run.csd.block == "exact" and block.kept > 1:
+    exact = run.csd.block.kind == "exact"
+    if exact and (block.kept > 1 or run.target.traits.verifies_next):
         rejected = ~accepted.reshape(b, -1, units).all(-1)  # (B, rows per image)
         per_step = [part.any() for part in rejected.split(block.sizes, dim=1)]
-        first = torch.stack([*per_step, per_step[0].new_ones(())]).to(torch.int8).argmax()  # past the end: none
-        block.kept = min(int(first) + 1, block.kept)
+        first = int(torch.stack([*per_step, per_step[0].new_ones(())]).to(torch.int8).argmax())  # past the end: none
+        block.kept, block.agreed = min(first + 1, block.kept), first
     live = torch.zeros(b, sum(block.sizes), units, dtype=torch.bool, device=accepted.device)
     live[:, : block.kept_rows] = True
     return live.reshape(-1)
@@ -208,8 +243,8 @@ def _keep(run: Run, block: Block, accepted: Tensor) -> Tensor:
 def commit_block(run: Run, block: Block, decision: Decision) -> None:
     """Commit the kept steps of the block (:func:`_keep`); the next block starts after them."""
     commit(run.tokens, run.mask, block.pos[:, : block.kept_rows], block.kept_of(decision.x))
-    for state in (run.target_state, run.draft_state):  # the block's drafted tokens are decided: kept from here on
-        state.rewind(sum(run.plan.sizes[: block.steps.start]))
+    for state in (run.target_state, run.draft_state):  # the drafted tokens after the accepted steps may differ
+        state.rewind(sum(run.plan.sizes[: block.steps.start + block.agreed]))
     run.committed = block.steps.start + block.kept
     run.recorder.committed(block, decision)
 

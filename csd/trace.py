@@ -38,6 +38,7 @@ class Maker(IntEnum):
     TARGET = 4  # target-only generation
     DRAFT = 5  # draft-only generation
     ZEROED = 6  # the resampler hit its try cap and the token was left at zero (the published code's fallback)
+    NEXT = 7  # the target, after a wholly accepted block, from the verification's pass (a causal family's)
 
 
 @dataclass
@@ -158,6 +159,7 @@ class TraceStatistics:
             "resampled": self.count(Maker.RESAMPLED),
             "capped": self.count(Maker.CAPPED),
             "zeroed": self.count(Maker.ZEROED),
+            "next": self.count(Maker.NEXT),
             "acceptance_rate": self.acceptance_rate,
             "unit_acceptance_rate": self.unit_acceptance_rate,
             "mean_accept_prob": self.mean_accept_prob,

@@ -50,6 +50,7 @@ def run_summary(r: Request, target: Run, spec: Run, draft: Run) -> dict:
                 ("resampled", Maker.RESAMPLED),
                 ("capped", Maker.CAPPED),
                 ("zeroed", Maker.ZEROED),
+                ("next", Maker.NEXT),
             )
         },
     }

@@ -15,18 +15,24 @@
    target-only and CSD (gamma 8), in this tree and in TREE, each in its own worker
    (scripts/paper_scale_probe.py), alternating every repeat: each tree's median seconds per batch, the
    speed-up (median of the paired ratios) and whether the tokens are the same;
-7. host synchronisations: target-only and CSD (its resampler in rounds, and in one pass) on each family's
-   untrained pair under
-   ``torch.cuda.set_sync_debug_mode("warn")``, counted before, inside and after the AR loop (per AR step);
-8. the head chain eager, compiled and compiled with CUDA graphs (``DiffusionHead.use_kernels``,
+7. host synchronisations per AR step inside the loop, at the default settings (the resampler "auto": one pass on
+   CUDA): target-only, CSD and the exact block (gamma 4) on each family's untrained pair (MAR, xAR, Harmon)
+   under ``torch.cuda.set_sync_debug_mode("warn")``, counted up to two numbers of AR steps and differenced
+   (:func:`csd.core.host_reads.reads_per_step`: set-up and teardown cancel), by the line that synchronised;
+   the exact block's one read per block (where the next block starts) is its by design;
+8. the exact block at gamma 4 and 8, its views as rows of one target pass and a pass each, against target-only
+   and CSD at gamma 1, MAR-L / MAR-B with random weights (``--tiny``: the tiny stand-ins) at batch 8, 16 AR
+   steps, 25 head steps, bfloat16 backbones on CUDA: seconds per image (median of 3 after a warm-up), target
+   passes and steps kept per block;
+9. the head chain eager, compiled and compiled with CUDA graphs (``DiffusionHead.use_kernels``,
    csd/models/kernels.py), a MAR-L-size head (random weights, 100 steps, guided) at batch 1 and 256 (4 tokens
    per AR step): milliseconds per chain (on a CPU eager and compiled only);
-9. the head roofline: the head chain of MAR-B, MAR-L and MAR-H's head sizes (``MAR_CONFIGS``, random weights,
+10. the head roofline: the head chain of MAR-B, MAR-L and MAR-H's head sizes (``MAR_CONFIGS``, random weights,
    100 steps, guided, 4, 32, 256 and 1024 tokens per chain) run as in 8, against the device's memory bound: the
    bandwidth of a 1 GiB ``copy_`` and the bytes the chain must move at least (each transition's weights, in
    its products' dtype, and its AdaLN modulations); per run milliseconds, the bound's milliseconds, their
    ratio and GFLOP/s;
-10. ``DIR/gpu_check.json``, ``DIR/gpu_check.md`` and ``DIR/screenshot.png`` (the page in Chromium where
+11. ``DIR/gpu_check.json``, ``DIR/gpu_check.md`` and ``DIR/screenshot.png`` (the page in Chromium where
     Playwright and Chromium are installed, else the images ``/generate`` returned, side by side).
 
 A step that fails is recorded and the next one still runs; the exit code is 1 if any failed. gradio,
@@ -44,7 +50,10 @@ import sys
 import tempfile
 import time
 import traceback
-from contextlib import ExitStack
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -247,9 +256,9 @@ def screenshot(url: str, images: list[str], path: Path) -> dict:
 
 
 def sync_counts(device: torch.device, tiny: bool) -> dict:
-    """Host synchronisations of target-only and CSD runs per family (untrained pairs, batch 2): those before
-    the first AR step's callback (set-up and the first step), between the first and the last callback (the
-    loop), and after it (the trace's one copy). On a CPU nothing synchronises: every count is 0."""
+    """Host synchronisations per AR step inside the loop, per family (untrained pairs, batch 2, the default
+    settings): target-only, CSD and the exact block at gamma 4 (:func:`_family_syncs`). On a CPU nothing
+    synchronises: every count is 0."""
     from csd.serving.pairs import random_pair
 
     result = {}
@@ -261,10 +270,29 @@ def sync_counts(device: torch.device, tiny: bool) -> dict:
     return result
 
 
-def _family_syncs(device: torch.device, family: str, pair) -> dict:
-    import warnings
+@contextmanager
+def cuda_syncs(device: torch.device) -> Iterator[Counter]:
+    """The synchronisations of what runs inside (``torch.cuda.set_sync_debug_mode("warn")`` on CUDA; none
+    elsewhere), by the file and line that made each."""
+    counts: Counter = Counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield counts
+        finally:
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+            syncs = [w for w in caught if "synchroniz" in str(w.message)]
+            counts.update(str(w.filename).split("/csd/")[-1] + f":{w.lineno}" for w in syncs)
 
+
+def _family_syncs(device: torch.device, family: str, pair) -> dict:
+    """One family's target-only, CSD and exact-block runs at the default settings (guidance 3, gamma 4), counted
+    up to half and all of the AR steps (:func:`csd.core.host_reads.reads_per_step`): per AR step and by line."""
     from csd.config import CSDConfig, SamplingConfig
+    from csd.core.host_reads import reads_per_step
     from csd.dispatch import Method
 
     result = {}
@@ -272,36 +300,67 @@ def _family_syncs(device: torch.device, family: str, pair) -> dict:
     sampling = SamplingConfig(num_steps=steps, cfg_scale=3.0, cfg_schedule=pair.traits.cfg_schedule or "linear")
     conditions = list(pair.prompts[:1] or [1]) * 2
     methods = {"target": Method.target(), "csd": Method.speculative(CSDConfig(gamma=4))}
-    methods["csd one_pass"] = Method.speculative(CSDConfig.from_knobs(gamma=4, resampler="one_pass"))
-    runs = {
-        mode: lambda cb, m=m, p=pair, s=sampling, c=conditions: m.run(p.target, p.draft, c, [0, 1], s, on_step=cb)
-        for mode, m in methods.items()
-    }
-    for mode, run in runs.items():
-        run(None)  # untimed: one-time costs (allocations, caches)
-        marks: list[int] = []
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            if device.type == "cuda":
-                torch.cuda.set_sync_debug_mode("warn")
-            try:
-                run(lambda done, total, phase, m=marks, c=caught: m.append(len(c)))
-            finally:
-                if device.type == "cuda":
-                    torch.cuda.set_sync_debug_mode("default")
-        syncs = [w for w in caught if "synchroniz" in str(w.message)]
-        total = len(syncs)
-        first, last = (marks[0], marks[-1]) if marks else (0, total)
-        inside = last - first
+    methods["exact block"] = Method.speculative(CSDConfig.from_knobs(gamma=4, block="exact"))
+    for mode, method in methods.items():
+        run = lambda cb, m=method: m.run(pair.target, pair.draft, conditions, [0, 1], sampling, on_step=cb)
+        per_step, where = reads_per_step(run, steps // 2, steps, lambda: cuda_syncs(device))
+        resampler = method.csd and method.csd.on_device(device).knob_values()["resampler"]
         result[f"{family} {mode}"] = {
             "ar_steps": steps,
-            "callbacks": len(marks),
-            "before_loop": first,
-            "in_loop": inside,
-            "in_loop_per_step": round(inside / max(len(marks) - 1, 1), 2),
-            "after_loop": total - last,
-            "where": sorted({str(w.filename).split("/csd/")[-1] + f":{w.lineno}" for w in syncs})[:12],
+            "resampler": resampler,
+            "per_step": round(per_step, 2),
+            "where": dict(where.most_common(12)),
         }
+    return result
+
+
+def exact_block(device: torch.device, tiny: bool) -> dict:
+    """The exact block's cost, its views as rows of one target pass and a pass each (``views="per_view"``),
+    against target-only and CSD at gamma 1: MAR-L / MAR-B with seeded random weights
+    (the paper-scale pair; ``--tiny``: its tiny stand-ins), batch 8, 16 AR steps, 25 head steps, bfloat16
+    backbones on CUDA (float32 elsewhere), the paper-scale conditions and seeds. Per setting: seconds per image
+    (median of 3 timed runs after a warm-up, the settings taking turns), target passes per batch and the AR
+    steps kept per block. Random weights accept nothing, so the exact block keeps one step per block here:
+    what the row prices is its drafted and verified work, not a trained pair's speed."""
+    from csd.dispatch import Method
+    from csd.experiments.paper_scale.build import conditions_for, load_pair
+    from csd.experiments.paper_scale.plan import GridConfig, plan_cells
+
+    precision = "bfloat16" if device.type == "cuda" else "float32"
+    grid = GridConfig(families=("mar",), pairs=("L/B",), batches=(8,), gammas=(1,), seed=0, tiny=tiny)
+    cell = plan_cells(grid, precision)[0]
+    sampling = cell.sampling.with_knobs(num_steps=16, head_steps=25)
+    loaded = load_pair(cell.pair, torch.device("cpu"), grid.seed, tiny, None)
+    target, draft = loaded.target.to(device), loaded.draft.to(device)
+    conditions, seeds = conditions_for(target, 8, grid.seed, prompt_tokens=0)  # class labels: no prompt
+    methods = {"target-only": Method.target(), "CSD, gamma 1": Method.speculative(grid.csd(1))}
+    for gamma in (4, 8):
+        exact = grid.csd(gamma).with_knobs(block="exact")
+        methods[f"exact, gamma {gamma}"] = Method.speculative(exact)
+        methods[f"exact, gamma {gamma}, a pass per view"] = Method.speculative(exact.with_knobs(views="per_view"))
+    runs = {name: lambda m=m: m.run(target, draft, conditions, seeds, sampling) for name, m in methods.items()}
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    traces = {name: run().trace for name, run in runs.items()}  # warm-up
+    for rep in range(3):
+        for name, run in list(runs.items())[:: 1 if rep % 2 == 0 else -1]:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            run()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds[name].append(time.perf_counter() - t0)
+    result = {"pair": cell.pair.paper_name, "batch": 8, "num_steps": 16, "head_steps": 25, "precision": precision}
+    for name, t in traces.items():
+        kept = [k for k, _ in t.block_steps]
+        result[name] = {
+            "s_per_image": float(np.median(seconds[name])) / 8,
+            "target_passes": t.target_passes,
+            "steps_kept_per_block": float(np.mean(kept)) if kept else None,
+        }
+    base = result["target-only"]["s_per_image"]
+    for name in runs:
+        result[name]["vs_target_only"] = round(result[name]["s_per_image"] / base, 3)
     return result
 
 
@@ -516,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_tests:
         _step(record, "cuda tests", lambda: cuda_tests(args.out))
     _step(record, "host syncs", lambda: sync_counts(device, args.tiny))
+    _step(record, "exact block", lambda: exact_block(device, args.tiny))
     _step(record, "head chain", lambda: head_chain(device, args.tiny))
     _step(record, "head roofline", lambda: head_roofline(device, args.tiny))
     with ExitStack() as stack:

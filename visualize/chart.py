@@ -45,6 +45,7 @@ class Chart:
     note: str = ""  # one line under the title: the numbers a reader should take away
     hlines: list[tuple[float, str]] = field(default_factory=list)  # reference lines (y, label)
     y_range: tuple[float, float] | None = None
+    y_log: bool = False  # a logarithmic y axis (values spanning decades)
     height: int = 360  # pixels (Plotly): a chart with many legend entries needs more, or a phone shows no plot
 
     def colors(self) -> list[str]:

@@ -16,6 +16,7 @@ MAKER_STYLE: dict[Maker, tuple[str, tuple[int, int, int]]] = {
     Maker.RESAMPLED: ("rejected, resampled", (240, 228, 66)),
     Maker.CAPPED: ("resampler cap hit", (204, 121, 167)),
     Maker.ZEROED: ("cap hit, left at zero (published code)", (40, 40, 40)),
+    Maker.NEXT: ("target, after an accepted block", (86, 180, 233)),
 }
 DISPLAY_SIDE = 256  # pixels a single image is upscaled to (at least), so 32 px tokens are visible
 

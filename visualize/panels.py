@@ -8,8 +8,8 @@ from visualize.chart import PALETTE, Chart, Series
 # Fixed colours per phase, so the same phase looks the same in every time chart.
 # The trace's phases in four groups, each a colour of its own (Okabe-Ito): what a reader compares.
 PHASE_GROUPS = {
-    "target backbone": (("prefill_backbone", "target_backbone"), "#0072B2"),
-    "target head": (("prefill_head", "target_head"), "#56B4E9"),
+    "target backbone": (("prefill_backbone", "target_backbone", "next_backbone"), "#0072B2"),
+    "target head": (("prefill_head", "target_head", "next_head"), "#56B4E9"),
     "draft (backbone and head)": (("draft_backbone", "draft_head"), "#E69F00"),
     "accept or resample": (("verify", "resample"), "#D55E00"),
 }

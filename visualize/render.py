@@ -97,6 +97,8 @@ def to_plotly(chart: Chart) -> go.Figure:
         )
     if chart.y_range is not None:
         fig.update_yaxes(range=list(chart.y_range))
+    if chart.y_log:
+        fig.update_yaxes(type="log")
     return fig
 
 
@@ -170,6 +172,8 @@ def to_matplotlib(chart: Chart):
     ax.set_ylabel(chart.y_label)
     if chart.y_range is not None:
         ax.set_ylim(*chart.y_range)
+    if chart.y_log:
+        ax.set_yscale("log")
     if chart.series:  # stacked bars fill the axes: their legend goes beside them
         outside = {"loc": "upper left", "bbox_to_anchor": (1.0, 1.0)} if chart.barmode == "stack" else {}
         ax.legend(fontsize=7, **outside)

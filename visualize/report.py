@@ -37,13 +37,19 @@ from visualize.tables import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def compares_views(result: dict) -> bool:
+    """A blocks run of the exact block's views in one pass against a pass each (``blocks --compare-views``)."""
+    return any(r.get("views") == "per_view" for r in result["rows"])
+
+
 def write_tables(path: Path) -> Path:
     """A result's Markdown beside its JSON: bench.md for a benchmark, frontier_b8.md for frontier_b8.json."""
     path = Path(path)
     result = json.loads(path.read_text())
     if result.get("kind") == "blocks":  # csd.experiments.blocks
         out = path.with_suffix(".md")
-        out.write_text(f"# What a block costs: {family_label(result.get('family'))}\n\n" + blocks_markdown(result))
+        what = "The exact block's views, one pass or a pass each" if compares_views(result) else "What a block costs"
+        out.write_text(f"# {what}: {family_label(result.get('family'))}\n\n" + blocks_markdown(result))
     elif result.get("kind") == "decide":  # csd.experiments.decide
         out = path.with_suffix(".md")
         out.write_text(decide_markdown(result))
@@ -116,8 +122,8 @@ def report(path: Path, root: Path = ROOT) -> str:
     (``frontier_b8.png`` and ``frontier_b8_cost.png`` beside ``frontier_b8.json``), a benchmark its docs blocks."""
     result = json.loads(Path(path).read_text())
     table = write_tables(path)
-    if result.get("kind") == "decide":  # its table only: the docs take its numbers by hand
-        return f"wrote {table}"
+    if result.get("kind") == "decide" or (result.get("kind") == "blocks" and compares_views(result)):
+        return f"wrote {table}"  # its table only: the docs take its numbers by hand
     if result.get("kind") == "blocks":  # its block in the Method tab's text (docs/how_it_works.md)
         page = root / "docs" / "how_it_works.md"
         paste_block(page, f"{docs_prefix(result)}blocks", blocks_markdown(result))

@@ -15,14 +15,15 @@ in time. :class:`HostReads` counts those ops on any device, the CPU included, un
 
 :func:`reads_per_step` counts a decoding run's reads per AR step inside its loop: the run is stopped (through its
 ``on_step`` callback) after two different numbers of AR steps, so the reads of set-up cancel in the difference
-and teardown is never reached.
+and teardown is never reached. It counts with :func:`host_reads` by default, or with any counter of the same
+shape (the device check counts CUDA's synchronisations so: scripts/gpu_check.py).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -102,6 +103,16 @@ class HostReads(TorchDispatchMode):
                 setattr(torch.Tensor, name, method)
 
 
+@contextmanager
+def host_reads() -> Iterator[Counter]:
+    """The host reads of what runs inside, by op (:class:`HostReads` watching)."""
+    with HostReads().watching() as counter:
+        yield counter.counts
+
+
+Watch = Callable[[], AbstractContextManager[Counter]]  # counts what runs inside it, by kind
+
+
 class _Stop(Exception):
     """Raised by the counting callback once a run has made the AR steps asked for."""
 
@@ -109,10 +120,10 @@ class _Stop(Exception):
 COMMITTING = ("target", "pre-fill", "verify")  # the phases whose report ends committed AR steps
 
 
-def reads_until(run: Callable[[Callable], object], steps: int) -> tuple[int, Counter]:
-    """The host reads of ``run(on_step)`` until ``on_step`` first reports ``done >= steps`` after committing
-    (a phase in :data:`COMMITTING`: not a CSD run's drafted steps); the run is stopped there. Returns the AR
-    steps committed then (a block may end past ``steps``) and the reads by op."""
+def reads_until(run: Callable[[Callable], object], steps: int, watch: Watch = host_reads) -> tuple[int, Counter]:
+    """The host reads (what ``watch`` counts) of ``run(on_step)`` until ``on_step`` first reports
+    ``done >= steps`` after committing (a phase in :data:`COMMITTING`: not a CSD run's drafted steps); the run is
+    stopped there. Returns the AR steps committed then (a block may end past ``steps``) and the reads by op."""
     stopped_at = [0]
 
     def on_step(done: int, total: int, phase: str) -> None:
@@ -120,25 +131,27 @@ def reads_until(run: Callable[[Callable], object], steps: int) -> tuple[int, Cou
             stopped_at[0] = done
             raise _Stop
 
-    counter = HostReads()
     try:
-        with counter.watching():
+        with watch() as counts:
             run(on_step)
     except _Stop:
         pass
     if not stopped_at[0]:
         raise ValueError(f"the run ended before committing {steps} AR steps")
-    return stopped_at[0], counter.counts
+    return stopped_at[0], counts
 
 
-def reads_per_step(run: Callable[[Callable], object], first: int, second: int) -> tuple[float, Counter]:
-    """Host reads per AR step inside a run's loop, in all and by op: the reads until ``second`` AR steps less
-    those until ``first``, over the steps committed between the two stops. ``run(on_step)`` makes one
-    generation reporting through ``on_step``; it runs three times (the first uncounted)."""
+def reads_per_step(
+    run: Callable[[Callable], object], first: int, second: int, watch: Watch = host_reads
+) -> tuple[float, Counter]:
+    """Host reads (what ``watch`` counts) per AR step inside a run's loop, in all and by op: the reads until
+    ``second`` AR steps less those until ``first``, over the steps committed between the two stops.
+    ``run(on_step)`` makes one generation reporting through ``on_step``; it runs three times (the first
+    uncounted)."""
     if not 0 < first < second:
         raise ValueError(f"need 0 < first < second AR steps, got {first} and {second}")
-    reads_until(run, first)  # uncounted: what a first run does once (a cache filled) is not the loop's
-    (low_at, low), (high_at, high) = reads_until(run, first), reads_until(run, second)
+    reads_until(run, first, watch)  # uncounted: what a first run does once (a cache filled) is not the loop's
+    (low_at, low), (high_at, high) = reads_until(run, first, watch), reads_until(run, second, watch)
     if high_at <= low_at:
         raise ValueError(f"the two stops committed the same AR steps ({low_at}): ask for steps further apart")
     diff = Counter({k: high[k] - low[k] for k in set(high) | set(low) if high[k] != low[k]})

@@ -14,6 +14,10 @@ applied to each setting's counted work (backbone passes, head-chain transitions)
     python -m csd.experiments.blocks --threads 1 --n 200 --target assets/models/shapes_text_target.safetensors \\
         --draft assets/models/shapes_text_draft.safetensors --out bench/results/blocks/text.json
     python -m visualize.report bench/results/blocks/shapes.json   # blocks.md beside it
+
+``--compare-views``: target-only, CSD at gamma 1 and the exact block at gamma 4 and 8, its views as rows of one
+target pass and a pass each (``views="per_view"``), all taking turns on the same images: what the one pass costs
+against a pass per view (bench/results/blocks/views/).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ import argparse
 import json
 import time
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -49,15 +52,29 @@ from csd.shapes.metrics import REFERENCE_SEED, load_classifier, reference_featur
 
 GAMMAS = (1, 2, 4, 8, 16)  # the published block
 FIXED_GAMMAS = (2, 4, 8)  # the context fixed alone, and the exact block
+VIEW_GAMMAS = (4, 8)  # the exact block's views in one pass against a pass each (--compare-views)
 PAPER_SCALE = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu" / "paper_scale" / "paper_scale.json"
+
+
+def _point(sampling: SamplingConfig, csd: CSDConfig, block: str, g: int, views: str = "one_pass") -> Point:
+    name = f"{block}, gamma {g}" + (", a pass per view" if views == "per_view" else "")
+    return Point(name, sampling, csd.with_knobs(gamma=g, gamma_schedule=(), block=block, views=views))
 
 
 def block_points(sampling: SamplingConfig, csd: CSDConfig) -> list[Point]:
     """Target-only, the published block at :data:`GAMMAS`, the context fixed alone and the exact block at
-    :data:`FIXED_GAMMAS`."""
-    at = lambda block, g: Point(f"{block}, gamma {g}", sampling, replace(csd, gamma=g, gamma_schedule=(), block=block))
-    points = [Point("target-only", sampling)] + [at("published", g) for g in GAMMAS]
-    return points + [at(block, g) for block in ("context", "exact") for g in FIXED_GAMMAS]
+    :data:`FIXED_GAMMAS` (a masked family's views as rows of one target pass)."""
+    points = [Point("target-only", sampling)] + [_point(sampling, csd, "published", g) for g in GAMMAS]
+    return points + [_point(sampling, csd, block, g) for block in ("context", "exact") for g in FIXED_GAMMAS]
+
+
+def view_points(sampling: SamplingConfig, csd: CSDConfig) -> list[Point]:
+    """Target-only, CSD at gamma 1 (the distribution the exact block keeps) and, at each of :data:`VIEW_GAMMAS`, the
+    exact block with its views as rows of one target pass and with a target pass per view (``views="per_view"``):
+    the same decisions, other passes."""
+    at = lambda g, views: _point(sampling, csd, "exact", g, views)
+    points = [Point("target-only", sampling), _point(sampling, csd, "published", 1)]
+    return points + [at(g, views) for g in VIEW_GAMMAS for views in ("one_pass", "per_view")]
 
 
 def gpu_costs(path: Path = PAPER_SCALE) -> tuple[PassCosts, dict]:
@@ -123,7 +140,8 @@ def summarize_blocks(points, runs, labels, classifier, ref, costs: PassCosts, bo
         metrics, _ = quality(images, labels, ref, classifier)
         row = {
             "name": p.name,
-            "block": None if p.csd is None else p.csd.block,
+            "block": None if p.csd is None else p.csd.block.kind,
+            "views": None if p.csd is None else p.csd.block.views,
             "gamma": None if p.csd is None else p.csd.gamma,
             **metrics,
             "cpu_time": r["seconds"] / runs[base]["seconds"],
@@ -135,7 +153,7 @@ def summarize_blocks(points, runs, labels, classifier, ref, costs: PassCosts, bo
         }
         if p.name != base:
             row["vs_target"] = compare(scored[p.name], scored[base], ref, bootstrap)
-        if p.csd is not None and p.csd.block == "exact":
+        if p.csd is not None and p.csd.block.kind == "exact":
             row["vs_gamma1"] = compare(scored[p.name], scored[gamma1], ref, bootstrap)
         rows.append(row)
     return rows
@@ -148,6 +166,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--n-ref", type=int, default=1000, help="held-out real images for the Frechet distance")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP, help="paired bootstrap resamples")
+    parser.add_argument(
+        "--compare-views", action="store_true", help="only the exact block's views in one pass against a pass each"
+    )
     parser.add_argument("--out", required=True, help="the result (JSON); its table: python -m visualize.report OUT")
     args = parser.parse_args(argv)
     for flag, least in (("n", 2), ("n_ref", 2), ("batch_size", 1), ("bootstrap", 2)):
@@ -163,7 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
     target, draft = load_models(args.target, args.draft, device, sampling.precision)
     classifier = load_classifier(args.classifier)
     ref = reference_features(args.n_ref, REFERENCE_SEED, classifier)
-    points = block_points(sampling, csd)
+    points = (view_points if args.compare_views else block_points)(sampling, csd)
     labels, seeds = eval_labels_seeds(args.n, 0, target.traits)
     costs, gpu_source = gpu_costs()
     t0 = time.perf_counter()

@@ -3,11 +3,13 @@
 
 Each pair decodes a batch of 2 at 16 AR steps (xAR: its 16 cells), 2 head steps, guidance 3, CSD at gamma 4
 (the published block, and the exact block, which reads on the host once per block by design: where the next
-block starts depends on the verdicts), each with the resampler in rounds (the default) and in one pass
-(criterion setting ``resampler="one_pass"``, the aligned criterion and the published one). Reads are counted up
-to 8 and up to 16 committed AR steps; the difference over the steps between is what the loop reads per AR step.
+block starts depends on the verdicts), each at the CPU's default (the resampler "auto" runs the rounds there)
+and at the CUDA default (:meth:`csd.config.CSDConfig.on_device`: "auto" picks the one pass), with the aligned
+criterion and, at the CUDA default, the published one. The runs are on the CPU either way: what is counted is
+what the host would have to read. Reads are counted up to 8 and up to 16 committed AR steps; the difference
+over the steps between is what the loop reads per AR step.
 
-    python -m csd.experiments.loop_reads --out bench/results/host_reads/one_pass.json
+    python -m csd.experiments.loop_reads --out bench/results/host_reads/cuda_default.json
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ from csd.dispatch import Method
 from csd.serving.pairs import embedded_pair, pair_specs
 
 SAMPLING = SamplingConfig(num_steps=16, head_steps=2, cfg_scale=3.0)
-ONE_PASS = CSDConfig.from_knobs(gamma=4, resampler="one_pass")
+CSD = CSDConfig(gamma=4)
+EXACT = CSD.with_knobs(block="exact")
 METHODS = {
     "target-only": Method.target(),
-    "CSD, gamma 4": Method.speculative(CSDConfig(gamma=4)),
-    "CSD, gamma 4, one pass": Method.speculative(ONE_PASS),
-    "CSD, gamma 4, published criterion, one pass": Method.speculative(ONE_PASS.with_knobs(criterion="published")),
-    "CSD, gamma 4, exact block": Method.speculative(CSDConfig(gamma=4, block="exact")),
-    "CSD, gamma 4, exact block, one pass": Method.speculative(ONE_PASS.with_knobs(block="exact")),
+    "CSD, gamma 4, CPU default (rounds)": Method.speculative(CSD),
+    "CSD, gamma 4, CUDA default (one pass)": Method.speculative(CSD.on_device("cuda")),
+    "CSD, gamma 4, published criterion, CUDA default": Method.speculative(
+        CSD.with_knobs(criterion="published").on_device("cuda")
+    ),
+    "CSD, gamma 4, exact block, CPU default": Method.speculative(EXACT),
+    "CSD, gamma 4, exact block, CUDA default": Method.speculative(EXACT.on_device("cuda")),
 }
 SEEDS = (0, 1)
 STOPS = (8, 16)

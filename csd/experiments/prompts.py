@@ -67,7 +67,7 @@ def score_pair(
     """Held-out captions (``n``; class, colour and background accuracy and Frechet distance) and example
     prompts (``seeds_per_prompt`` each) for every mode."""
     classifier = load_classifier()
-    result: dict = {"sampling": sampling.__dict__, "csd": csd.__dict__, "modes": {}}
+    result: dict = {"sampling": sampling.knob_values(), "csd": csd.knob_values(), "modes": {}}
     for mode in modes:
         held_out = evaluate(target, draft, sampling, csd, EvalConfig(mode=mode, n=n, batch_size=8), classifier)
         keep = ("accuracy", "colour_accuracy", "background_accuracy", "fd", "acceptance_rate", "generation_wall_s")

@@ -99,8 +99,8 @@ def measured_costs(target: Samples, draft: Samples, num_steps: int) -> StepCosts
 COST_GROUPS = {
     "draft_backbone": ("draft_backbone",),
     "draft_heads": ("draft_head",),
-    "target_backbone": ("prefill_backbone", "target_backbone"),
-    "target_heads": ("prefill_head", "target_head"),
+    "target_backbone": ("prefill_backbone", "target_backbone", "next_backbone"),
+    "target_heads": ("prefill_head", "target_head", "next_head"),
     "acceptance_test": ("verify",),
     "resampling": ("resample",),
 }

@@ -78,16 +78,25 @@ class FinalLayer(nn.Module):
 
 
 class MLPAdaLN(nn.Module):
-    """The head network: (x_t (n, d), t (n,), z (n, D)) -> (n, 2d) = [eps | variance value]."""
+    """The head network: (x_t (n, d), t (n,), z (n, D)) -> (n, out) (MAR: out = 2d, [eps | variance value];
+    NextStep-1's flow head: out = d, the velocity)."""
 
-    def __init__(self, token_dim: int, z_dim: int, width: int, depth: int):
+    def __init__(
+        self,
+        token_dim: int,
+        z_dim: int,
+        width: int,
+        depth: int,
+        out_channels: int | None = None,
+        time_embedder: type[TimestepEmbedder] | None = None,
+    ):
         super().__init__()
         self.token_dim = token_dim
-        self.time_embed = TimestepEmbedder(width)
+        self.time_embed = (time_embedder or TimestepEmbedder)(width)
         self.cond_embed = nn.Linear(z_dim, width)
         self.input_proj = nn.Linear(token_dim, width)
         self.res_blocks = nn.ModuleList(ResBlock(width) for _ in range(depth))
-        self.final_layer = FinalLayer(width, 2 * token_dim)
+        self.final_layer = FinalLayer(width, 2 * token_dim if out_channels is None else out_channels)
         self._init_weights()
 
     def _init_weights(self) -> None:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from csd.family import FamilyTraits
-from csd.models import harmon, mar, xar
+from csd.models import harmon, mar, nextstep, xar
 from csd.models.checkpoint import CheckpointError, load_state_strict, read_safetensors, save_safetensors
 from csd.models.spec import Family
 
@@ -51,7 +51,7 @@ def archs() -> tuple[str, ...]:
     return tuple(FAMILIES)
 
 
-for _family in (mar.FAMILY, xar.FAMILY, harmon.FAMILY):
+for _family in (mar.FAMILY, xar.FAMILY, harmon.FAMILY, nextstep.FAMILY):
     register(_family)
 
 

@@ -140,6 +140,9 @@ class Family:
     official_files: a config name -> its official checkpoint files, relative to a checkpoint directory;
     load_official: ``(checkpoint_dir, config_name, target=None) -> model`` from those files (``target``:
     the model a draft is loaded for, when the family matches a draft's sampler to its target's).
+    official_tokenizer: ``(checkpoint_dir, target) -> tokenizer`` of an official pair's images where the family
+    has its own (NextStep: the FLUX VAE, among its target's official files); None: MAR's KL-16 at
+    ``vae/kl16.ckpt``.
 
     What the experiments know of a family beside (its pairs, how it runs at the published sizes, where its
     results stand in the docs) is its entry in :data:`csd.serving.catalog.CATALOG`.
@@ -154,6 +157,7 @@ class Family:
     entries: Callable[[nn.Module], dict] = field(default=lambda model: {})
     official_files: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     load_official: Callable[..., nn.Module] | None = None
+    official_tokenizer: Callable[[Path, nn.Module], Any] | None = None
 
     def shared_traits(self) -> FamilyTraits:
         """The traits of the family's first preset: what every model of the family shares (its name, its

@@ -28,14 +28,16 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
         return q, k, v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Queries (B, heads, m, hd) over keys and values (B, heads, n, hd) -> (B, m, C), projected."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, seen: Tensor | None = None) -> Tensor:
+        """Queries (B, heads, m, hd) over keys and values (B, heads, n, hd) -> (B, m, C), projected. ``seen``
+        (B, n) bool: the keys each row attends to (None: every key)."""
         b, h, m, d = q.shape
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        mask = None if seen is None else seen[:, None, None, :]
+        out = F.scaled_dot_product_attention(q, k, v, mask, dropout_p=self.attn_drop if self.training else 0.0)
         return dropped(self.proj_drop, self.proj(out.transpose(1, 2).reshape(b, m, h * d)))
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.attend(*self.heads(x))
+    def forward(self, x: Tensor, seen: Tensor | None = None) -> Tensor:
+        return self.attend(*self.heads(x), seen)
 
 
 class Mlp(nn.Module):
@@ -60,8 +62,9 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), proj_drop)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.norm1(x))
+    def forward(self, x: Tensor, seen: Tensor | None = None) -> Tensor:
+        """x (B, n, C); ``seen`` (B, n) bool: the rows attention reads (None: every row)."""
+        x = x + self.attn(self.norm1(x), seen)
         return x + self.mlp(self.norm2(x))
 
     def forward_kv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -115,7 +115,7 @@ def simple_bound(costs: StepCosts, sampling: SamplingConfig, csd: CSDConfig) -> 
 # Trace phases whose time the per-pass model predicts, by model; the rest (acceptance test,
 # resampling, bookkeeping) is what the prediction leaves out.
 BACKBONE_PHASES = {"target": ("target_backbone", "prefill_backbone"), "draft": ("draft_backbone",)}
-CHAIN_PHASES = {"target": ("target_head", "prefill_head"), "draft": ("draft_head",)}
+CHAIN_PHASES = {"target": ("target_head", "prefill_head", "next_head"), "draft": ("draft_head",)}
 
 
 @dataclass(frozen=True)

@@ -212,6 +212,33 @@ add(
         docs=ResultsDocs("Harmon (text pair)", "text-", 1),
     ),
 )
+add(
+    "nextstep",
+    Entry(
+        pairs=(
+            PairSpec(
+                "shapes, text prompts, causal (embedded, NextStep layout)",
+                "nextstep",
+                "shapes_causal_target",
+                "shapes_causal_draft",
+                "embedded",
+            ),
+            # No draft is published: the official target beside a draft of the user's, in its layout.
+            PairSpec(
+                "NextStep-1-Large / your draft (text)",
+                "nextstep",
+                "nextstep_1_large",
+                "nextstep_draft",
+                "official",
+                prompts=("a red fox in the snow", "a lighthouse at dusk, oil painting", "a bowl of ramen, top view"),
+            ),
+            PairSpec(
+                "random causal (untrained)", "nextstep", "random_nextstep_target", "random_nextstep_draft", "random"
+            ),
+        ),
+        docs=ResultsDocs("NextStep (causal pair)", "causal-", 3),
+    ),
+)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -156,11 +156,15 @@ def embedded_pair(name: str, device: torch.device | str = "cpu", directory: Path
 
 
 def load_official(checkpoints: Path, spec: PairSpec, device: torch.device) -> ModelPair:
-    """An official pair from a checkpoint directory, over the KL-16 latents."""
+    """An official pair from a checkpoint directory, over its family's image tokenizer (MAR's KL-16 latents
+    unless the family has its own: :attr:`csd.models.spec.Family.official_tokenizer`)."""
     family = FAMILIES[spec.family]
     target = family.load_official(checkpoints, spec.target)
     draft = family.load_official(checkpoints, spec.draft, target)  # a family may match the draft to its target
-    tokenizer = target.token_layout(LatentTokenizer(_frozen(vae.load_kl16(checkpoints / VAE_FILE), device)))
+    if family.official_tokenizer is not None:
+        tokenizer = family.official_tokenizer(checkpoints, target.to(device))
+    else:
+        tokenizer = target.token_layout(LatentTokenizer(_frozen(vae.load_kl16(checkpoints / VAE_FILE), device)))
     return _pair(spec, target, draft, tokenizer, f"official:{spec.target}+{spec.draft}", device)
 
 
@@ -233,10 +237,15 @@ def discover(checkpoints: Path | None, embedded_dir: Path = EMBEDDED_DIR) -> lis
         if all(f.is_file() for f in files):
             load = partial(load_embedded, embedded_dir, spec)
             found.append(_source(spec, file_digest(*files), load, read_traits(files[0])))
-    if checkpoints is not None and (checkpoints / VAE_FILE).is_file():
+    if checkpoints is not None:
         for spec in pair_specs("official"):
             family = FAMILIES[spec.family]
-            if family.has_official(checkpoints, spec.target) and family.has_official(checkpoints, spec.draft):
+            tokenizer = family.official_tokenizer is not None or (checkpoints / VAE_FILE).is_file()
+            if (
+                tokenizer
+                and family.has_official(checkpoints, spec.target)
+                and family.has_official(checkpoints, spec.draft)
+            ):
                 load = partial(load_official, checkpoints, spec)
                 traits = family.traits(family.presets[spec.target])
                 found.append(_source(spec, f"official:{spec.target}+{spec.draft}", load, traits))

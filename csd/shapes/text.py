@@ -16,6 +16,7 @@ from torch import Tensor
 
 from csd.models.harmon import HarmonConfig, WordTokenizer, qwen2
 from csd.models.mar import mar_config
+from csd.models.nextstep import NextStepConfig
 from csd.shapes.data import _CLASS_NOUNS, BACKGROUNDS, CLASS_NAMES, PALETTE
 
 SIZES = ("small", "medium", "large")
@@ -148,3 +149,46 @@ def prompt_scores(images, prompts) -> dict[str, float | None]:
     if named:
         out["background_accuracy"] = float(np.mean([background_matches(images[i], backgrounds[i]) for i in named]))
     return out
+
+
+# The embedded causal pair (the NextStep-1 layout): a small LLaMA-style decoder over the caption vocabulary and
+# the 8 x 8 grid of 4 x 4 RGB patches (tokens of 48 values in [-1, 1], the pixel "latents" of stride 1), a
+# flow-matching head, and a 2-D sin-cos position row added to each token's hidden state (an 8 x 8 table). The
+# caption's ids (the start token, the words), then the begin-of-image id; the null prompt is empty: the begin-of-image
+# id alone (as an official null prompt "" under a tokenizer that adds no start token).
+_CAUSAL_IDS = dict(vocab_size=_VOCAB + 3, boi=_VOCAB, eoi=_VOCAB + 1, image_placeholder_id=_VOCAB + 2)
+_PIXELS = dict(
+    latent_channels=3,
+    latent_patch_size=4,
+    latent_size=32,
+    grid_side=8,
+    use_gen_pos_embed=True,
+    gen_pos_grid=8,
+    num_sampling_steps=25,
+    cfg=3.0,
+    rope_theta=10000.0,
+)
+CAUSAL_CONFIGS: dict[str, NextStepConfig] = {
+    "shapes_causal_target": NextStepConfig(
+        hidden_size=192,
+        num_hidden_layers=8,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        intermediate_size=512,
+        fm_head_dim=160,
+        fm_head_layers=3,
+        **_CAUSAL_IDS,
+        **_PIXELS,
+    ),
+    "shapes_causal_draft": NextStepConfig(
+        hidden_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        intermediate_size=256,
+        fm_head_dim=96,
+        fm_head_layers=2,
+        **_CAUSAL_IDS,
+        **_PIXELS,
+    ),
+}

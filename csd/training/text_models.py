@@ -18,14 +18,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor, nn
 
 from csd.models.harmon import Harmon, HarmonConfig
 from csd.models.registry import load_model
-from csd.models.tokenizer import patchify
 from csd.shapes.text import TEXT_CONFIGS, caption_tokenizer, text_config
-from csd.training.trainer import TrainConfig, Trainer, build_parser, run
+from csd.training.trainer import TrainConfig, Trainer, build_parser, run, shape_token_weight
 
 
 @dataclass(frozen=True)
@@ -108,13 +106,8 @@ class TextTrainer(Trainer):
 
     def token_weight(self, idx: Tensor, flip: Tensor | None) -> Tensor | None:
         """(B, N): 1 + (shape_weight - 1) x the share of each token's pixels the shape covers."""
-        if self.cfg.shape_weight == 1.0:
-            return None
-        cover = self.coverage[idx.to(self.device)].float() / 255.0  # (B, H, W)
-        if flip is not None:
-            cover = torch.where(flip[:, None, None], cover.flip(-1), cover)
-        share = patchify(cover[:, None], self.tokenizer.patch_size).mean(-1)  # (B, N)
-        return 1.0 + (self.cfg.shape_weight - 1.0) * share
+        cover = self.coverage[idx.to(self.device)]
+        return shape_token_weight(cover, flip, self.tokenizer.patch_size, self.cfg.shape_weight)
 
     def objective(self, tokens: Tensor, conditions) -> Tensor:
         prompts, weight = conditions

@@ -37,7 +37,7 @@ from csd.core.rng import drawing_from, stream_seed
 from csd.models.checkpoint import file_digest
 from csd.models.mar import MAR, MAR_CONFIGS, MARConfig, mar_config
 from csd.models.registry import load_model, weights_path
-from csd.models.tokenizer import PixelTokenizer
+from csd.models.tokenizer import PixelTokenizer, patchify
 from csd.run_setup import check_pair
 from csd.shapes.data import NUM_CLASSES, ShapesConfig, make_dataset
 from csd.training.run_files import RunFiles
@@ -173,6 +173,18 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return 0.5 * cfg.lr * (1.0 + math.cos(math.pi * progress))
 
 
+def shape_token_weight(cover: Tensor, flip: Tensor | None, patch: int, shape_weight: float) -> Tensor | None:
+    """(B, N) loss weights 1 + (shape_weight - 1) x the share of each token's pixels the shape covers, from the
+    images' coverage maps (B, H, W) uint8 (flipped where ``flip``, as the images were); None at weight 1."""
+    if shape_weight == 1.0:
+        return None
+    cover = cover.float() / 255.0
+    if flip is not None:
+        cover = torch.where(flip[:, None, None], cover.flip(-1), cover)
+    share = patchify(cover[:, None], patch).mean(-1)  # (B, N)
+    return 1.0 + (shape_weight - 1.0) * share
+
+
 def ema_decay_at(step: int, decay: float) -> float:
     """EMA decay with a warm-up, so checkpoints of short or young runs are not dominated by the init."""
     return min(decay, (1.0 + step) / (10.0 + step))
@@ -273,7 +285,7 @@ class Trainer(RunFiles):
         self.teacher = None
         if cfg.distill_from is not None:
             with torch.random.fork_rng(devices=[]):  # building it (a text model's LLM) must not move the global draws
-                self.teacher = load_teacher(cfg.distill_from, self.model, self.device)
+                self.teacher = self.load_teacher(cfg.distill_from)
         # The teacher's path may not outlive the run (a copy, a renamed stage): its content hash names it for good.
         self.teacher_digest = None if cfg.distill_from is None else file_digest(weights_path(cfg.distill_from))
 
@@ -286,6 +298,10 @@ class Trainer(RunFiles):
         if self.cfg.init_weights:
             self.load_shipped(model, self.cfg.init_weights)
         return model
+
+    def load_teacher(self, path: str) -> nn.Module:
+        """The frozen distillation teacher of ``--distill-from`` (:func:`load_teacher`)."""
+        return load_teacher(path, self.model, self.device)
 
     def lr_mults(self) -> dict[str, float]:
         """Per-submodule LR multipliers (:func:`param_groups`); none by default."""

@@ -1,9 +1,11 @@
-"""The Method tab: how the method works in words and formulas (docs/how_it_works.md), the model cards of
-the pairs served, and the acceptance-rejection step on one 1-D Gaussian token, with the measured
-acceptance and resampler tries beside their theory."""
+"""The Method tab: how the method works in words and formulas (docs/how_it_works.md), what a block of drafted
+steps costs as one chart per pair (the committed records of ``python -m csd.experiments.blocks``, their tables
+in an accordion), the model cards of the pairs served, and the acceptance-rejection step on one 1-D Gaussian
+token, with the measured acceptance and resampler tries beside their theory."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gradio as gr
@@ -15,11 +17,30 @@ from demo.cards import card_markdown
 from demo.controls import MAX_SEED, named, refuse_invalid, take
 from demo.requests import library_errors
 from demo.tab import Page
+from visualize.block_chart import block_chart
 from visualize.render import to_plotly
+from visualize.tables import committed_families, family_label
 from visualize.toy import toy_chart
 
-HOW_IT_WORKS = Path(__file__).resolve().parents[2] / "docs" / "how_it_works.md"
+ROOT = Path(__file__).resolve().parents[2]
+HOW_IT_WORKS = ROOT / "docs" / "how_it_works.md"
+BLOCKS_DIR = ROOT / "bench" / "results" / "blocks"
+TABLES = ("<!-- block-tables:start -->", "<!-- block-tables:end -->")
 LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
+
+
+def lesson_parts(text: str) -> tuple[str, str, str]:
+    """docs/how_it_works.md cut around its block tables: (before, the tables and their reading, after)."""
+    start, end = text.index(TABLES[0]), text.index(TABLES[1])
+    return text[:start], text[start + len(TABLES[0]) : end], text[end + len(TABLES[1]) :]
+
+
+def block_records(directory: Path = BLOCKS_DIR) -> list[tuple[str, dict]]:
+    """Every committed blocks record with its family's label, in the families' docs order."""
+    families = committed_families()
+    rank = lambda name: (families.get(name, {}).get("docs") or {}).get("rank", len(families))
+    records = [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+    return [(family_label(r["family"], r["family"]), r) for r in sorted(records, key=lambda r: rank(r["family"]))]
 
 
 def toy(target_mean: float, target_std: float, draft_mean: float, draft_std: float, samples: int, seed: int):
@@ -56,11 +77,25 @@ class MethodTab:
         self.app = app
 
     def build(self, page: Page) -> None:
-        gr.Markdown(HOW_IT_WORKS.read_text(), latex_delimiters=LATEX)
+        before, tables, after = lesson_parts(HOW_IT_WORKS.read_text())
+        gr.Markdown(before, latex_delimiters=LATEX)
+        block_charts()
+        with gr.Accordion("The tables behind the charts, and how to read them", open=False):
+            gr.Markdown(tables, latex_delimiters=LATEX)
+        gr.Markdown(after, latex_delimiters=LATEX)
         store = self.app.store
         with gr.Accordion("The models served here (model card)", open=False):
             gr.Markdown(card_markdown([store.source(n) for n in store.names]), elem_id="model-cards")
         toy_section()
+
+
+def block_charts() -> None:
+    """One chart per pair, two a row: Frechet distance against CPU time per block and draft length."""
+    records = block_records()
+    for i in range(0, len(records), 2):
+        with gr.Row(elem_classes="block-charts"):
+            for label, record in records[i : i + 2]:
+                gr.Plot(to_plotly(block_chart(record, label)), show_label=False, elem_classes="block-chart")
 
 
 def toy_section() -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
+from collections import Counter
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -90,3 +94,27 @@ def test_drafted_steps_do_not_stop_the_count_and_a_short_run_is_named():
     assert reads_until(run, 2) == (4, {"item": 1})
     with pytest.raises(ValueError, match="ended before committing 9"):
         reads_until(run, 9)
+
+
+@contextmanager
+def warned():
+    """Counts the warnings raised inside, by message (as the device check counts CUDA's synchronisations)."""
+    counts = Counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield counts
+        finally:
+            counts.update(str(w.message) for w in caught)
+
+
+def test_another_counter_counts_per_step_between_the_same_stops():
+    def run(on_step):
+        warnings.warn("set-up", stacklevel=1)
+        for s in range(12):
+            warnings.warn("sync", stacklevel=1)
+            warnings.warn("sync", stacklevel=1)
+            on_step(s + 1, 12, "target")
+
+    assert reads_per_step(run, 4, 10, warned) == (2.0, {"sync": 12})
+    assert reads_until(run, 4, warned) == (4, {"set-up": 1, "sync": 8})

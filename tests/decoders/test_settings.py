@@ -339,7 +339,7 @@ def test_an_old_format_settings_dict_loads_as_typed_settings_and_reads_back_the_
     assert csd.cap_fallback == "zero" and csd.draft_sampler is None and csd.gamma_schedule == (2, 2)
     as_saved = lambda d: {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
     assert sampling.knob_values() == as_saved(OLD_SAMPLING)
-    assert csd.knob_values() == as_saved(OLD_CSD) | {"resampler": "rounds"}  # a knob made since: its default
+    assert csd.knob_values() == as_saved(OLD_CSD) | {"resampler": "auto", "views": "one_pass"}  # knobs made since
 
 
 def test_a_frontier_saved_before_the_settings_were_typed_loads_its_points_as_they_ran():

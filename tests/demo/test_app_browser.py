@@ -306,6 +306,34 @@ def test_first_sight_shows_a_comparison_with_generate_in_view_and_target_beside_
 
 
 @pytest.mark.browser
+def test_the_method_tab_draws_one_block_chart_per_pair_on_a_fresh_page(served, tmp_path):
+    """Nothing run, nothing typed: the Method tab shows a chart of what a block costs for every pair whose
+    record is committed (bench/results/blocks/), each with its three blocks' lines and both markers, and the
+    tables folded in an accordion below them."""
+    from demo.tabs.method import block_records
+
+    _, url = served
+    with open_page(url) as page:
+        page.get_by_role("tab", name="Method", exact=True).click()
+        charts = page.locator(".block-chart .js-plotly-plot")
+        charts.first.wait_for(state="visible")
+        records = block_records()
+        assert charts.count() == len(records) >= 4
+        for i, (label, _) in enumerate(records):
+            chart = charts.nth(i)
+            chart.scroll_into_view_if_needed()
+            assert label in chart.inner_text()
+            assert chart.locator(".scatterlayer .trace").count() == 5  # three blocks, target-only, gamma 1
+        tables = page.get_by_text("The tables behind the charts", exact=False)
+        tables.wait_for(state="visible")
+        header = page.get_by_text("steps kept per block", exact=True)
+        assert header.count() and not header.first.is_visible()  # folded until opened
+        tables.click()
+        header.first.wait_for(state="visible")
+        page.screenshot(path=screenshots(tmp_path) / "screenshot_method.png", full_page=True)
+
+
+@pytest.mark.browser
 def test_a_refused_value_is_named_beside_its_control_and_stays(served):
     _, url = served
     with open_page(url) as page:

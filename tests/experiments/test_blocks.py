@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.experiments.blocks import FIXED_GAMMAS, GAMMAS, block_points, gpu_costs
+from csd.experiments.blocks import FIXED_GAMMAS, GAMMAS, VIEW_GAMMAS, block_points, gpu_costs, view_points
 from tests.helpers import save_tiny_pixel_pair
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,9 +20,13 @@ COMMITTED = sorted((ROOT / "bench" / "results" / "blocks").glob("*.json"))
 def test_the_settings_are_target_only_then_each_block_at_its_draft_lengths():
     points = block_points(SamplingConfig(num_steps=8), CSDConfig(gamma=3, gamma_schedule=(2,)))
     assert points[0].csd is None and points[0].name == "target-only"
-    blocks = [(p.csd.block, p.csd.gamma) for p in points[1:]]
-    expected = [("published", g) for g in GAMMAS] + [(b, g) for b in ("context", "exact") for g in FIXED_GAMMAS]
+    blocks = [(p.csd.block.kind, p.csd.block.views, p.csd.gamma) for p in points[1:]]
+    expected = [("published", "one_pass", g) for g in GAMMAS]
+    expected += [(b, "one_pass", g) for b in ("context", "exact") for g in FIXED_GAMMAS]
     assert blocks == expected and all(p.csd.gamma_schedule == () for p in points[1:])
+    views = view_points(SamplingConfig(num_steps=8), CSDConfig(gamma=3))
+    expected = [("published", "one_pass", 1)] + [("exact", v, g) for g in VIEW_GAMMAS for v in ("one_pass", "per_view")]
+    assert views[0].csd is None and [(p.csd.block.kind, p.csd.block.views, p.csd.gamma) for p in views[1:]] == expected
 
 
 def test_the_gpu_costs_are_the_committed_h200_row():
@@ -52,8 +56,9 @@ def test_a_tiny_run_end_to_end_and_its_table(tmp_path, restore_threads):
     for g in FIXED_GAMMAS:
         exact, context = rows[f"exact, gamma {g}"], rows[f"context, gamma {g}"]
         assert 1.0 <= exact["steps_kept_per_block"] <= g  # committed through the first rejection
-        # a masked family's views: a target pass per drafted step, every step drafted kept (context) or not
-        assert context["target_passes"] == rows["target-only"]["target_passes"] <= exact["target_passes"]
+        # a masked family's views as rows of one pass: a target pass per block, every block's steps kept (context,
+        # as the published block) or those through the first rejection (exact: more blocks)
+        assert rows[f"published, gamma {g}"]["target_passes"] == context["target_passes"] <= exact["target_passes"]
     assert rows["published, gamma 4"]["target_passes"] < rows["target-only"]["target_passes"]
     table = write_tables(out).read_text()
     assert table.startswith("# What a block costs: MAR") and "| exact, gamma 2 |" in table
@@ -67,3 +72,27 @@ def test_the_committed_runs_are_in_the_method_tabs_text(path):
     text = (ROOT / "docs" / "how_it_works.md").read_text()
     marker = f"<!-- {docs_prefix(result)}blocks:start -->\n"
     assert marker + blocks_markdown(result).strip() in text
+
+
+def test_the_views_run_sets_the_one_pass_beside_a_pass_per_view(tmp_path, restore_threads):
+    from csd.experiments.blocks import main
+
+    target, draft = save_tiny_pixel_pair(tmp_path)
+    out = tmp_path / "views.json"
+    args = ["--target", target, "--draft", draft, "--num-steps", "6", "--n", "2", "--n-ref", "20", "--threads", "1"]
+    main([*args, "--batch-size", "2", "--bootstrap", "5", "--compare-views", "--out", str(out)])
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    exact = [f"exact, gamma {g}{v}" for g in VIEW_GAMMAS for v in ("", ", a pass per view")]
+    assert list(rows) == ["target-only", "published, gamma 1", *exact]
+    for g in VIEW_GAMMAS:  # the same blocks; one target pass per block against one per drafted step
+        one, each = rows[f"exact, gamma {g}"], rows[f"exact, gamma {g}, a pass per view"]
+        assert one["steps_kept_per_block"] == each["steps_kept_per_block"] and one["fd"] == pytest.approx(each["fd"])
+        assert one["target_passes"] < each["target_passes"] and one["views"] == "one_pass" != each["views"]
+    from visualize.report import report
+
+    page = tmp_path / "docs" / "how_it_works.md"  # the main table's place: a comparison of views is not pasted there
+    page.parent.mkdir()
+    page.write_text("<!-- blocks:start -->\nthe main table\n<!-- blocks:end -->\n")
+    assert report(out, root=tmp_path) == f"wrote {out.with_suffix('.md')}"
+    assert page.read_text() == "<!-- blocks:start -->\nthe main table\n<!-- blocks:end -->\n"
+    assert out.with_suffix(".md").read_text().startswith("# The exact block's views, one pass or a pass each: MAR")

@@ -324,7 +324,7 @@ def test_a_small_frontier_scores_every_setting_on_the_same_seeds(small):
     )
     assert result["weights"] == f.pair.weights and 0 <= result["drift"] and "differ by" in result["timing"]
     # CSD rows of the published block made fewer target passes than the baseline: the time axis is not all noise
-    # (the exact block, whose views take a pass per drafted step, may make more)
+    # (the exact block, which commits a block through its first rejection, may make more)
     published = [r for r in rows if r["method"] == "CSD" and "exact block" not in r["name"]]
     assert published and all(r["target_passes"] < rows[0]["target_passes"] for r in published)
     json.dumps(result)

@@ -135,3 +135,31 @@ def test_arbitrary_pickled_objects_are_refused(tmp_path):
     torch.save({"model_ema": {}, "payload": _Evil()}, path, pickle_module=pickle)
     with pytest.raises(CheckpointError, match="cannot read checkpoint"):
         load_official_mar(path, config="mar_test")
+
+
+def test_a_mar_whose_buffer_exceeds_its_tokens_runs_as_the_official_code_does():
+    """The official default buffer (64) beside a 64 px image (16 tokens): the encoder keeps all 64 buffer rows
+    and the known tokens, found on the device (``known`` given) or by the mask on the host, alike; generation
+    and the training loss run."""
+    from csd.config import SamplingConfig
+    from csd.core.precision import at_precision
+    from csd.models.mar.network import keep_rows, place_rows
+    from csd.sampling import generate
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = at_precision(MAR(mar_config("mar_test", buffer_size=64)), "float64").eval()
+    assert model.config.seq_len == 16
+    mask = torch.ones(3, 16, dtype=torch.bool)
+    mask[:, :5] = False
+    x = torch.randn(3, 64 + 16, 8, dtype=torch.float64)
+    kept = keep_rows(x, mask, 64, 5)
+    assert kept.shape == (3, 69, 8) and torch.equal(kept, keep_rows(x, mask, 64, None))
+    assert torch.equal(
+        place_rows(torch.zeros_like(x), kept, mask, 64, 5), place_rows(torch.zeros_like(x), kept, mask, 64, None)
+    )
+    s = SamplingConfig(num_steps=4, cfg_scale=2.0, head_steps=3, precision="float64")
+    both = generate(model, [1, 2], [0, 1], s).tokens
+    torch.testing.assert_close(generate(model, [2], [1], s).tokens[0], both[1], rtol=0.0, atol=1e-9)
+    loss = model.train()(torch.randn(2, 16, 16, dtype=torch.float64), torch.tensor([1, 2]))
+    assert torch.isfinite(loss)

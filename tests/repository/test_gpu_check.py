@@ -37,6 +37,7 @@ def test_the_device_check_runs_every_step_at_tiny_sizes(tmp_path):
     steps = record["steps"]
     assert list(steps) == [
         "host syncs",
+        "exact block",
         "head chain",
         "head roofline",
         "serve",
@@ -49,8 +50,15 @@ def test_the_device_check_runs_every_step_at_tiny_sizes(tmp_path):
     assert all(s["ok"] for s in steps.values())
     assert set(steps["paper scale paired"]["result"]) == {"skipped"}  # no --before TREE
     syncs = steps["host syncs"]["result"]
-    assert set(syncs) == {f"{f} {m}" for f in ("mar", "xar", "harmon") for m in ("target", "csd", "csd one_pass")}
-    assert all(row["callbacks"] >= 2 and row["in_loop"] == 0 for row in syncs.values())  # a CPU never waits
+    assert set(syncs) == {f"{f} {m}" for f in ("mar", "xar", "harmon") for m in ("target", "csd", "exact block")}
+    assert all(row["per_step"] == 0 and not row["where"] for row in syncs.values())  # a CPU never waits
+    assert {row["resampler"] for row in syncs.values()} == {None, "rounds"}  # "auto" on a CPU: the rounds
+    exact = steps["exact block"]["result"]
+    assert exact["target-only"]["vs_target_only"] == 1.0 and exact["target-only"]["steps_kept_per_block"] is None
+    for gamma in (4, 8):  # one target pass per block: as many as the blocks, each keeping one step or more
+        row, each = exact[f"exact, gamma {gamma}"], exact[f"exact, gamma {gamma}, a pass per view"]
+        assert 1 <= row["steps_kept_per_block"] <= gamma and row["target_passes"] <= exact["num_steps"]
+        assert each["target_passes"] > row["target_passes"]  # a pass per drafted step
     chains = steps["head chain"]["result"]  # on a CPU: eager and compiled, no CUDA graph
     assert set(chains) == {"batch 1", "batch 256"}
     assert all(set(r) == {"rows", "eager ms", "compiled ms", "compiled token diff"} for r in chains.values())

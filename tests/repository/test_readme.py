@@ -144,6 +144,7 @@ def test_the_docs_name_each_family_and_its_blocks_by_its_catalog_entry():
         "MAR (class pair)",
         "Harmon (text pair)",
         "xAR (cells pair)",
+        "NextStep (causal pair)",
     ]
     assert family_label("nonesuch") == "?" and family_label(None, "unnamed") == "unnamed"
 

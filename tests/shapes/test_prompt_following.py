@@ -265,3 +265,21 @@ def test_the_committed_prompt_scores_are_the_shipped_pairs_meet_the_colour_goals
     assert held["draft"]["colour_accuracy"] >= 0.50
     assert held["csd"]["colour_accuracy"] >= held["target"]["colour_accuracy"] - 0.10
     assert prompts_markdown(result).strip() in (root / "docs" / "results.md").read_text()
+
+
+def test_the_prompts_command_writes_its_settings_as_flat_knobs(tmp_path):
+    """python -m csd.experiments.prompts records the settings as the configs' flat knobs (a sampler object is
+    not JSON): the record rebuilds the configs it ran."""
+    from csd.config import SamplingConfig
+    from pathlib import Path
+
+    from csd.experiments.prompts import main
+
+    out, shipped = tmp_path / "prompts.json", Path(__file__).resolve().parents[2] / "assets" / "models"
+    models = [str(shipped / f"shapes_causal_{role}.safetensors") for role in ("target", "draft")]
+    flags = ["--n", "2", "--seeds-per-prompt", "1", "--num-steps", "64", "--modes", "target", "--head-sampler", "euler"]
+    main(["--target", models[0], "--draft", models[1], *flags, "--out", str(out)])
+    record = json.loads(out.read_text())
+    sampling = SamplingConfig.from_knobs(**record["sampling"])
+    assert (sampling.num_steps, sampling.sampler.kind) == (64, "euler")
+    assert record["modes"]["target"]["held_out"]["accuracy"] is not None

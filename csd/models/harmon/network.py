@@ -31,7 +31,7 @@ from csd.family import FamilyTraits, check_prompt
 from csd.models.harmon.prompt_batch import QWEN_NULL_PROMPT, QWEN_PREFIX, QWEN_TEMPLATE, Prompts, pad_ids
 from csd.models.head import DiffusionHead
 from csd.models.mar.adapter import MaskedARFamily, MaskedState
-from csd.models.mar.network import MAR, MAR_CONFIGS, MARConfig, training_mask
+from csd.models.mar.network import MAR, MAR_CONFIGS, MARConfig, padding, training_mask
 from csd.models.mar.token_cache import DecoderPass
 from csd.models.spec import SerialConfig
 
@@ -114,6 +114,13 @@ def mlp(dim_in: int, hidden: int, dim_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(dim_in, hidden), nn.SiLU(), nn.Linear(hidden, dim_out))
 
 
+def cache_rows(cache: DynamicCache, index: Tensor) -> DynamicCache:
+    """A new cache of some rows of ``cache`` (``index`` (R,), repeats allowed): every layer's keys and values."""
+    from transformers import DynamicCache
+
+    return DynamicCache([(layer.keys[index], layer.values[index]) for layer in cache.layers])
+
+
 # --- the model -----------------------------------------------------------------------------------
 
 
@@ -191,6 +198,7 @@ class Harmon(MaskedARFamily, nn.Module):
         prompt_cache: DynamicCache | None = None,
         decoder: DecoderPass | None = None,
         known: int | None = None,
+        ragged: bool = False,
     ) -> Tensor:
         """tokens (B, N, d), mask (B, N) True = unknown, prompt ids and attention mask (B, L) ->
         per-position conditions z (B, N, dec).
@@ -198,14 +206,20 @@ class Harmon(MaskedARFamily, nn.Module):
         ``prompt_cache``: the LLM's keys and values of these prompts (:meth:`prompt_cache`); the pass
         then runs the image rows only, on top of it, and crops the cache back to the prompt after (the
         official sampler's cache). Without it the prompt runs again in the same pass. ``known``: the known
-        tokens of every row, where the caller knows them (:meth:`csd.models.mar.MAR.forward_mae_encoder`)."""
+        tokens of every row, where the caller knows them; ``ragged``: rows know different numbers, ``known``
+        the most (:meth:`csd.models.mar.MAR.forward_mae_encoder`): the LLM's attention mask leaves out each
+        row's padding as it does the prompts' (positions count the rows it keeps)."""
         b, buf = tokens.shape[0], self.config.mar.buffer_size
         x_enc = self.mar.forward_mae_encoder(
-            tokens, mask, self.mar.fake_latent.expand(b, -1), known
+            tokens, mask, self.mar.fake_latent.expand(b, -1), known, ragged
         )  # (B, buf+known, enc)
         rows = self.proj_in(x_enc)
         rows = torch.cat([rows[:, buf:], rows[:, :buf]], dim=1)  # the buffer moves to the end
-        full = torch.cat([attn, attn.new_ones(b, rows.shape[1])], dim=1)
+        seen = attn.new_ones(b, rows.shape[1])
+        if ragged:
+            seen = ~padding(mask, buf, known)
+            seen = torch.cat([seen[:, buf:], seen[:, :buf]], dim=1).to(attn.dtype)
+        full = torch.cat([attn, seen], dim=1)
         positions = (full.long().cumsum(1) - 1).clamp(min=0)  # image rows continue from the prompt's length
         dtype = self.llm.get_input_embeddings().weight.dtype
         if prompt_cache is None:
@@ -223,7 +237,7 @@ class Harmon(MaskedARFamily, nn.Module):
             prompt_cache.crop(-rows.shape[1])  # drop the rows just appended
         out = out.last_hidden_state[:, -rows.shape[1] :]
         out = torch.cat([out[:, -buf:], out[:, :-buf]], dim=1)  # and back to the start
-        return self.mar.forward_mae_decoder(x_enc + self.proj_out(out).to(x_enc.dtype), mask, decoder, known)
+        return self.mar.forward_mae_decoder(x_enc + self.proj_out(out).to(x_enc.dtype), mask, decoder, known, ragged)
 
     def prompt_cache(self, ids: Tensor, attn: Tensor) -> DynamicCache:
         """The LLM's keys and values of the prompts ids, attn (B, L): what every AR step's pass reads
@@ -241,11 +255,14 @@ class Harmon(MaskedARFamily, nn.Module):
         decoder: DecoderPass | None = None,
         prompt_kv: dict[bool, DynamicCache] | None = None,
         known: int | None = None,
+        views: int = 1,
     ) -> tuple[Tensor, Tensor | None]:
         """Conditional z and, when ``guided``, the null prompt's z from one doubled-batch pass.
         ``prompt_kv``: a generation's prompt keys and values per guidance (its state's): made at the first
         pass of each guidance and read by the later ones, which run the image rows only; without it the
-        prompts run in the pass. ``known`` as :meth:`backbone`."""
+        prompts run in the pass. ``known`` as :meth:`backbone`. ``views``: tokens and mask hold that many
+        canvases of the batch of ``prompts``, view-major, which may know different numbers of tokens
+        (``known``: the most; a ragged pass): each prompt's ids and keys and values serve its image's views."""
         b = tokens.shape[0]
         if guided:
             ids, attn, null_ids, null_attn = prompts.both(self.tokenizer.pad_token_id)
@@ -258,7 +275,13 @@ class Harmon(MaskedARFamily, nn.Module):
             if guided not in prompt_kv:
                 prompt_kv[guided] = self.prompt_cache(ids, attn)
             cache = prompt_kv[guided]
-        z = self.backbone(tokens, mask, ids, attn, cache, decoder, known)
+        if views > 1:  # each half's prompts once per view: rows (half, view, image)
+            halves = 2 if guided else 1
+            index = torch.arange(ids.shape[0], device=ids.device).reshape(halves, 1, -1).expand(-1, views, -1)
+            index = index.reshape(-1)
+            ids, attn = ids[index], attn[index]
+            cache = None if cache is None else cache_rows(cache, index)
+        z = self.backbone(tokens, mask, ids, attn, cache, decoder, known, views > 1)
         return (z[:b], z[b:]) if guided else (z, None)
 
     # --- training -----------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ diffusion head.
 
 A model mixes in :class:`MaskedARFamily` and provides ``seq_len``, ``token_dim``, ``traits``,
 ``head`` (``head.chain(steps)`` -> a :class:`~csd.core.chain.GaussianChain`) and
-``conditions(tokens, mask, labels, guided)``. Class labels are its conditions; a text-conditioned
+``conditions(tokens, mask, labels, guided)`` (and ``views``, to verify the exact block's views in one pass:
+:meth:`MaskedARFamily.verify`). Class labels are its conditions; a text-conditioned
 model overrides :meth:`MaskedARFamily.check_conditions` (prompts), :meth:`MaskedARFamily.start` (its
 prompts' keys and values, kept for the generation) and ``conditions``.
 
@@ -140,11 +141,16 @@ class MaskedARFamily:
         guided: bool,
         decoder: DecoderPass | None = None,
         known: int | None = None,
+        views: int = 1,
     ) -> tuple[Tensor, Tensor | None]:
+        """The model's ``conditions`` of one pass, under autocast where the precision asks; ``views`` > 1: the
+        pass holds that many canvases of the batch, view-major (the model's ``conditions`` takes ``views``)."""
         dtype = PRECISIONS[state.config.precision]
         extra = {} if decoder is None else {"decoder": decoder}
         if known is not None:
             extra["known"] = known
+        if views > 1:
+            extra["views"] = views
         if state.prompt_kv is not None:
             extra["prompt_kv"] = state.prompt_kv
         if dtype is None:
@@ -188,22 +194,26 @@ class MaskedARFamily:
         position's condition, so verifying a block is predicting all of its positions at once (the drafted
         tokens play no part). The exact block (``sizes``: the block's tokens per AR step): each step's
         conditions from the context plus the block's drafted steps before it (``drafted`` (B*k, d), rows
-        image-major), one backbone pass per step (the encoder keeps the known tokens of every row of a pass,
-        as many in each: the views, which know more tokens step by step, cannot share one)."""
+        image-major), every step's view a batch row of one backbone pass (:func:`block_views`): the views
+        know more tokens step by step, so the pass is ragged (each view's kept rows padded to the last
+        view's, the padding out of attention: each gets the numbers a pass of its own gives). ``known``
+        (the tokens before the block) None: read from the mask on the host. LazyMAR's caches do not apply
+        (:func:`csd.run_setup.check_speculative` refuses them under these blocks)."""
         if sizes is None or len(sizes) == 1:
             return self.predict(state, tokens, mask, pos, cfg, steps, known)
         b, config = tokens.shape[0], state.config
         view_tokens, view_mask = block_views(tokens, mask, pos, drafted, sizes)
+        known = int((~mask[0]).sum()) if known is None else known
+        most = known + sum(sizes[:-1])  # the last view knows the block's steps before its own
+        z, z_uncond = self._conditions(state, view_tokens, view_mask, config.guided, known=most, views=len(sizes))
         conds, start, cfg = [], 0, cfg.reshape(b, -1)
         for k, size in enumerate(sizes):  # step k's rows from view k
             at, rows = pos[:, start : start + size], slice(k * b, (k + 1) * b)
-            view_known = None if known is None else known + start  # view k knows the block's steps before k
-            z, z_uncond = self.guided_conditions(state, view_tokens[rows], view_mask[rows], known=view_known)
             if z_uncond is None:
-                conds.append(HeadCondition(gather_rows(z, at)))
+                conds.append(HeadCondition(gather_rows(z[rows], at)))
             else:
                 step_cfg = cfg[:, start : start + size].reshape(-1)
-                conds.append(HeadCondition(gather_rows(z, at), gather_rows(z_uncond, at), step_cfg))
+                conds.append(HeadCondition(gather_rows(z[rows], at), gather_rows(z_uncond[rows], at), step_cfg))
             start += size
         return HeadChain(self._head_chain(steps, config), HeadCondition.join(conds, b), config.temperature)
 

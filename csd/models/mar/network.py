@@ -219,30 +219,43 @@ def training_mask(config: MARConfig, batch: int, n: int, generator: torch.Genera
 
 def kept_index(mask: Tensor, buffer: int, known: int) -> Tensor:
     """The positions the encoder keeps, in order: the ``buffer`` rows, then every known token (``~mask``
-    (B, N), ``known`` of them in each row): (B, buffer + known), found on the device (a stable sort puts the
-    kept positions first, each in its place), so the host reads nothing."""
-    keep = torch.cat([torch.ones_like(mask[:, :buffer]), ~mask], dim=1).to(torch.uint8)
+    (B, N), ``known`` of them in each row; a row that knows fewer, in a ragged pass, then unknown positions:
+    its padding, :func:`padding`): (B, buffer + known), found on the device (a stable sort puts the kept
+    positions first, each in its place), so the host reads nothing."""
+    keep = torch.cat([mask.new_ones(mask.shape[0], buffer), ~mask], dim=1).to(torch.uint8)
     return keep.sort(dim=1, descending=True, stable=True).indices[:, : buffer + known]
+
+
+def padding(mask: Tensor, buffer: int, known: int) -> Tensor:
+    """(B, buffer + known) True at the kept rows past a row's own buffer and known tokens: the padding of a
+    ragged pass, whose rows (``~mask`` (B, N)) know ``known`` tokens at most (found on the device)."""
+    own = buffer + (~mask).sum(1, keepdim=True)
+    return torch.arange(buffer + known, device=mask.device) >= own
 
 
 def keep_rows(x: Tensor, mask: Tensor, buffer: int, known: int | None) -> Tensor:
     """The rows of x (B, buffer + N, D) the encoder keeps: the buffer and the known tokens, (B, buffer + known,
-    D); found by the mask on the host where ``known`` is None (boolean indexing, as the official code)."""
+    D), padded where a row knows fewer (:func:`kept_index`); found by the mask on the host where ``known`` is
+    None (boolean indexing, as the official code: every row must know as many)."""
     if known is None:
-        keep = torch.cat([torch.ones_like(mask[:, :buffer]), ~mask], dim=1)
+        keep = torch.cat([mask.new_ones(mask.shape[0], buffer), ~mask], dim=1)
         return x[keep].reshape(x.shape[0], -1, x.shape[-1])
     return x.gather(1, kept_index(mask, buffer, known)[..., None].expand(-1, -1, x.shape[-1]))
 
 
-def place_rows(full: Tensor, x: Tensor, mask: Tensor, buffer: int, known: int | None) -> Tensor:
+def place_rows(full: Tensor, x: Tensor, mask: Tensor, buffer: int, known: int | None, ragged: bool = False) -> Tensor:
     """``full`` (B, buffer + N, D) with the kept rows x (B, buffer + known, D) put back in their places (the
-    inverse of :func:`keep_rows`; a new tensor)."""
+    inverse of :func:`keep_rows`; a new tensor). ``ragged``: rows may know fewer than ``known`` tokens; their
+    padding rows leave ``full`` as it was."""
     if known is None:
-        keep = torch.cat([torch.ones_like(mask[:, :buffer]), ~mask], dim=1)
+        keep = torch.cat([mask.new_ones(mask.shape[0], buffer), ~mask], dim=1)
         full = full.clone()
         full[keep] = x.reshape(-1, x.shape[-1])
         return full
-    return full.scatter(1, kept_index(mask, buffer, known)[..., None].expand(-1, -1, x.shape[-1]), x)
+    index = kept_index(mask, buffer, known)[..., None].expand(-1, -1, x.shape[-1])
+    if ragged:
+        x = torch.where(padding(mask, buffer, known)[..., None], full.gather(1, index), x)
+    return full.scatter(1, index, x)
 
 
 def resize_grid(pos: Tensor, side: int, buffer: int) -> Tensor:
@@ -333,32 +346,39 @@ class MAR(MaskedARFamily, nn.Module):
             raise ValueError(f"tokens must form a square grid, got {tokens.shape[1]} per image")
         return side
 
-    def forward_mae_encoder(self, tokens: Tensor, mask: Tensor, class_emb: Tensor, known: int | None = None) -> Tensor:
+    def forward_mae_encoder(
+        self, tokens: Tensor, mask: Tensor, class_emb: Tensor, known: int | None = None, ragged: bool = False
+    ) -> Tensor:
         """tokens (B, N, d), mask (B, N) True = unknown, class_emb (B, enc) -> (B, buffer + known, enc).
 
         Every row must have the same number of known tokens (true for MAR's schedules); ``known``, that
         number where the caller knows it (a decoding loop does), gathers them without reading the mask on the
-        host (:func:`kept_index`); None reads it (boolean indexing, as the official code does). A grid other
-        than the model's own (N != seq_len) takes resized position embeddings (:func:`resize_grid`)."""
+        host (:func:`kept_index`); None reads it (boolean indexing, as the official code does). ``ragged``:
+        rows know different numbers of tokens, ``known`` the most; each row's kept rows are padded to it and
+        attention does not read the padding (:func:`padding`), so every row gets the numbers it would alone.
+        A grid other than the model's own (N != seq_len) takes resized position embeddings (:func:`resize_grid`)."""
         b = tokens.shape[0]
         x = self.z_proj(tokens)
         buf = self.config.buffer_size
         x = torch.cat([class_emb.unsqueeze(1).expand(b, buf, -1).to(x.dtype), x], dim=1)
         x = self.z_proj_ln(x + resize_grid(self.encoder_pos_embed_learned, self._side(tokens), buf))
         x = keep_rows(x, mask, buf, known)
+        seen = ~padding(mask, buf, known) if ragged else None
         for block in self.encoder_blocks:
-            x = block(x)
+            x = block(x, seen)
         return self.encoder_norm(x)
 
     def forward_mae_decoder(
-        self, x: Tensor, mask: Tensor, decoder: DecoderPass | None = None, known: int | None = None
+        self, x: Tensor, mask: Tensor, decoder: DecoderPass | None = None, known: int | None = None, ragged=False
     ) -> Tensor:
         """Encoder output and mask -> per-position conditions z (B, N, dec). ``decoder``: this pass under
-        LazyMAR's token cache (:mod:`csd.models.mar.token_cache`); ``known`` as :meth:`forward_mae_encoder`."""
+        LazyMAR's token cache (:mod:`csd.models.mar.token_cache`); ``known`` and ``ragged`` as
+        :meth:`forward_mae_encoder` (the padding is not placed)."""
         b = x.shape[0]
         x = self.decoder_embed(x)
         buf = self.config.buffer_size
-        full = place_rows(self.mask_token.to(x.dtype).expand(b, buf + mask.shape[1], -1), x, mask, buf, known)
+        empty = self.mask_token.to(x.dtype).expand(b, buf + mask.shape[1], -1)
+        full = place_rows(empty, x, mask, buf, known, ragged)
         side = self._side(mask.unsqueeze(-1))
         x = full + resize_grid(self.decoder_pos_embed_learned, side, buf)
         if decoder is not None:
@@ -369,35 +389,33 @@ class MAR(MaskedARFamily, nn.Module):
         return self.decoder_norm(x)[:, buf:] + resize_grid(self.diffusion_pos_embed_learned, side, 0)
 
     def backbone(
-        self, tokens: Tensor, mask: Tensor, class_emb: Tensor, decoder: DecoderPass | None = None, known=None
-    ) -> Tensor:
-        """One backbone pass (encoder then decoder): per-position conditions z (B, N, dec); ``known`` as
-        :meth:`forward_mae_encoder`."""
-        x = self.forward_mae_encoder(tokens, mask, class_emb, known)
-        return self.forward_mae_decoder(x, mask, decoder, known)
-
-    def conditions(
         self,
         tokens: Tensor,
         mask: Tensor,
-        labels: Tensor,
-        guided: bool,
+        class_emb: Tensor,
         decoder: DecoderPass | None = None,
-        known: int | None = None,
+        known=None,
+        ragged=False,
+    ) -> Tensor:
+        """One backbone pass (encoder then decoder): per-position conditions z (B, N, dec); ``known`` and
+        ``ragged`` as :meth:`forward_mae_encoder`."""
+        x = self.forward_mae_encoder(tokens, mask, class_emb, known, ragged)
+        return self.forward_mae_decoder(x, mask, decoder, known, ragged)
+
+    def conditions(
+        self, tokens: Tensor, mask: Tensor, labels: Tensor, guided: bool, decoder=None, known=None, views: int = 1
     ) -> tuple[Tensor, Tensor | None]:
         """Conditional z and, when ``guided``, unconditional z from one doubled-batch pass; ``known`` as
-        :meth:`forward_mae_encoder`."""
+        :meth:`forward_mae_encoder`. ``views``: tokens and mask hold that many canvases of the batch of
+        ``labels``, view-major, which may know different numbers of tokens (``known``: the most; a ragged
+        pass)."""
         b = tokens.shape[0]
-        cond = self.class_embedding(labels)
+        cond = self.class_embedding(labels) if views == 1 else self.class_embedding(labels).repeat(views, 1)
         if not guided:
-            return self.backbone(tokens, mask, cond, decoder, known), None
-        z = self.backbone(
-            torch.cat([tokens, tokens]),
-            torch.cat([mask, mask]),
-            torch.cat([cond, self.class_embedding(None, b)]),
-            decoder,
-            known,
-        )
+            return self.backbone(tokens, mask, cond, decoder, known, views > 1), None
+        twice = lambda t: torch.cat([t, t])
+        cond = torch.cat([cond, self.class_embedding(None, b)])
+        z = self.backbone(twice(tokens), twice(mask), cond, decoder, known, views > 1)
         return z[:b], z[b:]
 
     # --- training ------------------------------------------------------------------------------
