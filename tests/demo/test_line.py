@@ -8,7 +8,12 @@ import threading
 
 import gradio as gr
 import pytest
+import torch
 
+from csd.serving.pairs import RANDOM_SOURCE, PairStore
+from demo import server
+from demo.application import App
+from demo.limits import from_args as limits_from
 from demo.line import Line, Where
 
 
@@ -47,6 +52,20 @@ def test_a_request_past_the_lines_limit_in_seconds_is_refused_at_once_naming_its
         "300 s the line may hold on this server (--max-wait): try again later, or fewer images (Images)"
     )
     assert line.join(50.0, "fewer images") is not None  # one that fits is let in: the bound is the length
+
+
+def test_the_lines_limit_is_set_per_deployment_by_its_variable_and_its_flag(monkeypatch):
+    """``CSD_MAX_WAIT`` (a Space's variable) sets the limit of the app's line; ``--max-wait`` wins; 300 s without."""
+    assert App(PairStore([RANDOM_SOURCE], torch.device("cpu")), limits_from(server.parse_args([]))).line.max_wait == 300
+    monkeypatch.setenv("CSD_MAX_WAIT", "120")
+    application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), limits_from(server.parse_args([])))
+    assert application.line.max_wait == 120.0
+    assert limits_from(server.parse_args(["--max-wait", "45"])).max_wait == 45.0
+    with pytest.raises(SystemExit):
+        server.parse_args(["--max-wait", "0"])
+    monkeypatch.setenv("CSD_MAX_WAIT", "5 min")
+    with pytest.raises(SystemExit, match="CSD_MAX_WAIT must be a number"):
+        server.parse_args([])
 
 
 def test_the_count_is_a_safety_cap_beside_the_length():

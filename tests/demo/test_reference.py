@@ -10,11 +10,12 @@ import torch
 
 import demo.application
 from csd.serving.pairs import RANDOM_SOURCE, PairStore, discover
-from demo import gpu, reference, server
+from demo import gpu, precompute, reference, server
 from demo.application import App
 from demo.estimate import Rates
 from demo.limits import Limits
 from demo.timings import FACTOR_RANGE
+from tests.demo.slow_pair import slowed
 
 PER_STEP = {"target": 0.01, "draft": 0.002, "csd": 0.006}
 
@@ -70,6 +71,47 @@ def test_a_committed_pair_has_estimates_at_once_and_its_probe_scales_them(tmp_pa
     assert ran == ["probe"] and application.timings.scale == {RANDOM_SOURCE.name: 3.0}
     assert application.rates(pair).one == pytest.approx({k: 3 * v for k, v in PER_STEP.items()})
     assert log == [f"Probed {RANDOM_SOURCE.name} in 0 s: 3.00x the reference machine's time"]
+
+
+def test_a_pair_missing_from_the_committed_file_is_timed_while_the_line_is_empty_the_others_only_probed(
+    tmp_path, monkeypatch
+):
+    """A pair the file does not hold (a pair added after the file was written) has no estimate until the server
+    times it, which it does, like the probes, only while its line is empty; the committed pairs are not timed."""
+    twin = slowed("twin")
+    application = App(PairStore([RANDOM_SOURCE, twin], torch.device("cpu")), Limits())
+    committed_only = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), Limits())
+    write(tmp_path / "rates.json", committed_only)
+    application.timings.reference = reference.read(tmp_path / "rates.json", served(application))
+    ran = []
+    monkeypatch.setattr(
+        demo.application, "calibrate", lambda pair, *args: ran.append(pair.name) or Rates(PER_STEP, PER_STEP)
+    )
+    monkeypatch.setattr(demo.application, "probe", lambda pair, *args: ran.append(f"probe {pair.name}") or 0.5)
+    assert application.timed(RANDOM_SOURCE.name) and not application.timed(twin.name)
+    assert application.timings.missing() == [twin.name] and ran == []
+    log: list[str] = []
+    application.idle_work(log.append)
+    assert ran == [f"probe {RANDOM_SOURCE.name}", twin.name] and application.timings.missing() == []
+    assert application.timings.committed(RANDOM_SOURCE.name) and not application.timings.committed(twin.name)
+    assert [line.split(" in ")[0] for line in log] == [f"Probed {RANDOM_SOURCE.name}", f"Timed {twin.name}"]
+
+
+def test_the_rates_command_writes_a_file_the_server_reads_at_its_page_defaults(tmp_path, monkeypatch):
+    """``python -m demo.precompute --rates`` (here on the untrained pair alone, the embedded ones left out):
+    what it writes holds for the pairs of a server made afterwards, keyed by the same weights and setting."""
+    monkeypatch.setattr(precompute, "discover", lambda checkpoints: [])
+    threads = torch.get_num_threads()
+    try:
+        precompute.main(["--rates", "--out", str(tmp_path / "rates.json")])
+    finally:
+        torch.set_num_threads(threads)  # the command sets one thread
+    written = json.loads((tmp_path / "rates.json").read_text())
+    assert list(written["pairs"]) == [RANDOM_SOURCE.name] and written["machine"]["threads"] == 1
+    application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), Limits())
+    committed = reference.read(tmp_path / "rates.json", served(application))
+    assert committed is not None and committed.probes[RANDOM_SOURCE.name] > 0
+    assert committed.rates[RANDOM_SOURCE.name].one["target"] > 0
 
 
 def test_the_server_reads_the_committed_rates_on_a_cpu_and_times_its_pairs_on_zero_gpu(monkeypatch):
