@@ -278,6 +278,12 @@ def burst_report(outcomes: list[Outcome]) -> dict:
         "predicted_wait_s": [r1(o.places[0][2]) if o.places else None for o in served],
         "gradio_eta_s": [r1(o.eta) for o in served],
         "measured_wait_s": [r1(o.queued) for o in served],
+        # the first predicted wait over the wait measured from when it was told (waits of 5 s or more)
+        "predicted_over_measured": [
+            round(o.places[0][2] / (o.queued - o.places[0][0]), 2)
+            for o in served
+            if o.places and o.queued - o.places[0][0] >= 5.0
+        ],
         "seconds": [r1(o.seconds) for o in served],
         "median_s": r1(statistics.median(o.seconds for o in served)) if served else None,
         "longest_s": r1(max((o.seconds for o in served), default=None)),

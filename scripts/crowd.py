@@ -10,8 +10,10 @@
 
 Usage, from the repository root (``--tree``: the tree whose ``app.py`` is served, default this one)::
 
-    python -m scripts.crowd cold [--tree DIR] [--pairs NAME ...] [--repeats 2] [--out FILE]
-    python -m scripts.crowd burst [--tree DIR] [--clients 16 40] [--out FILE]
+    python -m scripts.crowd cold [--tree DIR] [--pairs NAME ...] [--repeats 2] [--out FILE.json]
+    python -m scripts.crowd burst [--tree DIR] [--clients 16 40] [--out FILE.json]
+
+``--out`` writes the record as JSON, with the command that made it, and beside it the same as a table (``.md``).
 
 It speaks to the server over HTTP only (the pair's defaults are read from this tree's controls), so it measures
 another tree's server as well as this one's. Each record gives the load average around each measurement and the
@@ -23,7 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import shlex
 import socket
 import statistics
 import subprocess
@@ -35,6 +37,7 @@ from pathlib import Path
 
 import httpx
 
+from csd.experiments.timing import machine
 from demo import server
 from demo.application import pair_defaults
 from demo.limits import Limits
@@ -132,6 +135,45 @@ def bursts(tree: Path, counts: list[int], log: Path) -> dict:
     return out
 
 
+def _span(values: list) -> str:
+    values = [v for v in values if v is not None]
+    return "-" if not values else f"{min(values)}-{max(values)}" if min(values) != max(values) else f"{values[0]}"
+
+
+def markdown(record: dict) -> str:
+    """The record as a table, with its command, machine and time."""
+    head = f"`{record['command']}` ({record['machine']}, {record['cpus']} cores, {record['when']})\n\n"
+    if record["mode"] == "cold":
+        rows = [
+            "| pair | page s | first /generate s | steady s | first / steady | load average (start, first, steady) |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for pair, c in record["pairs"].items():
+            steady = ", ".join(str(s) for s in c["steady_generate_s"])
+            loads = ", ".join(str(v) for v in c["load_average"].values())
+            rows.append(
+                f"| {pair} | {c['seconds_to_page']} | {c['first_generate_s']} | {steady} | {c['first_over_steady']} "
+                f"| {loads} |"
+            )
+    else:
+        rows = [
+            "| clients | served | refused | unnamed | saw a place | predicted wait s | measured wait s "
+            "| predicted / measured (waits of 5 s or more) | median s | longest s | burst s | load average |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for n, b in record["bursts"].items():
+            kinds = b["by_kind"]
+            rows.append(
+                f"| {n} | {kinds.get('served', 0)} | {kinds.get('refused', 0)} | {kinds.get('unnamed', 0)} "
+                f"| {b['saw_a_place']} | {_span(b['predicted_wait_s'])} | {_span(b['measured_wait_s'])} "
+                f"| {_span(b['predicted_over_measured'])} | {b['median_s']} | {b['longest_s']} | {b['wall_s']} "
+                f"| {b['load_average'][0]:.2f}, {b['load_average'][1]:.2f} |"
+            )
+        refusals = sorted({r for b in record["bursts"].values() for r in b["refusals"]})
+        rows += ["", *(f"Refused: {r}" for r in refusals)]
+    return head + "\n".join(rows) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m scripts.crowd", description=__doc__.splitlines()[0])
     ap.add_argument("mode", choices=("cold", "burst"))
@@ -140,9 +182,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=2, help="cold: steady-state requests per pair")
     ap.add_argument("--clients", type=int, nargs="+", default=[16, 40], help="burst: visitors at once, per burst")
     ap.add_argument("--out", type=Path, default=None, help="write the record as JSON")
+    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"crowd_{os.getpid()}.log"
-    record = {"mode": args.mode, "tree": str(args.tree)}
+    record = {"command": "python -m scripts.crowd " + shlex.join(argv), "mode": args.mode, "tree": str(args.tree)}
     if args.mode == "cold":
         app = server.make_app(None, Limits(), reference=None)  # the pairs' names and page defaults (none loaded)
         record["pairs"] = {}
@@ -152,12 +195,14 @@ def main(argv: list[str] | None = None) -> None:
             print(pair, json.dumps(record["pairs"][pair]), flush=True)
     else:
         record["bursts"] = bursts(args.tree, args.clients, log)
-    record |= {"cpus": os.cpu_count(), "machine": platform.processor() or platform.machine()}
+    record |= {"cpus": os.cpu_count(), "machine": machine()["cpu"]}
     record["when"] = time.strftime("%Y-%m-%d %H:%M:%S")
     text = json.dumps(record, indent=1)
     print(text)
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
+        args.out.with_suffix(".md").write_text(markdown(record))
 
 
 if __name__ == "__main__":
