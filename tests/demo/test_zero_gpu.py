@@ -159,6 +159,24 @@ def test_a_gpu_call_asks_for_its_estimate_with_the_margin_within_the_cap():
         calls.call("nothing", {}, 1.0)
 
 
+def test_the_line_counts_a_request_for_the_duration_its_gpu_call_asks_for_on_zero_gpu_its_estimate_elsewhere(
+    monkeypatch,
+):
+    """ZeroGPU grants a call its asked duration: the line's wait and limit count that, so two requests estimated
+    at 12 s fill a 30 s line there (28 s each) and fit in it on a CPU (12 s each)."""
+    limits = Limits(max_wait=30.0, gpu_seconds=60.0)
+    on_cpu = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), limits)
+    assert on_cpu.line_seconds(12.0) == 12.0
+    on_cpu.line.join(on_cpu.line_seconds(12.0), "fewer images")
+    assert on_cpu.line.join(on_cpu.line_seconds(12.0), "fewer images") is not None
+    monkeypatch.setenv(gpu.ZERO_GPU_FLAG, "true")
+    on_zero = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), limits, gpu=GpuCalls(None, 60.0, None))
+    assert on_zero.line_seconds(12.0) == 28 and on_zero.line_seconds(100.0) == 60  # 12 x 1.5 + 10; the cap
+    on_zero.line.join(on_zero.line_seconds(12.0), "fewer images")
+    with pytest.raises(gr.Error, match=r"This request would be about 56 s in line here \(about 28 s to wait"):
+        on_zero.line.join(on_zero.line_seconds(12.0), "fewer images")
+
+
 def test_stop_closes_the_gpu_call_and_its_job(on_zero_gpu):
     application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), LIMITS)
     application.rates(application.store.get(RANDOM_SOURCE.name))
