@@ -270,9 +270,9 @@ def test_the_committed_prompt_scores_are_the_shipped_pairs_meet_the_colour_goals
 def test_the_prompts_command_writes_its_settings_as_flat_knobs(tmp_path):
     """python -m csd.experiments.prompts records the settings as the configs' flat knobs (a sampler object is
     not JSON): the record rebuilds the configs it ran."""
-    from csd.config import SamplingConfig
     from pathlib import Path
 
+    from csd.config import SamplingConfig
     from csd.experiments.prompts import main
 
     out, shipped = tmp_path / "prompts.json", Path(__file__).resolve().parents[2] / "assets" / "models"
