@@ -1,13 +1,15 @@
 """The app object every tab shares: the model store and the limits (read-only), the controls, the
-precomputed results, each pair's timing (:mod:`demo.timings`) and stoppable model runs (:mod:`demo.runs`):
-each request's runs are one GPU call that runs a job, followed from the main process, which keeps the state
-(each pair's rates, the history)."""
+precomputed results, each pair's timing (:mod:`demo.timings`), the line of model runs (:mod:`demo.line`) and
+stoppable model runs (:mod:`demo.runs`): each request's runs are one GPU call that runs a job, followed from the
+main process, which keeps the state (each pair's rates, the history)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -19,15 +21,22 @@ from csd.serving.jobs import Job
 from csd.serving.pairs import ModelPair, PairStore
 from demo.controls import declare_controls, preset_values
 from demo.errors import refuse
-from demo.estimate import CALIBRATION_SECONDS, HEADROOM, Rates, calibrate, words
+from demo.estimate import CALIBRATION_SECONDS, HEADROOM, PROBE_SECONDS, Rates, calibrate, probe, words
 from demo.faults import Load
-from demo.gpu import Done, GpuCalls, task
+from demo.gpu import Done, GpuCalls, task, zero_gpu
 from demo.limits import Limits
+from demo.line import Line
+from demo.reference import Reference
 from demo.requests import Request, build_request
 from demo.runs import DEVICE, ModelRuns, run_to_end
-from demo.timings import WAIT_SECONDS, PairTimings
+from demo.timings import GiveUp, PairTimings
 
 PRECISION = "bfloat16" if DEVICE.type == "cuda" else "float32"  # backbone precision; heads stay float32
+T = TypeVar("T")
+# A waiting request's client hears its place and wait as it joins, each time its place changes, and this often
+# while it does not: each is a message to each waiting client, which the server's event loop makes beside the
+# run under way (docs/space.md, "The line").
+STILL_SECONDS = 10.0
 DECODE_SECONDS = 2.0  # what a decode call asks for, before the margin (an estimate: KL-16 on 8 images)
 
 
@@ -60,6 +69,7 @@ class App(ModelRuns):
         panels: Panels | None = None,
         fronts: dict | None = None,
         gpu: GpuCalls | None = None,
+        reference: Reference | None = None,
     ) -> None:
         self.store, self.limits, self.panels = store, limits, panels
         # Every model run goes through this one GPU-decorated function (demo.gpu), as a registered task.
@@ -69,8 +79,10 @@ class App(ModelRuns):
         self.controls = declare_controls(store, limits)
         # The latest model runs: status ("done", "stopped", "over time", "error"), AR steps run, seconds.
         self.history: deque[dict] = deque(maxlen=64)
-        # Each pair's rates, timed in a GPU call at its default setting the first time they are asked for.
-        self.timings = PairTimings(store, self._time_pair)
+        # Each pair's rates: committed (``reference``, scaled to this machine), or timed in a GPU call at its default.
+        self.timings = PairTimings(store, self._time_pair, reference)
+        # Visitors' model runs, in the order they came, bounded by the line's predicted length.
+        self.line = Line(limits.concurrency, limits.max_wait, limits.queue_size)
         self._sides: dict[str, int] = {}  # per pair, its images' side in pixels
         self.streams: Counter = Counter()  # open result streams per session (demo.guard.Guard counts them)
         self.gone = 0  # requests not run because their client had gone
@@ -107,26 +119,70 @@ class App(ModelRuns):
         components = self.components if components is None else components
         return build_request(self.store, self.controls, PRECISION, components, load, **values)
 
-    def _time_pair(self, pair: ModelPair) -> Rates:
-        return run_to_end(self.gpu.call("calibrate", {"pair_name": pair.name}, CALIBRATION_SECONDS))
+    def default_setting(self, pair_name: str) -> str:
+        """The page's default setting on the pair (what its rates are timed at), as a key."""
+        controls = pair_defaults(self, self.default_controls(), pair_name)
+        return json.dumps({"precision": PRECISION, **controls}, sort_keys=True)
+
+    def _time_pair(self, pair: ModelPair, give_up: GiveUp | None = None) -> Rates | None:
+        return run_to_end(self.gpu.call("calibrate", {"pair_name": pair.name}, CALIBRATION_SECONDS), give_up)
+
+    def probe_seconds(self, pair_name: str, give_up: GiveUp | None = None) -> float | None:
+        """The pair's probe on this machine (:func:`demo.estimate.probe`, in a GPU call); None when given up."""
+        return run_to_end(self.gpu.call("probe", {"pair_name": pair_name}, PROBE_SECONDS), give_up)
+
+    def idle_work(self, log: Callable[[str], None] = lambda line: None) -> None:
+        """The server's own work, each piece run only while the line is empty and given up the moment a request
+        joins (taken up again once the line is empty again): each committed pair probed (its rates scaled to this
+        machine), then each pair without rates timed. ``log``: a line per piece. A piece that fails is logged and
+        left: the pair's committed rates stay unscaled, or its first request's turn times it."""
+        for name in self.timings.unprobed():
+            t0 = time.perf_counter()
+            seconds = self._when_idle(lambda give_up, n=name: self.probe_seconds(n, give_up), name, log)
+            if seconds is not None:
+                self.timings.scale[name] = scale = seconds / self.timings.reference.probes[name]
+                took = time.perf_counter() - t0
+                log(f"Probed {name} in {took:.0f} s: {scale:.2f}x the reference machine's time")
+        for name in self.timings.missing():
+            t0, pair = time.perf_counter(), self.store.get(name)
+            if self._when_idle(lambda give_up, p=pair: self.timings.rates(p, give_up), name, log) is not None:
+                log(f"Timed {name} in {time.perf_counter() - t0:.0f} s")
+
+    def _when_idle(self, work: Callable[[GiveUp], T | None], pair_name: str, log: Callable[[str], None]) -> T | None:
+        """``work(give_up)`` run while the line is empty (:meth:`demo.line.Line.idle`) until it is not given up
+        (it returns None when it is); its result, or None when it failed (logged: the server serves on)."""
+        try:
+            while (result := self.line.idle(work)) is None:
+                pass
+        except Exception as err:  # a fault of the server's own work on the pair
+            log(f"Timing {pair_name} failed ({type(err).__name__}: {err}): the server serves on")
+            return None
+        return result
 
     def timed(self, pair_name: str) -> bool:
-        """Whether the pair's rates are measured already (:meth:`demo.timings.PairTimings.timed`)."""
+        """Whether the pair has rates without running anything (:meth:`demo.timings.PairTimings.timed`)."""
         return self.timings.timed(pair_name)
-
-    def timing(self, pair_name: str) -> bool:
-        """Whether the pair is being timed right now (:meth:`demo.timings.PairTimings.timing`)."""
-        return self.timings.timing(pair_name)
 
     def rates(self, pair: ModelPair) -> Rates:
         """The pair's rates, timed the first time they are asked for (:meth:`demo.timings.PairTimings.rates`)."""
         return self.timings.rates(pair)
 
-    def await_rates(
-        self, pair_name: str, progress=None, check: Callable[[], object] | None = None, poll: float = WAIT_SECONDS
-    ) -> Iterator[str]:
-        """Status lines while the pair's rates are not in (:meth:`demo.timings.PairTimings.await_rates`)."""
-        return self.timings.await_rates(pair_name, progress, check, poll)
+    def turn(
+        self,
+        request,
+        pair_name,
+        check: Callable[[], object],
+        estimate: Callable[[], float],
+        advice: str,
+        progress=None,
+    ) -> Turn:
+        """A request's turn in the line (:class:`Turn`), for its handler."""
+        return Turn(self, request, pair_name, check, estimate, advice, progress)
+
+    def line_seconds(self, estimate: float) -> float:
+        """What a request estimated at ``estimate`` seconds counts for in the line: its estimate, or on ZeroGPU
+        the duration its GPU call asks for (what ZeroGPU grants it)."""
+        return float(self.gpu.duration("", {}, estimate)) if zero_gpu() else estimate
 
     def decode(self, pair_name: str, tokens: torch.Tensor) -> np.ndarray:
         """Tokens (B, N, d) of a served pair -> images (B, H, W, 3) uint8: arithmetic here for pixel tokens, in
@@ -190,11 +246,67 @@ def decode_task(app: App, pair_name: str, tokens: torch.Tensor) -> Iterator[Done
     yield Done(app.store.get(pair_name).images(tokens).numpy())
 
 
+class Turn:
+    """A request's turn in the line, for its handler (``request``: its gr.Request, None in-process). Iterating it
+    joins the line (the request checked first: ``estimate()`` refuses a bad value or a request too long for this
+    server, and gives its seconds; ``check()``, the checks that need no rates, stands in while its pair has none)
+    and yields a status line, its place and predicted wait, as it joins, as its place changes and every
+    :data:`STILL_SECONDS` while it does not (not to ``progress``: Gradio's progress messages made a burst of 16
+    about 10% slower); past ``--max-wait`` it is refused at once (``advice``: what the visitor may do), and a
+    request whose client stops listening leaves the line. At its turn, a pair without rates is timed first (its
+    lines also to ``progress``). Leaving the ``with`` block leaves the line."""
+
+    def __init__(self, app: App, request, pair_name, check, estimate, advice: str, progress=None) -> None:
+        self.app, self.request, self.pair_name, self.progress = app, request, pair_name, progress
+        self.check, self.estimate, self.advice = check, estimate, advice
+        self.ticket = None
+
+    def __enter__(self) -> Turn:
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        if self.ticket is not None:
+            self.app.line.leave(self.ticket, done=kind is None)
+
+    def __iter__(self) -> Iterator[str]:
+        app, pair = self.app, self.pair_name
+        timed = isinstance(pair, str) and app.timed(pair)
+        if timed:
+            seconds = self.estimate()
+        else:  # a pair without rates yet: timed at this request's turn
+            if pair in app.store.names:
+                app.store.get(pair)  # loaded (as the request's own check would): the check needing no rates is whole
+            self.check()
+            seconds = app.timings.timing_left(pair)
+        self.ticket = app.line.join(app.line_seconds(seconds), self.advice)
+        session = getattr(self.request, "session_hash", None)
+        told, told_at = None, 0.0
+        for where in app.line.turn(self.ticket):
+            if session is not None and app.streams.get(session, 0) <= 0:
+                app.gone += 1
+                raise refuse("the client that asked for this run stopped listening for its result: not run")
+            if told is None or where.place != told.place or time.monotonic() - told_at >= STILL_SECONDS:
+                told, told_at = where, time.monotonic()
+                yield where.text()
+        if not timed:
+            yield from app.timings.await_rates(pair, self.progress)
+            self.ticket.seconds = app.line.clock() - self.ticket.started + app.line_seconds(self.estimate())
+        app.check_client(self.request)
+
+
 @task("calibrate")
-def calibrate_task(app: App, pair_name: str) -> Iterator[Done]:
-    """The GPU task of :meth:`App.rates`: time the pair at its default setting."""
+def calibrate_task(app: App, pair_name: str) -> Iterator[object]:
+    """The GPU task of :meth:`App.rates`: time the pair at its default setting (a stop ends it at an AR step)."""
     r = app.request(None, True, **pair_defaults(app, app.default_controls(), pair_name))
-    yield Done(calibrate(r.pair, r.sampling, r.csd, r.labels[0]))
+    work = lambda job: calibrate(r.pair, r.sampling, r.csd, r.labels[0], job.on_step("timing"))
+    yield from app.job_events(work, limited=False)
+
+
+@task("probe")
+def probe_task(app: App, pair_name: str) -> Iterator[object]:
+    """The GPU task of :meth:`App.probe_seconds`: the pair's probe at its default setting."""
+    r = app.request(None, True, **pair_defaults(app, app.default_controls(), pair_name))
+    yield from app.job_events(lambda job: probe(r.pair, r.sampling, r.labels[0], job.on_step("probe")), limited=False)
 
 
 def steps_job(runs, finish) -> Callable:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from csd.config import CSDConfig, SamplingConfig
-from csd.decoding import sync_cuda
+from csd.decoding import StepCallback, sync_cuda
 from csd.dispatch import Method
 from csd.records.cost import csd_passes
 from csd.serving.pairs import ModelPair
@@ -27,6 +27,8 @@ CALIBRATION_BATCH = 4  # the second batch timed
 # default setting's three runs at one image and at CALIBRATION_BATCH, after a warm-up (an estimate: 8 s on the
 # 2-core CPU for the embedded pairs, docs/space.md for a GPU).
 CALIBRATION_SECONDS = 40.0
+PROBE_REPEATS = 2  # runs of a probe (demo.reference): the least is taken
+PROBE_SECONDS = 10.0  # what a probe's GPU call may take (its three short runs; an estimate)
 HEADROOM = 0.8  # a request is refused when its estimate passes this share of the time limit
 
 
@@ -45,6 +47,12 @@ class Rates:
     tokens: int = 0
     head_share: dict[str, float] = field(default_factory=dict)
     head_calls: float = 0.0
+
+    def scaled(self, factor: float) -> Rates:
+        """The same rates on a machine ``factor`` times as slow (every step's cost times ``factor``)."""
+        return replace(
+            self, one={k: v * factor for k, v in self.one.items()}, many={k: v * factor for k, v in self.many.items()}
+        )
 
     def step(self, kind: str, images: int) -> float:
         """Seconds of one AR step of a run of ``kind`` over ``images`` images (linear in the batch)."""
@@ -90,20 +98,27 @@ def _head_share(trace) -> float:
     return sum(v for k, v in trace.times.items() if k.endswith("_head")) / total if total > 0 else 0.0
 
 
-def calibrate(pair: ModelPair, sampling: SamplingConfig, csd: CSDConfig, condition) -> Rates:
+def cheapest(pair: ModelPair, sampling: SamplingConfig) -> SamplingConfig:
+    """``sampling`` at the family's cheapest setting: one AR step (or the fixed ones) at the fewest head steps,
+    guided as ``sampling`` is (a warm-up run)."""
+    cheap = pair.traits.cheapest()
+    return replace(sampling, num_steps=cheap.num_steps, head_steps=cheap.head_steps, cfg_schedule=cheap.cfg_schedule)
+
+
+def calibrate(
+    pair: ModelPair, sampling: SamplingConfig, csd: CSDConfig, condition, on_step: StepCallback | None = None
+) -> Rates:
     """Time each run kind at ``sampling`` and ``csd`` (the page's default on this pair, ``condition`` its
     class or prompt) at one image and at :data:`CALIBRATION_BATCH`, after an untimed warm-up of each kind
-    at the family's cheapest setting."""
+    at the family's cheapest setting. ``on_step``: every run's AR steps (a stop raised there ends the timing)."""
     steps = sampling.num_steps
 
     def runs(images: int, s: SamplingConfig) -> dict:
         conditions, seeds = [condition] * images, list(range(images))
         methods = (Method.target(), Method.draft(), Method.speculative(csd))  # keyed by kind: target, draft, csd
-        return {m.kind: (lambda m=m: m.run(pair.target, pair.draft, conditions, seeds, s)) for m in methods}
+        return {m.kind: (lambda m=m: m.run(pair.target, pair.draft, conditions, seeds, s, on_step)) for m in methods}
 
-    cheap = pair.traits.cheapest()  # one AR step (or the fixed ones) at the fewest head steps, guided as timed
-    warm = replace(sampling, num_steps=cheap.num_steps, head_steps=cheap.head_steps, cfg_schedule=cheap.cfg_schedule)
-    for run in runs(1, warm).values():
+    for run in runs(1, cheapest(pair, sampling)).values():
         run()
     traces = {}
 
@@ -124,6 +139,23 @@ def calibrate(pair: ModelPair, sampling: SamplingConfig, csd: CSDConfig, conditi
     return Rates(
         one, many, passes=passes, tokens=pair.num_tokens, head_share=share, head_calls=head_calls(pair, sampling)
     )
+
+
+def probe(pair: ModelPair, sampling: SamplingConfig, condition, on_step: StepCallback | None = None) -> float:
+    """Seconds of the target's run over one image at ``sampling`` (the page's default on the pair, ``condition``
+    its class or prompt), the least of :data:`PROBE_REPEATS` after an untimed warm-up at the family's cheapest
+    setting: a short measure of how fast this machine runs the pair, against a reference machine's
+    (:mod:`demo.reference`). ``on_step`` as in :func:`calibrate`."""
+    target = Method.target()
+    target.run(pair.target, pair.draft, [condition], [0], cheapest(pair, sampling), on_step)
+    seconds = []
+    for _ in range(PROBE_REPEATS):
+        sync_cuda()
+        t0 = time.perf_counter()
+        target.run(pair.target, pair.draft, [condition], [0], sampling, on_step)
+        sync_cuda()
+        seconds.append(time.perf_counter() - t0)
+    return min(seconds)
 
 
 def words(seconds: float) -> str:

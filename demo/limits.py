@@ -21,8 +21,16 @@ class Limits:
     max_batch: int = _limit(8, "CSD_MAX_BATCH", "images of one Generate run")
     max_steps: int = _limit(64, "CSD_MAX_STEPS", "AR steps of one run")
     max_images: int = _limit(8, "CSD_MAX_IMAGES", "images of one analysis recompute")
-    concurrency: int = _limit(1, None, "requests that run at once; the rest wait in the queue")
-    queue_size: int = _limit(16, None, "requests waiting in the queue")
+    concurrency: int = _limit(1, None, "model runs at once; the other requests wait in line, each told its place")
+    # The line is bounded by its predicted length (a CPU Space: 5 min); the count is a safety cap on what the
+    # waiting requests hold (a thread and an event each), past what the length lets in at the defaults.
+    max_wait: float = _limit(
+        300.0,
+        "CSD_MAX_WAIT",
+        "seconds of predicted work the line of model runs may hold (the running requests' time left, the waiting "
+        "ones' and a new one's own): a request past it is refused at once, naming the line's length",
+    )
+    queue_size: int = _limit(64, "CSD_QUEUE_SIZE", "requests waiting or running at most (a safety cap; see --max-wait)")
     # Images x AR steps of one analysis recompute (about 40 runs): 256 took 60-64 s on 2 CPU cores.
     max_analysis_steps: int = _limit(256, "CSD_MAX_ANALYSIS_STEPS", "images x AR steps of one analysis recompute")
     max_seconds: float = _limit(

@@ -18,6 +18,7 @@ from demo.errors import refuse
 from demo.faults import FAULT, CallEnded, Load, caught, crossed, fault_error
 from demo.gpu import Done, Ended, GpuCalls
 from demo.limits import Limits
+from demo.timings import PairTimings
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # The page hears of a run's AR steps at most once every this many seconds (and at each run's first and last
@@ -51,12 +52,14 @@ class ModelRuns:
     gpu: GpuCalls  # every model run goes through this one GPU-decorated function, as a registered task
     limits: Limits
     history: deque[dict]  # the latest model runs: status, AR steps run, seconds
+    timings: PairTimings  # each pair's rates, which what its requests' runs take refines
 
-    def job_events(self, work) -> Iterator[object]:
+    def job_events(self, work, limited: bool = True) -> Iterator[object]:
         """A model run as a GPU task yields it: ``work(job)`` in a :class:`~csd.serving.jobs.Job` (progress
-        per AR step, stopped by Stop or the time limit), its steps and posted values, then :class:`Done` with
-        its result or :class:`Ended` with why it did not finish. The job stops whenever the caller stops."""
-        job = Job(work, time_limit=self.limits.max_seconds)
+        per AR step, stopped by Stop or, when ``limited``, the time limit), its steps and posted values, then
+        :class:`Done` with its result or :class:`Ended` with why it did not finish. The job stops whenever the
+        caller stops."""
+        job = Job(work, time_limit=self.limits.max_seconds if limited else None)
         try:
             yield from job
         except Stopped as err:
@@ -76,18 +79,29 @@ class ModelRuns:
             job.stop()
         yield Done(job.result)
 
-    def follow(self, events: Iterator, runs: list[str], progress, load: Load | None = None) -> Iterator[object]:
+    def follow(
+        self,
+        events: Iterator,
+        runs: list[str],
+        progress,
+        load: Load | None = None,
+        estimate: tuple[str, float] | None = None,
+    ) -> Iterator[object]:
         """Follow a GPU call's events (:meth:`job_events`) in the main process: report its AR steps to
         ``progress`` (phase in the label, the bar across ``runs``) and pass them on, as a :class:`Throttle`
         lets them through, and pass on every value it posts; return its result (``yield from``), or raise the
         app's error for a run that stopped, was refused or failed (:mod:`demo.faults`: named for ``load``, what
         the request asked for), whether it ends the call's events or crosses the call as an exception.
-        Closing this generator (Stop) closes the call."""
+        ``estimate``: the pair the call ran on and the seconds it was estimated at; what a call that finished
+        took refines the pair's estimates (:meth:`demo.timings.PairTimings.observe`). Closing this generator
+        (Stop) closes the call."""
         t0, status, steps, throttle = time.perf_counter(), None, 0, Throttle()  # None: closed by Stop
         try:
             for event in events:
                 if isinstance(event, Done):
                     status = "done"
+                    if estimate is not None:
+                        self.timings.observe(*estimate, time.perf_counter() - t0)
                     return event.result
                 if isinstance(event, Ended):
                     status = event.status
@@ -110,10 +124,12 @@ class ModelRuns:
 
     def run_all(self, task: str, values: dict, seconds: float, progress, load: Load | None = None) -> Iterator[str]:
         """Run GPU task ``task`` (whose work posts a :class:`~csd.serving.jobs.RunStart` before each of its
-        runs, :func:`steps_job`) on ``values``, asking for ``seconds``: yields a status line (the run within the
-        runs, the AR step within the run); returns the task's result (a fault named for ``load``)."""
+        runs, :func:`steps_job`) on ``values`` (its ``pair_name`` among them), asking for ``seconds``: yields a
+        status line (the run within the runs, the AR step within the run); returns the task's result (a fault
+        named for ``load``)."""
         run = RunStart(0, 1, "")
-        follow = self.follow(self.gpu.call(task, values, seconds), [], lambda *args, **kwargs: None, load)
+        call = self.gpu.call(task, values, seconds)
+        follow = self.follow(call, [], lambda *args, **kwargs: None, load, (values["pair_name"], seconds))
         while True:
             try:
                 event = next(follow)
@@ -140,15 +156,18 @@ def ended(event: Ended, load: Load | None = None) -> Exception:
     return refuse(f"Invalid setting: {event.message}")
 
 
-def run_to_end(events: Iterator) -> object:
-    """The result of a GPU call run to its end without progress reports (an operator's call: the start-up
-    timing, the warm-up); a call that did not finish raises the app's error."""
+def run_to_end(events: Iterator, give_up: Callable[[], bool] | None = None) -> object:
+    """The result of a GPU call run to its end without progress reports (the server's own call: a pair's timing or
+    probe, a decode); a call that did not finish raises the app's error. ``give_up``: asked at each of the call's
+    events (each AR step of a job); once it is true the call is closed (its job stops) and None returned."""
     try:
         for event in events:
             if isinstance(event, Done):
                 return event.result
             if isinstance(event, Ended):
                 raise ended(event)
+            if give_up is not None and give_up():
+                return None
     except Exception as err:
         raise crossed(err, None, DEVICE.type == "cuda") from None
     finally:

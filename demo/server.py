@@ -15,7 +15,6 @@ import argparse
 import json
 import logging
 import os
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -33,9 +32,11 @@ from demo.application import DEVICE, App
 from demo.gpu import zero_gpu
 from demo.guard import Guard
 from demo.limits import Limits
+from demo.reference import REFERENCE_FILE
+from demo.reference import read as read_reference
 from demo.tab import Page, Tab
 from demo.tabs.analyze import AnalysisTab
-from demo.tabs.generate import GenerateTab, compare
+from demo.tabs.generate import GenerateTab
 from demo.tabs.inspect import InspectTab
 from demo.tabs.method import MethodTab
 
@@ -62,13 +63,15 @@ CSS = """
   .csd-pair > div { min-width: 0 !important; flex: 1 1 50% !important; }
 }
 """
+GRADIO_THREADS = 40  # Gradio's own thread count, for the page's quick events, beside the requests in line
 # System fonts: the default theme would fetch web fonts, and the app must work offline.
 THEME = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
 
 
 def build(app: App) -> gr.Blocks:
-    # Generation and analysis share one queue slot group: at most `concurrency` model runs at once.
-    queue = {"concurrency_id": "models", "concurrency_limit": app.limits.concurrency}
+    # Generation and analysis share one queue group, whose every request starts at once and waits in the app's
+    # line (demo.line: at most `concurrency` model runs at once, each waiting request told its place and wait).
+    queue = {"concurrency_id": "models", "concurrency_limit": app.limits.queue_size}
     # Generated images are temporary files: those older than 15 min are deleted every 5 min.
     with gr.Blocks(title="Continuous speculative decoding", delete_cache=(300, 900)) as demo:
         gr.Markdown(
@@ -178,9 +181,12 @@ def precomputed_frontiers(paths: list[Path], store: PairStore) -> dict[str, dict
     return fronts
 
 
-def make_app(checkpoints: Path | None, limits: Limits, hub_repo: str | None = None) -> App:
+def make_app(
+    checkpoints: Path | None, limits: Limits, hub_repo: str | None = None, reference: Path | None = REFERENCE_FILE
+) -> App:
     """The app on every pair found (the untrained pair only when nothing is installed). With ``hub_repo``
-    the official checkpoints are fetched into ``checkpoints`` first; a failure ends the start."""
+    the official checkpoints are fetched into ``checkpoints`` first; a failure ends the start. ``reference``: the
+    committed rates (:mod:`demo.reference`), used on a CPU (a GPU times its pairs itself); None: none."""
     if hub_repo is not None:
         try:
             log = lambda line: print(line, flush=True)
@@ -195,19 +201,11 @@ def make_app(checkpoints: Path | None, limits: Limits, hub_repo: str | None = No
     panels = Panels.load(PRECOMPUTED) if PRECOMPUTED.is_file() else None
     if panels is not None and panels.pair not in store.names:
         panels = None  # computed for a pair this server does not have
-    return App(store, limits, panels, precomputed_frontiers(FRONTIERS, store))
-
-
-def warm_up(app: App, log=lambda line: None) -> None:
-    """Time every pair at its default setting for the page's estimates (each in a GPU call; the page's
-    defaults are sized from them), then run the default comparison once, so the first visitor's timings do
-    not include one-time costs. :func:`main` calls it once the page is served. ``log``: a line per pair timed."""
-    for name in app.store.names:
-        t0 = time.perf_counter()
-        app.rates(app.store.get(name))
-        log(f"Timed {name} in {time.perf_counter() - t0:.0f} s")
-    for _ in compare(app, lambda *args, **kwargs: None, fit=False, **app.default_controls()):
-        pass
+    app = App(store, limits, panels, precomputed_frontiers(FRONTIERS, store))
+    if reference is not None and DEVICE.type == "cpu" and not zero_gpu():
+        served = {name: (store.source(name).weights, app.default_setting(name)) for name in store.names}
+        app.timings.reference = read_reference(reference, served)
+    return app
 
 
 # Gradio settings from the environment that widen what a visitor can reach: off unless an operator flag asks.
@@ -228,20 +226,28 @@ def serve(
     block: bool = True,
     gradio_env: bool = False,
 ) -> str:
-    """Queue (at most ``limits.concurrency`` requests run at once) and launch; returns the local URL.
+    """Queue (every model request joins the app's line at once, at most ``limits.queue_size``; the line runs
+    ``limits.concurrency`` at a time, demo.line) and launch; returns the local URL.
     ``port=None`` takes the first free port from 7860; ``block=False`` returns while serving. The guard
     (:class:`demo.guard.Guard`) caps bodies, refuses uploads and limits each session's queued requests;
     ``gradio_env``: keep the widening Gradio environment variables (:data:`WIDENING_ENV`)."""
     if not gradio_env:
         for name in pin_gradio_env():
             print(f"{name} ignored (pass --gradio-env to honour it)", flush=True)
+    # Gradio switches matplotlib's backend around each API call; the first switch imports pyplot, 0.7-0.9 s of a
+    # first visitor's wait on the server's event loop (python app.py on 2 busy cores): made here, before serving.
+    import matplotlib
+
+    matplotlib.get_backend()
     demo.queue(default_concurrency_limit=limits.concurrency, max_size=limits.queue_size)
+    # Each request in the app's line holds one of Gradio's threads while it waits: Gradio's 40 stay for the rest.
     streams = demo.csd_app.streams if hasattr(demo, "csd_app") else Counter()
     guard = Middleware(
         Guard, blocks=demo, max_body=limits.max_body_kb * 1024, per_session=limits.per_session, streams=streams
     )
     _, url, _ = demo.launch(
         app_kwargs={"middleware": [guard]},
+        max_threads=limits.queue_size + GRADIO_THREADS,
         state_session_capacity=limits.sessions,
         max_file_size=limits.max_body_kb * 1024,
         mcp_server=False,
@@ -271,8 +277,11 @@ def main(argv: list[str] | None = None) -> None:
     # timed already runs at once; the page says "measured when this pair is first used" until it is in.
     where = f"ZeroGPU (GPU calls of at most {limits.gpu_seconds:.0f} s)" if zero_gpu() else f"device {DEVICE}"
     where += f", heads {'compiled' if kernels.ON_CUDA.compiled else 'eager'} on CUDA" if DEVICE.type == "cuda" else ""
-    log(f"Pairs: {app.store.names}; {where}; serving, then timing each pair")
+    for name in app.store.names:  # loaded before the page is served: a visitor's first run does not load its pair
+        app.store.get(name)
+    committed = [name for name in app.store.names if app.timings.committed(name)]
+    log(f"Pairs: {app.store.names}; {where}; committed rates for {committed}; serving, then timing while idle")
     demo = build(app)
     serve(demo, limits, args.host, args.port, args.share, block=False, gradio_env=args.gradio_env)
-    warm_up(app, log)
+    app.idle_work(log)
     demo.block_thread()

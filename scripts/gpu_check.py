@@ -110,7 +110,7 @@ def serve_official(stack: ExitStack, tiny: bool, device: torch.device):
     limits = Limits(max_batch=8, max_seconds=600.0, gpu_seconds=300.0)
     application = App(PairStore(sources, device), limits)
     t0 = time.perf_counter()
-    server.warm_up(application)
+    application.idle_work()
     demo = server.build(application)
     url = server.serve(demo, limits, "127.0.0.1", None, block=False)
     stack.callback(demo.close)

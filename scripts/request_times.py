@@ -94,7 +94,7 @@ def main() -> None:
     app = server.make_app(None, replace(limits, max_seconds=1e9))  # see the true time; the estimate uses `limits`
     loads = {"start": load_average()}
     timed: list[str] = []
-    server.warm_up(app, timed.append)  # every pair timed at its default setting, as the server starts
+    app.idle_work(timed.append)  # every pair probed or timed at its default setting, as the server does
     records = json.loads(args.out.read_text()) if args.out.exists() else {}
     here = machine()
     kept = records.get(here["capability"], {}).get("pairs", {}) if args.pairs else {}  # other pairs' rows stay

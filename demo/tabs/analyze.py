@@ -28,6 +28,7 @@ SECTIONS = (  # (title, panels in the row), in the order of ANALYSIS_KEYS
 )
 
 
+FEWER = "fewer images (Images (n))"  # what a recompute refused for the line's length may ask for instead
 # The benchmark's two regimes, each a committed frontier per pair (frontier_b<batch>.json).
 REGIMES = {1: "batch 1 (latency: one image at a time)", 8: "batch 8 (throughput)"}
 
@@ -198,14 +199,17 @@ class AnalysisTab:
 
     def analyze(self, n_images: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
         """For API clients (after the validator): a refusal is an error."""
-        self.app.check_client(request)
-        at_once = lambda: check_analysis(self.app, n_images, self.a_components, False, **controls)
-        for line in self.app.await_rates(controls.get("pair_name"), progress, at_once):  # a pair being timed
-            yield {self.status: line}
-        work = analysis_panels(self.app, n_images, progress, self.a_components, **controls)
-        panels = yield from self._statuses(work, self.status)
-        figures = dict(zip(self.plots, analysis_figures(panels), strict=True))
-        yield {self.status: analysis_status(panels, recomputed=True), **figures, self.data: panels_json(panels)}
+        app, components = self.app, self.a_components
+        app.check_client(request)
+        check = lambda: check_analysis(app, n_images, components, False, **controls)
+        estimate = lambda: check_analysis(app, n_images, components, True, **controls)[1]
+        with app.turn(request, controls.get("pair_name"), check, estimate, FEWER, progress) as turn:
+            for line in turn:
+                yield {self.status: line}
+            work = analysis_panels(app, n_images, progress, components, **controls)
+            panels = yield from self._statuses(work, self.status)
+            figures = dict(zip(self.plots, analysis_figures(panels), strict=True))
+            yield {self.status: analysis_status(panels, recomputed=True), **figures, self.data: panels_json(panels)}
 
     def frontier_page(self, n_images: int, request: gr.Request, progress=gr.Progress(), regime=1, **controls):  # noqa: B008
         """For the page: a refused or stopped recompute leaves the frontier shown as it was and says why."""
@@ -217,20 +221,23 @@ class AnalysisTab:
         benchmark's frontier of the same pair in the chosen ``regime`` (a batch of REGIMES), never in its
         place."""
         batch = regime_batch(regime)
-        self.app.check_client(request)
-        at_once = lambda: check_frontier(self.app, n_images, self.f_components, False, **controls)
-        for line in self.app.await_rates(controls.get("pair_name"), progress, at_once):  # a pair being timed
-            yield {self.f_status: line}
-        work = frontier_result(self.app, n_images, progress, self.f_components, **controls)
-        result = yield from self._statuses(work, self.f_status)
-        committed = self.app.committed_front(result.get("pair"), batch)
-        chart, table, data = frontier_outputs(result, committed)
-        yield {
-            self.f_status: frontier_status(result, recomputed=True, committed=committed),
-            self.f_plot: chart,
-            self.f_table: table,
-            self.f_data: data,
-        }
+        app, components = self.app, self.f_components
+        app.check_client(request)
+        check = lambda: check_frontier(app, n_images, components, False, **controls)
+        estimate = lambda: check_frontier(app, n_images, components, True, **controls)[1]
+        with app.turn(request, controls.get("pair_name"), check, estimate, FEWER, progress) as turn:
+            for line in turn:
+                yield {self.f_status: line}
+            work = frontier_result(app, n_images, progress, components, **controls)
+            result = yield from self._statuses(work, self.f_status)
+            committed = app.committed_front(result.get("pair"), batch)
+            chart, table, data = frontier_outputs(result, committed)
+            yield {
+                self.f_status: frontier_status(result, recomputed=True, committed=committed),
+                self.f_plot: chart,
+                self.f_table: table,
+                self.f_data: data,
+            }
 
     def committed_outputs(self, pair_name: str | None, regime) -> dict:
         """The benchmark's frontier of the chosen pair and regime, with its status and verdict line."""

@@ -84,7 +84,8 @@ def compare(app: App, progress, fit: bool = True, **controls) -> Iterator[object
 
 
 def _compare(app: App, r: Request, seconds: float, progress) -> Iterator[object]:
-    result = yield from app.follow(app.gpu.call("compare", r.plain(), seconds), RUNS, progress, app.load(r))
+    call = app.gpu.call("compare", r.plain(), seconds)
+    result = yield from app.follow(call, RUNS, progress, app.load(r), (r.pair.name, seconds))
     yield result
 
 
@@ -147,23 +148,27 @@ class GenerateTab(GenerateLayout):
         yield from shown_refusal(run, self.stats, "Not run", message=True)
 
     def generate(self, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008 (Gradio's pattern)
-        """Each image as it is ready, a status line per AR step; the last message carries every output."""
-        self.app.check_client(request)
-        at_once = lambda: check_generate(self.app, None, False, **controls)  # a bad value: refused before any wait
-        for line in self.app.await_rates(controls.get("pair_name"), progress, at_once):  # a pair being timed
-            yield {self.stats: line}
-        events = compare(self.app, progress, **controls)  # a refusal comes here, before anything is cleared
-        # Clear the outputs of any earlier run first: what is on screen is always from this run.
-        yield {**dict.fromkeys(self.outputs), self.stats: "Starting ..."}
-        for event in events:  # each image as it comes, and all of them with the last message (an API client's)
-            if isinstance(event, Step):
-                yield {self.stats: f"Running {event.text} ..."}
-            elif isinstance(event, TargetReady):
-                yield {self.target: event.grid}
-            elif isinstance(event, CsdReady):
-                yield {self.csd: event.grid, self.map: event.token_map}
-            elif isinstance(event, Comparison):
-                yield self._comparison(event, controls)
+        """Its place in the line while it waits; then each image as it is ready, a status line per AR step; the
+        last message carries every output."""
+        app = self.app
+        app.check_client(request)
+        check = lambda: check_generate(app, None, False, **controls)
+        estimate = lambda: app.estimate(check_generate(app, None, True, **controls), RUN_KINDS)
+        with app.turn(request, controls.get("pair_name"), check, estimate, "fewer images (Images)", progress) as turn:
+            for line in turn:  # a refusal comes here, before anything is cleared
+                yield {self.stats: line}
+            events = compare(app, progress, **controls)
+            # Clear the outputs of any earlier run first: what is on screen is always from this run.
+            yield {**dict.fromkeys(self.outputs), self.stats: "Starting ..."}
+            for event in events:  # each image as it comes, and all of them with the last message (an API client's)
+                if isinstance(event, Step):
+                    yield {self.stats: f"Running {event.text} ..."}
+                elif isinstance(event, TargetReady):
+                    yield {self.target: event.grid}
+                elif isinstance(event, CsdReady):
+                    yield {self.csd: event.grid, self.map: event.token_map}
+                elif isinstance(event, Comparison):
+                    yield self._comparison(event, controls)
 
     def _comparison(self, c: Comparison, controls: dict) -> dict:
         im = c.images

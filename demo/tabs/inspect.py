@@ -25,6 +25,7 @@ from visualize.render import to_plotly
 from visualize.replay import REPLAY_STYLE, chains_chart, frame_images
 
 PLAY_SECONDS = 0.5  # between frames of the replay
+RUNS = {"target": 1, "csd": 1}  # the runs of an inspection, by kind
 IMAGE = {"type": "numpy", "format": "png", "elem_classes": "csd-img", "interactive": False}
 
 
@@ -77,7 +78,7 @@ def check_inspect(
             what = "Image" if name == "image" else f"Token {name}"
             of = "the batch" if name == "image" else f"the {side} x {side} grid of {r.pair.name}"
             raise refuse(f"{what} must be an integer in [0, {hi}] ({of}), got {short(value)}", control=name)
-    seconds = app.estimate(r, {"target": 1, "csd": 1}, measure=load)
+    seconds = app.estimate(r, RUNS, measure=load)
     app.check_fits(seconds, "ask for fewer images or AR steps", "batch_size")
     return r
 
@@ -89,9 +90,9 @@ def inspect_run(
     the replay (each frame's label, AR steps and per-token status), the token's inspection and the hints."""
     r = check_inspect(app, image, row, column, components, **controls)
     image, row, column = _position(components, image, row, column)
-    seconds = app.estimate(r, {"target": 1, "csd": 1})
+    seconds = app.estimate(r, RUNS)
     call = app.gpu.call("inspect", r.plain(), seconds)
-    run = drain(app.follow(call, ["target-only", "CSD"], progress, app.load(r)))
+    run = drain(app.follow(call, ["target-only", "CSD"], progress, app.load(r), (r.pair.name, seconds)))
     try:
         token = run.token(image, row, column)
     except ValueError as err:
@@ -199,10 +200,13 @@ class InspectTab:
         return hint["image"], hint["row"], hint["column"]
 
     def inspect_api(self, image: int, row: int, column: int, request: gr.Request, progress=gr.Progress(), **controls):  # noqa: B008
-        self.app.check_client(request)
-        at_once = lambda: check_inspect(self.app, image, row, column, self.p_components, False, **controls)
-        drain(self.app.await_rates(controls.get("pair_name"), progress, at_once))  # a pair being timed: waits
-        return inspect_run(self.app, image, row, column, progress, self.p_components, **controls)
+        app, components = self.app, self.p_components
+        app.check_client(request)
+        check = lambda: check_inspect(app, image, row, column, components, False, **controls)
+        estimate = lambda: app.estimate(check_inspect(app, image, row, column, components, True, **controls), RUNS)
+        with app.turn(request, controls.get("pair_name"), check, estimate, "fewer images (Images)", progress) as turn:
+            drain(iter(turn))  # its place in the line: the API's caller sees only the result
+            return inspect_run(app, image, row, column, progress, components, **controls)
 
     def build(self, page: Page) -> None:
         controls, inspected, generated, queue = page.controls, page.inspected, page.generated, page.queue

@@ -41,13 +41,13 @@ def shared_rates(tmp_path_factory, worker_id):
     folder = _session_dir(tmp_path_factory, worker_id)
     folder.mkdir(parents=True, exist_ok=True)
 
-    def once(pair, sampling, csd, condition):
+    def once(pair, sampling, csd, condition, on_step=None):
         what = repr((pair.name, sampling, csd, condition, torch.get_num_threads(), torch.get_default_dtype()))
         path = folder / hashlib.sha256(what.encode()).hexdigest()[:24]
         with FileLock(f"{path}.lock"):  # a pair being timed by the other worker is waited for, not timed twice
             if path.exists():
                 return pickle.loads(path.read_bytes())
-            rates = estimate.calibrate(pair, sampling, csd, condition)
+            rates = estimate.calibrate(pair, sampling, csd, condition, on_step)
             path.write_bytes(pickle.dumps(rates))
             return rates
 

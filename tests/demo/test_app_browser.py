@@ -23,7 +23,6 @@ from demo.limits import Limits
 from tests.demo.browser import DESKTOP, PHONE, missing, open_page
 from tests.helpers import pair_name
 
-pytestmark = pytest.mark.usefixtures("shared_rates")  # each pair timed once per session (tests/demo/conftest.py)
 ROOT = Path(__file__).resolve().parents[2]
 # The default analysis recompute runs several settings: 37-65 s here beside the other worker, more beside a
 # two-thread perturbation rerun.
@@ -43,8 +42,7 @@ def served():
     limits = Limits(max_seconds=600.0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as `python app.py --threads 1`: on a shared CPU, more threads can be 10x slower
-    application = server.make_app(None, limits)  # what `python app.py` serves, models and panels included
-    server.warm_up(application)  # the pairs timed before the page is built (`python app.py` times them after)
+    application = server.make_app(None, limits)  # what `python app.py` serves: models, panels, committed rates
     demo = server.build(application)
     yield application, server.serve(demo, limits, "127.0.0.1", None, block=False)
     demo.close()

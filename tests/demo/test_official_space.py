@@ -50,7 +50,7 @@ def official(tmp_path_factory):
         assert fetched == set(HUB_FILES)  # every file downloaded through the Hub client
         stub.CALLS.clear()
         application = App(PairStore(discover(checkpoints, embedded_dir=source / "none"), torch.device("cpu")), LIMITS)
-        server.warm_up(application)
+        application.idle_work()
         demo = server.build(application)
         url = server.serve(demo, LIMITS, "127.0.0.1", None, block=False)
         try:

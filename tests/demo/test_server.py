@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("gradio_client")
 
 from csd.serving import pairs
-from csd.serving.pairs import HUB_FILES, PairSource, PairStore, discover, fetch_official
+from csd.serving.pairs import HUB_FILES, PairStore, discover, fetch_official
 from csd.trace import Maker
 from demo import server
 from demo.application import App
@@ -23,22 +23,12 @@ from demo.tab import Page
 from demo.tabs.analyze import analysis_panels, analyze_stopped
 from demo.tabs.generate import GenerateTab, compare
 from tests.demo.local_client import local_client
+from tests.demo.slow_pair import STEP_DELAY, slowed
 from tests.fake_hub import fake_hub
 
 OFFICIAL_REPO = {name: name.encode() * 3 for name in HUB_FILES} | {"README.md": b"not fetched"}
-STEP_DELAY = 0.02  # seconds added to every backbone pass of the slow pair: runs long enough to stop midway
-
-
-def _slow_pair(device):
-    """The untrained pair with a sleep in each backbone pass (a forward pre-hook on the first block)."""
-    pair = pairs.random_pair(device)
-    for model in (pair.target, pair.draft):
-        model.encoder_blocks[0].register_forward_pre_hook(lambda module, args: time.sleep(STEP_DELAY))
-    return pair
-
-
 RANDOM_NAME = pairs.RANDOM_SOURCE.name
-SLOW_SOURCE = PairSource(RANDOM_NAME, pairs.CLASS_NAMES, "random:0", _slow_pair, pairs.RANDOM_SOURCE.traits)
+SLOW_SOURCE = slowed()  # runs long enough to stop midway
 LIMITS = Limits(max_batch=2, max_steps=64, max_images=2)
 
 

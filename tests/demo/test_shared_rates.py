@@ -17,9 +17,9 @@ pytestmark = pytest.mark.usefixtures("shared_rates")
 def test_a_second_app_gets_the_first_apps_rates_and_another_setting_is_timed_anew(monkeypatch):
     timed, real = [], estimate.calibrate
 
-    def counted(pair, sampling, csd, condition):
+    def counted(pair, sampling, csd, condition, on_step=None):
         timed.append(sampling.num_steps)
-        return real(pair, sampling, csd, condition)
+        return real(pair, sampling, csd, condition, on_step)
 
     monkeypatch.setattr(estimate, "calibrate", counted)
 

@@ -16,7 +16,7 @@ from csd.serving.pairs import RANDOM_SOURCE, PairStore
 from demo import server
 from demo.application import App
 from demo.limits import Limits
-from demo.soak import Soak, default_requests, resident_mib
+from demo.soak import Outcome, Soak, burst_report, default_requests, resident_mib
 
 pytestmark = pytest.mark.slow
 ROUNDS, CALLS = 4, 40  # 160 sessions
@@ -62,3 +62,17 @@ def test_resident_memory_levels_off_over_ten_times_the_sessions_kept():
     assert sum(r["by_kind"].get("served", 0) for r in reports) > ROUNDS * CALLS // 2
     assert all(0 < n <= limits.sessions for n in kept), f"sessions held after each round of {CALLS}: {kept}"
     assert max(memory[2:]) - memory[1] < MARGIN_MIB, f"resident MiB after each round of {CALLS}: {memory}"
+
+
+def test_a_bursts_report_compares_each_first_predicted_wait_with_the_wait_measured_from_when_it_was_told():
+    outcomes = [
+        Outcome("served", 12.0, queued=10.5, places=[(0.5, 2, 5.0)]),  # told at 0.5 s: waited 10 s, 5 s predicted
+        Outcome("served", 3.0, queued=2.5, places=[(0.5, 1, 1.0)]),  # waited under 5 s: not compared
+        Outcome("served", 2.0, queued=0.1),  # ran at once, told nothing
+        Outcome("refused", 0.8, detail="This request would be about 6 min in line here"),
+    ]
+    report = burst_report(outcomes)
+    assert report["by_kind"] == {"served": 3, "refused": 1} and report["saw_a_place"] == 2
+    assert report["predicted_wait_s"] == [5.0, 1.0, None] and report["measured_wait_s"] == [10.5, 2.5, 0.1]
+    assert report["predicted_over_measured"] == [0.5]
+    assert report["refusals"] == ["This request would be about 6 min in line here"] and report["longest_s"] == 12.0

@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import gradio as gr
@@ -25,18 +23,17 @@ import torch
 
 pytest.importorskip("gradio_client")
 
-import demo.application
 from csd.experiments.defaults import PRESETS
 from csd.serving.pairs import RANDOM_SOURCE, PairStore
 from demo import gpu, server
 from demo.application import App, pair_defaults
-from demo.estimate import Rates
 from demo.gpu import GpuCalls
 from demo.limits import Limits
 from demo.tab import Page
 from demo.tabs.analyze import check_analysis, plan_analysis, plan_frontier
 from demo.tabs.generate import RUN_KINDS, GenerateTab, check_generate, compare
 from tests.demo.local_client import local_client
+from tests.demo.slow_pair import slowed
 from tests.stubs import spaces as stub
 
 pytestmark = pytest.mark.usefixtures("shared_rates")  # each pair timed once per session (tests/demo/conftest.py)
@@ -81,12 +78,12 @@ def test_with_the_real_spaces_package_off_zero_gpu_calls_run_in_process(monkeypa
 
 
 def test_every_model_running_endpoint_runs_inside_a_gpu_call(on_zero_gpu):
-    """generate, analyze, frontier, inspect, the start-up timing and the warm-up comparison: each a call of the
-    decorated function, asking for a duration within the cap; no model runs outside one."""
+    """generate, analyze, frontier, inspect and the server's timing of its pair: each a call of the decorated
+    function, asking for a duration within the cap; no model runs outside one."""
     application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), LIMITS)
     assert on_zero_gpu.DECORATED and on_zero_gpu.DECORATED[-1].__name__ == "_run"
     outside = outside_calls(application)
-    server.warm_up(application)
+    application.idle_work()
     demo = server.build(application)
     url = server.serve(demo, LIMITS, "127.0.0.1", None, block=False)
     try:
@@ -100,7 +97,7 @@ def test_every_model_running_endpoint_runs_inside_a_gpu_call(on_zero_gpu):
     finally:
         demo.close()
     tasks = [c["task"] for c in on_zero_gpu.CALLS]
-    assert tasks == ["calibrate", "compare", "compare", "analysis", "frontier", "inspect"], tasks
+    assert tasks == ["calibrate", "compare", "analysis", "frontier", "inspect"], tasks
     assert all(0 < c["duration"] <= LIMITS.gpu_seconds for c in on_zero_gpu.CALLS)
     assert outside == []
 
@@ -162,6 +159,24 @@ def test_a_gpu_call_asks_for_its_estimate_with_the_margin_within_the_cap():
         calls.call("nothing", {}, 1.0)
 
 
+def test_the_line_counts_a_request_for_the_duration_its_gpu_call_asks_for_on_zero_gpu_its_estimate_elsewhere(
+    monkeypatch,
+):
+    """ZeroGPU grants a call its asked duration: the line's wait and limit count that, so two requests estimated
+    at 12 s fill a 30 s line there (28 s each) and fit in it on a CPU (12 s each)."""
+    limits = Limits(max_wait=30.0, gpu_seconds=60.0)
+    on_cpu = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), limits)
+    assert on_cpu.line_seconds(12.0) == 12.0
+    on_cpu.line.join(on_cpu.line_seconds(12.0), "fewer images")
+    assert on_cpu.line.join(on_cpu.line_seconds(12.0), "fewer images") is not None
+    monkeypatch.setenv(gpu.ZERO_GPU_FLAG, "true")
+    on_zero = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), limits, gpu=GpuCalls(None, 60.0, None))
+    assert on_zero.line_seconds(12.0) == 28 and on_zero.line_seconds(100.0) == 60  # 12 x 1.5 + 10; the cap
+    on_zero.line.join(on_zero.line_seconds(12.0), "fewer images")
+    with pytest.raises(gr.Error, match=r"This request would be about 56 s in line here \(about 28 s to wait"):
+        on_zero.line.join(on_zero.line_seconds(12.0), "fewer images")
+
+
 def test_stop_closes_the_gpu_call_and_its_job(on_zero_gpu):
     application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), LIMITS)
     application.rates(application.store.get(RANDOM_SOURCE.name))
@@ -170,23 +185,6 @@ def test_stop_closes_the_gpu_call_and_its_job(on_zero_gpu):
     assert on_zero_gpu.OPEN[0] == 1
     events.close()  # what Stop does to the page's handler
     assert on_zero_gpu.OPEN[0] == 0 and application.history[-1]["status"] == "stopped"
-
-
-def twin(name: str = "slow twin"):
-    """The untrained pair's source under another name: a second pair that loads at once."""
-    return replace(RANDOM_SOURCE, name=name, load=lambda device: replace(RANDOM_SOURCE.load(device), name=name))
-
-
-class Held:
-    """A hold for the stand-in (its ``HOLD``): the GPU call timing ``pair`` waits until :attr:`release` is set."""
-
-    def __init__(self, pair: str):
-        self.pair, self.started, self.release = pair, threading.Event(), threading.Event()
-
-    def __call__(self, task, values, estimate):
-        if task == "calibrate" and values["pair_name"] == self.pair:
-            self.started.set()
-            self.release.wait(120)
 
 
 def within(seconds: float, fn, *args, **kwargs):
@@ -208,68 +206,49 @@ def within(seconds: float, fn, *args, **kwargs):
     return out["value"]
 
 
-QUICK = Rates(one={"target": 0.01, "draft": 0.005, "csd": 0.01}, many={"target": 0.02, "draft": 0.01, "csd": 0.02})
+def until(seconds: float, ready) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        assert time.monotonic() < deadline, f"not within {seconds} s"
+        time.sleep(0.01)
 
 
-WAITING = r"Waiting for the slow twin pair's timing as the server starts \(about \d+ s\) \.\.\."
-
-
-def test_while_a_pair_is_timed_the_others_are_served_and_its_own_requests_wait_for_it(on_zero_gpu, monkeypatch):
-    """The start-up timing of one pair (a slow GPU call) holds nothing else: another pair's rates, its
-    validators' checks and its handlers' runs come at once. A validator on the pair being timed answers at once
-    and does not refuse (its time check waits for the rates, as for a pair not timed yet); a Generate on it
-    refuses a value out of range at once, else waits for the timing, saying so, and runs once the timing is in,
-    without timing the pair a second time."""
-    monkeypatch.setattr(
-        demo.application, "calibrate", lambda *args: QUICK
-    )  # the timing's result (its GPU call is held)
-    slow = twin()
-    application = App(PairStore([RANDOM_SOURCE, slow], torch.device("cpu")), LIMITS)
+def test_the_servers_timing_of_a_pair_gives_way_to_a_request_and_is_taken_up_again_once_the_line_is_empty(
+    on_zero_gpu,
+):
+    """While the server times a pair (its own work, in a GPU call, run only while the line is empty), the validators
+    of requests on that pair answer at once and do not refuse (their time check waits for the rates), and a
+    Generate on another pair joins: the timing gives way within an AR step (its call closed), the Generate starts
+    within a second and completes, and the timing is taken up again once the line is empty, to its end."""
+    slow, limits = slowed("slow twin"), Limits(max_batch=2, max_steps=8, max_images=2)
+    application = App(PairStore([RANDOM_SOURCE, slow], torch.device("cpu")), limits)
     tab = GenerateTab(application)
     with gr.Blocks():
         tab.build(Page({}))
-    timed = application.store.get(RANDOM_SOURCE.name)
-    application.rates(timed)
-    held = Held(slow.name)
-    on_zero_gpu.HOLD.append(held)
-    timing = threading.Thread(target=application.rates, args=(application.store.get(slow.name),), daemon=True)
-    timing.start()  # the start-up timing (demo.server.warm_up) of the second pair
-    values = controls(application)
-    slow_values = values | {"pair_name": slow.name}
-    updates: list[dict] = []
-    waiting = threading.Thread(target=lambda: updates.extend(tab.generate(None, **slow_values)), daemon=True)
-    try:
-        assert held.started.wait(30) and application.timing(slow.name)
-        analysis = {k: v for k, v in values.items() if k != "batch_size"}
-        assert within(1.0, application.rates, timed) is application.rates(timed)
-        for load in (False, True):  # a validator's check, then the handler's
-            assert within(1.0, check_generate, application, None, load, **values) is not None
-            assert within(1.0, check_analysis, application, 1, None, load, **analysis) is not None
-        assert within(1.0, check_generate, application, None, False, **slow_values) is not None  # not refused
-        assert within(1.0, check_analysis, application, 1, None, False, **(analysis | {"pair_name": slow.name}))
-        with pytest.raises(gr.Error, match="Batch size must be"):  # a value out of range: refused before any wait
-            within(1.0, next, tab.generate(None, **(slow_values | {"batch_size": 3})))
-        line = within(1.0, next, application.await_rates(slow.name))
-        assert re.fullmatch(WAITING, line), line
-        waiting.start()  # a Generate on the pair being timed: waits in its handler
-        deadline = time.monotonic() + 5
-        while not updates and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert waiting.is_alive() and updates and re.fullmatch(WAITING, updates[0][tab.stats]), updates
-        *_, result = compare(application, NO_PROGRESS, **values)  # the timed pair runs meanwhile
-        assert result.pair_name == RANDOM_SOURCE.name and waiting.is_alive() and application.timing(slow.name)
-    finally:
-        held.release.set()
-        timing.join(60)
-    waiting.join(120)
-    assert not waiting.is_alive() and updates[-1][tab.stats].startswith("### Speedup"), updates[-1]
-    assert application.timed(slow.name) and not application.timing(slow.name)
-    assert [c["task"] for c in on_zero_gpu.CALLS] == ["calibrate", "calibrate", "compare", "compare"]  # timed once
+    application.rates(application.store.get(RANDOM_SOURCE.name))
+    log: list[str] = []
+    server_work = threading.Thread(target=application.idle_work, args=(log.append,), daemon=True)
+    server_work.start()
+    until(30, lambda: len(on_zero_gpu.CALLS) == 2 and on_zero_gpu.OPEN[0] == 1)  # the twin's timing is under way
+    time.sleep(0.3)  # a few of its AR steps in
+    twin_values = controls(application, pair_name=slow.name)
+    analysis = {k: v for k, v in twin_values.items() if k != "batch_size"}
+    assert within(1.0, check_generate, application, None, False, **twin_values) is not None  # a validator: at once
+    assert within(1.0, check_analysis, application, 1, None, False, **analysis) is not None
+    t0, seen = time.monotonic(), []
+    for update in tab.generate(None, **controls(application)):
+        seen.append((time.monotonic() - t0, update.get(tab.stats)))
+    started = next(t for t, line in seen if line == "Starting ...")
+    assert started < 1.0, seen[:3]
+    assert seen[-1][1].startswith("### Speedup") and not application.timed(slow.name)  # it gave way, not done
+    server_work.join(60)
+    assert application.timed(slow.name) and len(log) == 1 and log[0].startswith(f"Timed {slow.name} in ")
+    assert [c["task"] for c in on_zero_gpu.CALLS] == ["calibrate", "calibrate", "compare", "calibrate"]
+    assert on_zero_gpu.OPEN[0] == 0
 
 
 ZERO_GPU_START = """
-import json, sys, threading, time
-import socket
+import json, os, re, socket, sys, threading, time
 with socket.socket() as s:  # a free port
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -279,25 +258,41 @@ import spaces
 from csd.serving.pairs import RANDOM_SOURCE, PairStore
 from demo import server
 from demo.application import DEVICE, PRECISION, App
+from tests.demo.slow_pair import slowed
 
-made = []
+slow = slowed("slow twin")
+made, urls = [], []
 def make_app(checkpoints, limits, hub=None):
-    made.append(App(PairStore([RANDOM_SOURCE], DEVICE), limits))
+    made.append(App(PairStore([RANDOM_SOURCE, slow], DEVICE), limits))
     return made[-1]
 server.make_app = make_app
-urls = []
 serve = server.serve
 server.serve = lambda *args, **kwargs: urls.append(serve(*args, **kwargs)) or urls[-1]
 threading.Thread(target=app.main, daemon=True).start()
 deadline = time.monotonic() + 600
-warm = lambda: made and made[0].timed(RANDOM_SOURCE.name) and spaces.CALLS[-1]["task"] == "compare"
-while not (urls and warm() and not spaces.OPEN[0]):
-    assert time.monotonic() < deadline, "the server did not start"
-    time.sleep(0.2)
+twin_timing = lambda: [c["task"] for c in spaces.CALLS] == ["calibrate", "calibrate"] and spaces.OPEN[0] == 1
+while not (urls and twin_timing()):  # the server serves and times its second pair
+    assert time.monotonic() < deadline, "the server did not start timing its second pair"
+    time.sleep(0.01)
+time.sleep(0.3)  # a few of its AR steps in
+from gradio_client.utils import Status
 from tests.demo.local_client import local_client
-values = {**made[0].default_controls(), "batch_size": 1, "ar_steps": 8}
-local_client(urls[0]).predict(**values, api_name="/generate")
-print(json.dumps({"device": str(DEVICE), "precision": PRECISION, "placed": spaces.PLACED, "calls": spaces.CALLS}))
+
+client, record = local_client(urls[0]), {}
+values = {**made[0].default_controls(), "batch_size": 1, "ar_steps": 8, "pair_name": slow.name}
+t0 = time.monotonic()
+job = client.submit(**values, api_name="/generate")  # on the pair being timed
+while job.status().code in (Status.STARTING, Status.JOINING_QUEUE) and time.monotonic() - t0 < 5:
+    time.sleep(0.01)
+record["joined in"] = time.monotonic() - t0
+out = job.result(timeout=300)
+record["statuses"] = [o[4] for o in job.outputs() if isinstance(o[4], str)][:3]
+record["result"] = out[4][:20]
+while made[0].timings.missing():  # the server's own work ends
+    time.sleep(0.05)
+calls = {"calls": spaces.CALLS, "placed": spaces.PLACED}
+print(json.dumps(record | calls | {"device": str(DEVICE), "precision": PRECISION}), flush=True)
+os._exit(0)
 """
 
 
@@ -305,7 +300,8 @@ print(json.dumps({"device": str(DEVICE), "precision": PRECISION, "placed": space
 def test_on_zero_gpu_the_app_starts_serves_and_times_its_pairs_without_initialising_cuda(tmp_path):
     """``python app.py`` as a ZeroGPU Space runs it (flag set, the stand-in's torch patch: CUDA "available"
     but any initialisation raises): it places its models on CUDA the ZeroGPU way, serves, then times each pair
-    in GPU calls; a visitor's request is one more call."""
+    in a GPU call while its line is empty. A Generate on the pair being timed joins at once, the timing gives way
+    to it, and its own turn times the pair (one more GPU call), then runs it (one more)."""
     env = os.environ | {gpu.ZERO_GPU_FLAG: "true", "PYTHONPATH": f"{ROOT / 'tests' / 'stubs'}{os.pathsep}{ROOT}"}
     run = subprocess.run(
         [sys.executable, "-c", ZERO_GPU_START], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
@@ -315,98 +311,10 @@ def test_on_zero_gpu_the_app_starts_serves_and_times_its_pairs_without_initialis
     record = json.loads(out[-1])
     assert record["device"] == "cuda" and record["precision"] == "bfloat16"
     assert record["placed"] and {"MAR"} <= set(record["placed"])  # loaded on the CPU, then placed on CUDA
-    assert [c["task"] for c in record["calls"]] == ["calibrate", "compare", "compare"]
+    assert record["joined in"] < 1, record
+    assert record["statuses"][-2:] == ["Timing the slow twin pair (its first use on this server) ...", "Starting ..."]
+    assert record["result"].startswith("### Speedup"), record
+    assert [c["task"] for c in record["calls"]] == ["calibrate", "calibrate", "calibrate", "compare"], record
     serving = next(i for i, line in enumerate(out) if "ZeroGPU" in line and "serving, then timing" in line)
     timed = next(i for i, line in enumerate(out) if line.startswith("Timed "))
     assert serving < timed  # the page is up before the first GPU call
-
-
-ZERO_GPU_TIMING = """
-import json, os, re, socket, sys, threading, time
-from dataclasses import replace
-with socket.socket() as s:  # a free port
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-# two runs at once: a request waiting for its pair's timing holds one (docs/space.md)
-sys.argv = ["app.py", "--port", str(port), "--host", "127.0.0.1", "--concurrency", "2"]
-import app  # the entry point: spaces first, then the server
-import spaces
-from csd.serving.pairs import RANDOM_SOURCE, PairStore
-import demo.application
-from demo import server
-from demo.application import DEVICE, App
-from tests.demo.test_zero_gpu import QUICK, WAITING, Held, twin
-
-slow = twin()
-made, urls = [], []
-def make_app(checkpoints, limits, hub=None):
-    made.append(App(PairStore([RANDOM_SOURCE, slow], DEVICE), limits))
-    return made[-1]
-server.make_app = make_app
-serve = server.serve
-server.serve = lambda *args, **kwargs: urls.append(serve(*args, **kwargs)) or urls[-1]
-# what a timing measures is not at issue here: how long it holds the GPU is
-demo.application.calibrate = lambda *args: QUICK
-held = Held(slow.name)  # the stand-in's GPU is slow: the second pair's timing takes until released
-spaces.HOLD.append(held)
-threading.Thread(target=app.main, daemon=True).start()
-assert held.started.wait(600), "the second pair's timing did not start"
-from gradio_client.utils import Status
-from tests.demo.local_client import local_client
-
-client, record = local_client(urls[0]), {}
-values = {**made[0].default_controls(), "batch_size": 1, "ar_steps": 8}
-analysis = {k: v for k, v in values.items() if k != "batch_size"}
-
-def joined(job, t0):  # seconds until the server answered the join (the job is queued or running), at most 5
-    while job.status().code in (Status.STARTING, Status.JOINING_QUEUE) and time.monotonic() - t0 < 5:
-        time.sleep(0.01)
-    return time.monotonic() - t0
-
-def statuses(job):
-    return [out[4] for out in job.outputs() if isinstance(out[4], str)]
-
-t0 = time.monotonic()
-waiting = client.submit(**(values | {"pair_name": slow.name}), api_name="/generate")  # the pair being timed
-record["waiting joined"] = joined(waiting, t0)
-while not any(re.fullmatch(WAITING, line) for line in statuses(waiting)) and time.monotonic() - t0 < 10:
-    time.sleep(0.05)
-record["waiting says"] = statuses(waiting)[-1:]
-record["waiting told in"] = time.monotonic() - t0
-t0 = time.monotonic()
-generate = client.submit(**values, api_name="/generate")
-record["generate joined"] = joined(generate, t0)
-t0 = time.monotonic()
-analyze = client.submit(n_images=1, **analysis, api_name="/analyze")
-record["analyze joined"] = joined(analyze, t0)
-if record["generate joined"] < 5:
-    generate.result(timeout=300)
-    record["generated"] = made[0].history[-1]["status"]
-record["still timing"] = made[0].timing(slow.name)
-record["still waiting"] = not waiting.done()
-held.release.set()
-out = waiting.result(timeout=300)
-record["waited then ran"] = out[4][:20]
-record["calibrations"] = [c["task"] for c in spaces.CALLS].count("calibrate")
-print(json.dumps(record), flush=True)
-os._exit(0)  # the analysis queued above is not waited for
-"""
-
-
-def test_on_zero_gpu_a_request_on_a_pair_being_timed_waits_in_the_queue_and_the_others_run(tmp_path):
-    """``python app.py`` on ZeroGPU (the stand-in, whose GPU call timing the second pair is slow): while that
-    timing runs, a Generate on that pair joins the queue within 1 s, says it waits for the timing, and runs once
-    the timing is in; meanwhile a Generate and an analysis on the timed pair join within 1 s and the Generate
-    completes. Each pair is timed once."""
-    env = os.environ | {gpu.ZERO_GPU_FLAG: "true", "PYTHONPATH": f"{ROOT / 'tests' / 'stubs'}{os.pathsep}{ROOT}"}
-    run = subprocess.run(
-        [sys.executable, "-c", ZERO_GPU_TIMING], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    record = json.loads(run.stdout.splitlines()[-1])
-    assert record["waiting joined"] < 1 and record["waiting told in"] < 5, record
-    assert re.fullmatch(WAITING, record["waiting says"][0]), record
-    assert record["generate joined"] < 1 and record["analyze joined"] < 1, record
-    assert record["generated"] == "done" and record["still timing"] and record["still waiting"], record
-    assert record["waited then ran"].startswith("### Speedup"), record
-    assert record["calibrations"] == 2, record
