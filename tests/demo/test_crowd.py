@@ -38,6 +38,7 @@ from demo.application import App
 from demo.limits import Limits
 from demo.soak import SEED_STEP, Outcome, call, endpoints
 from demo.tabs.generate import compare
+from tests.cpu_lock import exclusive_cpu
 from tests.demo.browser import chromium, missing, open_page
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.usefixtures("shared_rates")]
@@ -99,7 +100,11 @@ def served():
 
 
 def test_a_burst_waits_in_line_each_visitor_told_its_place_and_wait_and_past_the_limit_is_refused(served):
-    application, url = served
+    with exclusive_cpu():  # no kernel rerun beside the burst (tests/cpu_lock.py)
+        burst_in_line(*served)
+
+
+def burst_in_line(application, url):
     values = application.default_controls() | SETTING
     generate = endpoints(url)["/generate"]
     # Earlier visitors, a few at once: the line learns what a busy turn takes beyond its estimate.
