@@ -76,7 +76,7 @@ class Rerun:
     @pytest.mark.slow
     def test_the_float_comparing_tests_pass_under_another_kernel_choice(self, request):
         paths = kernels_modules(request.session)
-        with exclusive_cpu():  # not beside the crowd test's timed burst (tests/cpu_lock.py)
+        with exclusive_cpu(shared=True):  # not beside the crowd test's timed burst (tests/cpu_lock.py)
             run = rerun(self.name, paths or ["tests"])
         if isinstance(run, str):
             pytest.skip(run)
