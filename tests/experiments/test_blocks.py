@@ -129,7 +129,7 @@ def test_a_run_in_a_subfolder_of_the_method_tabs_records_is_not_pasted_into_its_
         assert out.with_suffix(".md").is_file() and ("the charted run's table" not in page.read_text()) == pasted
 
 
-# Issue 77's goals on the embedded causal pair, 200 paired prompts at batch 8 and 1: the exact block within two
+# The embedded causal pair's exact block, 200 paired prompts at batch 8 and 1: the exact block within two
 # paired standard errors of gamma 1 (FD and class accuracy) and under one target pass per token at gamma 8.
 CAUSAL_RUNS = [ROOT / "bench" / "results" / "blocks" / name / "causal.json" for name in ("", "batch1")]
 
