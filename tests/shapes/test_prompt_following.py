@@ -269,7 +269,7 @@ def test_the_committed_prompt_scores_are_the_shipped_pairs_meet_the_colour_goals
 
 def test_the_committed_causal_prompt_scores_are_the_shipped_pairs_meet_the_goals_and_are_in_the_docs():
     """bench/results/causal/prompts.json was measured on the shipped causal pair (100 held-out captions); its
-    target draws the asked class >= 0.85, colour >= 0.9), the draft's acceptance is recorded,
+    target draws the asked class (>= 0.85) and colour (>= 0.9), the draft's acceptance is recorded,
     and docs/results.md shows it in the causal pair's block."""
     from pathlib import Path
 
