@@ -7,7 +7,7 @@ import torch
 
 from csd.models.mar import MAR, mar_config
 from csd.serving.pairs import random_pair
-from tests import kernels
+from tests import cpu_lock, kernels
 
 
 def pytest_configure(config):
@@ -26,13 +26,23 @@ LONG = ("slow", "browser")  # marks of tests that take tens of seconds
 
 
 def pytest_collection_modifyitems(items):
-    """Longest first, so the parallel run ends on short tests: the perturbation reruns, then every module with
-    a slow or browser test, then the rest; each module's tests together and in their order (each worker takes
-    whole modules, ``--dist loadfile``)."""
+    """Longest first, so the parallel run ends on short tests: the modules with an ``alone`` test (while they
+    run the other worker waits: at the start it waits no longer than they take), the perturbation reruns, then
+    every module with a slow or browser test, then the rest; each module's tests together and in their order
+    (each worker takes whole modules, ``--dist loadscope``)."""
     modules = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
+    alone = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("alone")}
     slow = {item.nodeid.split("::")[0] for item in items if any(map(item.get_closest_marker, LONG))}
-    rank = {m: (m not in FIRST, m not in slow, i) for i, m in enumerate(modules)}
+    rank = {m: (m not in alone, m not in FIRST, m not in slow, i) for i, m in enumerate(modules)}
     items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test runs holding the suite's CPU lock (tests/cpu_lock.py): exclusive for an ``alone`` test, shared
+    for the rest; its setup, call and teardown (its module's fixtures too) inside the hold."""
+    with cpu_lock.hold(alone=item.get_closest_marker("alone") is not None):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,19 @@
-"""One lock, across the suite's worker processes, for the tests whose figures depend on the CPU being theirs.
+"""One lock across the suite's worker processes: a test marked ``alone`` runs with the CPU its own.
 
-The crowd test (tests/demo/test_crowd.py) compares the waits its server predicts with the waits measured: a
-kernel rerun (tests/repository/test_perturbations.py: a whole pytest process on the float tests) beside it on
-the other of two cores made every turn of the burst three times what the line had learned a moment before
-(predicted / measured 0.28-0.35 in a full run). The crowd test holds this lock alone, the reruns share it: no
-rerun runs beside the burst, the reruns still run beside each other, and everything else as before.
+The crowd test (tests/demo/test_crowd.py) compares the waits its server predicts with the waits measured, and
+the start-up test (tests/demo/test_start_up.py) a first request's time with a second's. A test on the other of
+two cores changes what a turn takes between the moment the line learned it and the moment it is measured: a
+kernel rerun beside the burst made every turn three times what the line had learned (predicted / measured
+0.28-0.35 in a full run); with only the reruns kept away, another module beside the burst in CI took the back
+half's predictions to 0.52-0.58 and one under 0.5.
+
+Every test holds the lock shared for its whole run (setup, call, teardown: a module's fixtures start inside
+its first test's hold), an ``alone`` test holds it exclusive. A ``gate`` lock gives the exclusive holder its
+turn: it takes the gate before waiting for the lock, and a test that would share takes the gate before the
+lock, so the other worker cannot start test after test while an ``alone`` test waits. A process started
+inside a hold (a perturbation rerun is a whole pytest process) finds ``HELD`` in its environment and takes
+nothing: its parent's hold covers it, and waiting would deadlock against an ``alone`` test waiting for that
+parent.
 """
 
 from __future__ import annotations
@@ -13,19 +22,37 @@ import fcntl
 import os
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-LOCK_FILE = Path(tempfile.gettempdir()) / f"csd-tests-cpu-{os.getuid()}.lock"
+FOLDER = Path(tempfile.gettempdir())
+LOCK_FILE = FOLDER / f"csd-tests-cpu-{os.getuid()}.lock"
+GATE_FILE = FOLDER / f"csd-tests-cpu-gate-{os.getuid()}.lock"
+HELD = "CSD_TESTS_CPU_HELD"  # set while a hold lasts, so the processes it starts take none
 
 
 @contextmanager
-def exclusive_cpu(path: Path = LOCK_FILE, shared: bool = False) -> Iterator[None]:
-    """Hold the suite's CPU lock: alone, or ``shared`` with the other holders that share it (an ``flock``,
-    released when the block ends or the process dies)."""
+def _flock(path: Path, mode: int) -> Iterator[None]:
     with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        fcntl.flock(handle, mode)
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def hold(alone: bool, lock: Path = LOCK_FILE, gate: Path = GATE_FILE) -> Iterator[None]:
+    """Hold the suite's CPU lock: ``alone`` (no other test runs meanwhile) or shared with the other tests;
+    nothing where a hold of this process's parent covers it."""
+    if os.environ.get(HELD):
+        yield
+        return
+    with ExitStack() as stack:
+        with _flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH):
+            stack.enter_context(_flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
+        os.environ[HELD] = "alone" if alone else "shared"
+        try:
+            yield
+        finally:
+            del os.environ[HELD]

@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from tests import kernels
-from tests.cpu_lock import exclusive_cpu
 
 ROOT = Path(__file__).resolve().parents[2]
 BOUNDS = {"F64_ATOL", "F32_ATOL", "assert_same64", "assert_differ64"}
@@ -76,8 +75,7 @@ class Rerun:
     @pytest.mark.slow
     def test_the_float_comparing_tests_pass_under_another_kernel_choice(self, request):
         paths = kernels_modules(request.session)
-        with exclusive_cpu(shared=True):  # not beside the crowd test's timed burst (tests/cpu_lock.py)
-            run = rerun(self.name, paths or ["tests"])
+        run = rerun(self.name, paths or ["tests"])  # in this test's hold of the CPU lock (tests/cpu_lock.py)
         if isinstance(run, str):
             pytest.skip(run)
         out = run.stdout.splitlines()
