@@ -35,7 +35,7 @@ python -m visualize.training_curves "$(chain shapes_target)" "$(chain shapes_dra
 echo "== benchmark"
 python -m csd.serving.catalog  # docs/families.json: how the tables below name each family and its docs blocks
 python -m csd.experiments.bench --quick --n 200 --threads 1 --gammas 1 2 4 8 --quality-gammas 1 2 4 --out bench/results
-python -m visualize.report bench/results/bench.json  # the tables into docs/results.md and the README's headline
+python -m visualize.report bench/results/bench.json  # the tables into docs/results.md, the README's headline and families
 # the frontier at batch 1 and 8 in one run (dense grid; about an hour here)
 python -m csd.experiments.bench --frontier --threads 1 --n 100 --n-ref 1000 --repeats 3 --out bench/results
 python -m visualize.report bench/results/frontier_b1.json bench/results/frontier_b8.json

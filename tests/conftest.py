@@ -26,14 +26,14 @@ LONG = ("slow", "browser")  # marks of tests that take tens of seconds
 
 
 def pytest_collection_modifyitems(items):
-    """Longest first, so the parallel run ends on short tests: the modules with an ``alone`` test (while they
-    run the other worker waits: at the start it waits no longer than they take), the perturbation reruns, then
-    every module with a slow or browser test, then the rest; each module's tests together and in their order
-    (each worker takes whole modules, ``--dist loadscope``)."""
+    """Longest first, so the parallel run ends on short tests: the perturbation reruns, then every module with
+    a slow or browser test, then the rest, and last the modules with an ``alone`` test (it waits for the test
+    beside it to end: at the start that was a whole rerun, 50-180 s of a core unused; at the end, a short test);
+    each module's tests together and in their order (each worker takes whole modules, ``--dist loadscope``)."""
     modules = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
     alone = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("alone")}
     slow = {item.nodeid.split("::")[0] for item in items if any(map(item.get_closest_marker, LONG))}
-    rank = {m: (m not in alone, m not in FIRST, m not in slow, i) for i, m in enumerate(modules)}
+    rank = {m: (m in alone, m not in FIRST, m not in slow, i) for i, m in enumerate(modules)}
     items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
 
 

@@ -1,7 +1,8 @@
 """Benchmark results into the repository: each result's tables (Markdown, :mod:`visualize.tables` and
 :mod:`visualize.decisions`) and each frontier's charts beside its JSON, each benchmark's tables into
-docs/results.md and its headline into the README (the blocks its family's record in docs/families.json names:
-``bench`` / ``headline`` for the class pair, ``text-bench`` / ``xar-headline`` ... for the others).
+docs/results.md (the block its family's record in docs/families.json names: ``bench`` for the class pair,
+``text-bench``, ``xar-bench`` ... for the others), the class pair's headline and the table of every pair's
+benchmark into the README.
 A decision (``csd.experiments.decide``) gets its table beside it, and the decisions named together their
 summary on stdout, for the README.
 
@@ -26,6 +27,7 @@ from visualize.tables import (
     bench_markdown,
     blocks_markdown,
     docs_prefix,
+    families_markdown,
     family_docs,
     family_label,
     frontier_markdown,
@@ -94,10 +96,18 @@ def paste_block(path: Path, marker: str, text: str) -> None:
 
 
 def update_docs(result: dict, root: Path = ROOT) -> None:
-    """A benchmark's Markdown into docs/results.md and its headline table into the README."""
+    """A benchmark's Markdown into docs/results.md; the class pair's headline table into the README, and the
+    README's table of the families from every committed benchmark."""
     prefix = docs_prefix(result)
     paste_block(root / "docs" / "results.md", f"{prefix}bench", bench_markdown(result).split("\n", 2)[2])
-    paste_block(root / "README.md", f"{prefix}headline", headline_markdown(result))
+    if prefix == "":
+        paste_block(root / "README.md", "headline", headline_markdown(result))
+    paste_block(root / "README.md", "families", families_markdown(committed_benches(root)))
+
+
+def committed_benches(root: Path = ROOT) -> list[dict]:
+    """Every pair's committed benchmark: each bench/results/**/bench.json (one per pair's folder)."""
+    return [json.loads(p.read_text()) for p in sorted((root / "bench" / "results").rglob("bench.json"))]
 
 
 def committed_frontiers(root: Path = ROOT) -> list[dict]:

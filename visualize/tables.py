@@ -257,6 +257,36 @@ def headline_markdown(result: dict, families: Mapping[str, dict] | None = None) 
     return "\n".join(lines) + "\n"
 
 
+def _docs_by_prefix(result: dict, families: Mapping[str, dict] | None) -> dict:
+    """Where a benchmark's family stands in the docs, found by its blocks' prefix (a result that predates the
+    family's record is placed by :func:`docs_prefix`): ``label`` and ``rank``."""
+    prefix = docs_prefix(result, families)
+    records = committed_families() if families is None else families
+    found = [r["docs"] for r in records.values() if (r.get("docs") or {}).get("prefix") == prefix]
+    return found[0] if found else {"label": "?", "rank": 99}
+
+
+def families_markdown(results: Sequence[dict], families: Mapping[str, dict] | None = None) -> str:
+    """The README's table of the families: per benchmark (one per pair), its default CSD setting against the
+    target alone and the draft alone at its default batch, in the families' docs order. Class accuracy and
+    Frechet distance per sampler; each pair's whole tables are in docs/results.md."""
+    lines = [
+        "| pair (family layout) | AR steps | images | CSD speed-up (cost-model bound) | acceptance, aligned / not "
+        "| target: accuracy, FD | CSD: accuracy, FD | draft: accuracy, FD |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in sorted(results, key=lambda r: _docs_by_prefix(r, families)["rank"]):
+        s = r["settings"]
+        quality = lambda who, r=r: f"{_f(r[f'accuracy_{who}'], 2)}, {_f(r[f'fd_{who}'], 1)}"
+        lines.append(
+            f"| {_docs_by_prefix(r, families)['label']} | {s['sampling']['num_steps']} | {s['bench']['n']} "
+            f"| {_f(r['speedup'])}x ({_f(r['speedup_bound'])}x) at gamma {s['csd']['gamma']}, batch "
+            f"{s['default_batch']} | {_f(r['acceptance_aligned'], 2)} / {_f(r['acceptance_unaligned'], 2)} "
+            f"| {quality('target')} | {quality('csd')} | {quality('draft')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 # --- a frontier's table and the verdicts ------------------------------------------------------------------
 
 

@@ -66,8 +66,9 @@ class PairSpec:
 @dataclass(frozen=True)
 class ResultsDocs:
     """Where a family's embedded pair stands in the results pages (:mod:`visualize.report`): ``label`` names
-    its rows in their tables, ``prefix`` its blocks in docs/results.md and the README (``<prefix>bench``,
-    ``<prefix>headline``, ``<prefix>frontier-b<batch>``), ``rank`` its place among the families' rows."""
+    its rows in their tables, ``prefix`` its blocks in docs/results.md (``<prefix>bench``,
+    ``<prefix>frontier-b<batch>``; the class pair's, prefix "", also the README's ``headline``), ``rank`` its
+    place among the families' rows."""
 
     label: str
     prefix: str
