@@ -412,6 +412,7 @@ def train(cfg: TrainConfig, trainer_class: type[Trainer] = Trainer) -> Trainer:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     dist_info, device = setup_distributed(cfg.device)
+    trainer = None
     try:
         trainer = trainer_class(cfg, dist_info, device)
         if cfg.resume:
@@ -423,6 +424,8 @@ def train(cfg: TrainConfig, trainer_class: type[Trainer] = Trainer) -> Trainer:
             dist.barrier()  # rank 0 may still be writing files; gloo aborts if a peer tears down first
     finally:
         if dist_info.world > 1:
+            if trainer is not None:  # DDP's reducer holds the process group: kept, gloo's threads would end only
+                trainer.net = trainer.model  # as the interpreter does (one rank aborted at exit once, in a full suite)
             dist.destroy_process_group()
     return trainer
 
