@@ -7,10 +7,11 @@ predicted wait before its result, and the first predicted waits of the back half
 of the measured ones. The line learns what a turn takes beyond its estimate from a burst of 8 first: after 3
 visitors one at a time it had learned 0.08-0.25 s, while a turn in the burst took 0.25-0.3 s beyond (a status line
 to each waiting client) and its first turns 1-1.7 s (24 joins at once), and the back half's predictions were
-0.49-0.61 of the measured in two runs at load 3.5-4.6; after the burst of 8, 0.57-0.86 in three runs at load 4-4.7.
-While the burst is in line the server answers a page load (in Chromium), whose visitor's Generate waits in line with
-its place and wait on its status line, then runs; and a request that would make the line longer than its limit is
-refused at once, in words that give the line's length."""
+0.49-0.61 of the measured in two runs at load 3.5-4.6; after the burst of 8, 0.57-0.86 in three runs at load 4-4.7
+with other tests on the other core, 0.72-1.12 with the CPU its own (marked ``alone``: tests/cpu_lock.py; the waits
+of the last run are in tests/.times/crowd.json). While the burst is in line the server answers a page load (in
+Chromium), whose visitor's Generate waits in line with its place and wait on its status line, then runs; and a
+request that would make the line longer than its limit is refused at once, in words that give the line's length."""
 
 from __future__ import annotations
 
