@@ -34,6 +34,7 @@ from demo.guard import Guard
 from demo.limits import Limits
 from demo.reference import REFERENCE_FILE
 from demo.reference import read as read_reference
+from demo.schemas import share_api_schemas
 from demo.tab import Page, Tab
 from demo.tabs.analyze import AnalysisTab
 from demo.tabs.generate import GenerateTab
@@ -72,6 +73,7 @@ def build(app: App) -> gr.Blocks:
     # Generation and analysis share one queue group, whose every request starts at once and waits in the app's
     # line (demo.line: at most `concurrency` model runs at once, each waiting request told its place and wait).
     queue = {"concurrency_id": "models", "concurrency_limit": app.limits.queue_size}
+    share_api_schemas()  # an update's skipped outputs would each remake their API schema (demo/schemas.py)
     # Generated images are temporary files: those older than 15 min are deleted every 5 min.
     with gr.Blocks(title="Continuous speculative decoding", delete_cache=(300, 900)) as demo:
         gr.Markdown(
