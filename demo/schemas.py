@@ -3,9 +3,9 @@
 Gradio (6.31) answers a handler's update that leaves an output as it is (a dict that names some outputs: the
 others are ``gr.skip()``) by building each skipped output anew and remaking its config, whose API schema
 (``Component.api_info``: its data model's pydantic JSON schema) it caches per instance only, so it is made again
-on every update. One /generate on the class pair remade about 90 of them; each status line a waiting request
-gets remakes about 10. In a burst of 40 visitors that was 5.7 s of the 11.8 s the server's event loop held the
-interpreter in ``postprocess_data`` (py-spy ``--gil``, docs/space.md "Measured: a cold start and a crowd").
+on every update. One /generate on the untrained pair remade about 90 of them; each status line a waiting
+request gets remakes 7. In a burst of 40 visitors that was 5.2 s of the 11.9 s the server held the interpreter
+in ``postprocess_data`` (py-spy ``--gil``; docs/space.md, "Where the line's time went").
 
 The schema is a function of the data model alone (the base ``api_info`` reads nothing else), so
 :func:`share_api_schemas` keeps one per data model class, as Gradio's own per-instance cache returns the same
