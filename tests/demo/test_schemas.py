@@ -6,6 +6,7 @@ output."""
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 import pydantic
 import pytest
@@ -44,7 +45,9 @@ def schemas_made(monkeypatch):
 def status_line(demo, generate, state: SessionState):
     """What Gradio does with one status line of a waiting /generate request."""
     stats = next(b for b in generate.outputs if getattr(b, "elem_id", None) == "gen-status")
-    return asyncio.run(demo.postprocess_data(generate, {stats: "Place 3 of 9 in line: about 12 s to wait ..."}, state))
+    update = demo.postprocess_data(generate, {stats: "Place 3 of 9 in line: about 12 s to wait ..."}, state)
+    with ThreadPoolExecutor(1) as thread:  # a loop of its own: a browser test before may run one in this thread
+        return thread.submit(asyncio.run, update).result()
 
 
 def test_every_component_gets_the_schema_gradio_makes(page):
