@@ -28,8 +28,8 @@ LONG = ("slow", "browser")  # marks of tests that take tens of seconds
 def pytest_collection_modifyitems(items):
     """Longest first, so the parallel run ends on short tests: the perturbation reruns, then every module with
     a slow or browser test, then the rest, and last the modules with an ``alone`` test (it waits for the test
-    beside it to end: at the start that was a whole rerun, 50-180 s of a core unused; at the end, a short test);
-    each module's tests together and in their order (each worker takes whole modules, ``--dist loadscope``)."""
+    beside it to end, a short one there); each module's tests together and in their order (each worker takes
+    whole modules, ``--dist loadscope``)."""
     modules = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
     alone = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("alone")}
     slow = {item.nodeid.split("::")[0] for item in items if any(map(item.get_closest_marker, LONG))}

@@ -1,11 +1,8 @@
 """One lock across the suite's worker processes: a test marked ``alone`` runs with the CPU its own.
 
-The crowd test (tests/demo/test_crowd.py) compares the waits its server predicts with the waits measured, and
-the start-up test (tests/demo/test_start_up.py) a first request's time with a second's. A test on the other of
-two cores changes what a turn takes between the moment the line learned it and the moment it is measured: a
-kernel rerun beside the burst made every turn three times what the line had learned (predicted / measured
-0.28-0.35 in a full run); with only the reruns kept away, another module beside the burst in CI took the back
-half's predictions to 0.52-0.58 and one under 0.5.
+The crowd test (tests/demo/test_crowd.py) compares the waits its server predicts with the waits measured: a
+test on the other of two cores changes what a turn takes between the moment the line learns it and the moment
+it is measured (docs/testing.md, "Timed tests run alone").
 
 Every test holds the lock shared for its whole run (setup, call, teardown: a module's fixtures start inside
 its first test's hold), an ``alone`` test holds it exclusive. A ``gate`` lock gives the exclusive holder its

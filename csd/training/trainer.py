@@ -425,7 +425,7 @@ def train(cfg: TrainConfig, trainer_class: type[Trainer] = Trainer) -> Trainer:
     finally:
         if dist_info.world > 1:
             if trainer is not None:  # DDP's reducer holds the process group: kept, gloo's threads would end only
-                trainer.net = trainer.model  # as the interpreter does (one rank aborted at exit once, in a full suite)
+                trainer.net = trainer.model  # as the interpreter does, which can abort a rank at exit
             dist.destroy_process_group()
     return trainer
 

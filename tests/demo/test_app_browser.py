@@ -20,7 +20,7 @@ from PIL import Image
 
 from demo import server, showcase
 from demo.limits import Limits
-from tests.demo.browser import DESKTOP, PHONE, missing, open_page
+from tests.demo.browser import DESKTOP, PHONE, open_page, require_browser
 from tests.helpers import pair_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,11 +31,7 @@ ANALYSIS_TIMEOUT_MS = 600_000
 
 @pytest.fixture(scope="module")
 def served():
-    reason = missing()
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"browser test required under CI: {reason}")
-        pytest.skip(reason)
+    require_browser()
     # What `python app.py` serves (a default run is two images), but for the per-request cap: the suite's other
     # worker shares the cores, and the default analysis recompute ran past 75 s beside a perturbation rerun.
     # The cap itself is tested in tests/demo/test_server.py.

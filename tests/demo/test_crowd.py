@@ -39,7 +39,7 @@ from demo.application import App
 from demo.limits import Limits
 from demo.soak import SEED_STEP, Outcome, call, endpoints
 from demo.tabs.generate import compare
-from tests.demo.browser import chromium, missing, open_page
+from tests.demo.browser import chromium, open_page, require_browser
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.alone, pytest.mark.usefixtures("shared_rates")]
 CLIENTS = 24
@@ -86,11 +86,7 @@ def burst_apart(url: str, clients: int, values: dict) -> list[Outcome]:
 
 @pytest.fixture(scope="module")
 def served():
-    reason = missing()
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"browser test required under CI: {reason}")
-        pytest.skip(reason)
+    require_browser()
     limits = Limits(max_batch=2, max_steps=64, max_images=2, max_seconds=600.0)  # the line's limit: 300 s
     application = App(PairStore([RANDOM_SOURCE], torch.device("cpu")), limits)
     application.idle_work()  # the pair timed, as the server does while its line is empty

@@ -7,7 +7,6 @@ tiny (scripts/random_official.py), the layout the official one."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from demo.application import App
 from demo.limits import Limits
 from demo.tabs.generate import estimate_line
 from scripts.random_official import TINY, tiny_configs, write_official
-from tests.demo.browser import CHROMIUM, open_page
+from tests.demo.browser import open_page, require_browser
 from tests.demo.local_client import local_client
 from tests.fake_hub import fake_hub
 from tests.stubs import spaces as stub
@@ -100,10 +99,7 @@ def test_an_official_pair_in_chromium_gallery_token_map_and_an_inspector_click(o
     """Choose MAR-L / MAR-B, generate: the images and the token map of a 256 px run; in the Inspect tab a
     click on the status map opens the token under it, on the 16 x 16 grid; the replay's images are KL-16
     decodes, each in a GPU call."""
-    if not os.path.isfile(CHROMIUM):
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"browser test required under CI: no Chromium at {CHROMIUM}")
-        pytest.skip(f"Chromium not found at {CHROMIUM}")
+    require_browser()
     application, url = official
     stub.CALLS.clear()
     with open_page(url) as page:
