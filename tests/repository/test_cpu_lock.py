@@ -57,9 +57,12 @@ def finish(*runs: subprocess.Popen) -> None:
 
 
 def test_an_alone_hold_has_no_other_beside_it_and_shared_holds_run_together(tmp_path):
-    a = start(tmp_path, "a", alone=False, seconds=1.0)
-    b = start(tmp_path, "b", alone=False, seconds=1.0)
-    wait_for(tmp_path / "log")
+    a = start(tmp_path, "a", alone=False, seconds=3.0)
+    b = start(tmp_path, "b", alone=False, seconds=3.0)
+    end = time.monotonic() + 30
+    while len(log(tmp_path) if (tmp_path / "log").exists() else []) < 2:  # both in, or one out: the shared two
+        assert time.monotonic() < end, "the shared holders never came in"
+        time.sleep(0.01)
     c = start(tmp_path, "c", alone=True, seconds=0.5)
     finish(a, b, c)
     lines = log(tmp_path)
